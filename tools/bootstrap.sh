@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Sets up everything the toolkit needs, idempotently: Debian libraries for open3d (when run as root), a virtualenv
+# in .venv (override with CENTROID_VENV), the package with its extras at the exact versions of constraints.txt, and
+# torch-cluster compiled against that torch (about 10 minutes on 2 cores the first time; pip caches the wheel).
+# A second run with nothing changed returns in about a second.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${CENTROID_VENV:-$ROOT/.venv}"
+PY="${CENTROID_PYTHON:-python3}"
+STAMP="$VENV/.centroid-bootstrap"
+APT_PACKAGES=(libusb-1.0-0 libgl1 libegl1 libgomp1 libvulkan1 mesa-vulkan-drivers xvfb xauth)
+
+say() { printf '[bootstrap] %s\n' "$*" >&2; }
+
+install_debian_libs() {
+    command -v dpkg-query >/dev/null 2>&1 || { say "not a Debian system: skipping ${APT_PACKAGES[*]}"; return 0; }
+    local missing=()
+    for pkg in "${APT_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" -ne 0 ]; then
+        say "not root: cannot install ${missing[*]} (open3d needs them; its tests will skip)"
+        return 0
+    fi
+    say "installing Debian packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+fingerprint() {
+    cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/tools/bootstrap.sh" | sha256sum | cut -d' ' -f1
+}
+
+install_debian_libs
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(fingerprint)" ] && [ -x "$VENV/bin/python" ]; then
+    exit 0
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating virtualenv $VENV"
+    "$PY" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+"${PIP[@]}" install -q --upgrade pip setuptools wheel
+
+say "installing centroid-toolkit[dev,viz] with constraints.txt (torch is ~5.6 GB the first time)"
+"${PIP[@]}" install -q -c "$ROOT/constraints.txt" -e "$ROOT[dev,viz]"
+
+if ! "$VENV/bin/python" -c "import torch_cluster" >/dev/null 2>&1; then
+    say "building torch-cluster against the installed torch (about 10 minutes the first time; cached after)"
+    MAX_JOBS="${MAX_JOBS:-$(nproc)}" "${PIP[@]}" install -q --no-build-isolation -c "$ROOT/constraints.txt" torch-cluster
+fi
+"$VENV/bin/python" -c "import torch, torch_cluster, timm, torchvision; print('[bootstrap] torch', torch.__version__, 'torch_cluster', torch_cluster.__version__, 'timm', timm.__version__)" >&2
+
+fingerprint >"$STAMP"

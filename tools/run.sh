@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The README's quick start: `bash tools/run.sh train` runs the main job, `bash tools/run.sh test` the test suite.
+# Both set up what they need first (tools/bootstrap.sh, idempotent). Extra arguments go to the command.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${CENTROID_VENV:-$ROOT/.venv}"
+cmd="${1:-}"
+shift || true
+bash "$ROOT/tools/bootstrap.sh"
+cd "$ROOT"
+case "$cmd" in
+    train) exec "$VENV/bin/python" tools/train_modelnet.py "$@" ;;
+    # The fast suite plus the slow tests (what CI runs); `dataset` tests need full datasets and are left out.
+    test) exec "$VENV/bin/python" -m pytest -m "not dataset" "$@" ;;
+    *) echo "usage: bash tools/run.sh train|test [args...]" >&2; exit 2 ;;
+esac
