@@ -1,0 +1,487 @@
+"""Point ops: farthest point sampling, k nearest neighbours, gather and nearest-neighbour interpolation.
+
+Every op has a plain PyTorch reference (``backend="torch"``), vectorized over the batch, which is the ground truth;
+fast backends are optional and tested against it:
+
+=============  ==========================================  ======================================================
+backend        FPS                                         KNN
+=============  ==========================================  ======================================================
+``torch``      loop over M, batched (reference)            chunked brute force, memory bounded (reference)
+``cluster``    ``torch_cluster.fps`` (CPU, CUDA)           ``torch_cluster.knn`` (CPU kd-tree, CUDA brute force)
+``pytorch3d``  ``pytorch3d.ops.sample_farthest_points``    ``pytorch3d.ops.knn_points``
+``triton``     ``attention.kernels.fps_triton`` (CUDA)     --
+=============  ==========================================  ======================================================
+
+``backend="auto"`` picks, per device, the fastest backend that is installed (see ``tools/bench_points.py`` and
+``docs/benchmarks.md`` for the measurements behind the choice). An explicitly requested backend that is not installed
+raises an ``ImportError`` that says what to install.
+
+Conventions: points and features are ``(B, N, C)``; indices are int64 ``(B, M)`` or ``(B, M, K)`` into the N axis of
+their batch element; distances are squared L2. Ragged batches are padded to a common N and described by a boolean
+``mask`` (True = real point) or by ``lengths`` (real points first).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+
+import torch
+from torch import Tensor
+
+from ._checks import check_index, check_points, input_checks_enabled
+
+__all__ = [
+    "FPS_BACKENDS",
+    "HAS_PYTORCH3D",
+    "HAS_TORCH_CLUSTER",
+    "HAS_TRITON",
+    "KNN_BACKENDS",
+    "farthest_point_sample",
+    "gather",
+    "interpolate",
+    "knn",
+    "lengths_to_mask",
+    "nearest_upsample",
+]
+
+_logger = logging.getLogger(__name__)
+
+# Optional packages are probed once, without importing them; each backend imports its package inside its branch.
+HAS_TORCH_CLUSTER = importlib.util.find_spec("torch_cluster") is not None
+HAS_PYTORCH3D = importlib.util.find_spec("pytorch3d") is not None
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+_INSTALL_HINTS = {
+    "cluster": "torch-cluster: `pip install --no-build-isolation torch-cluster` after torch (or `pip install "
+    "--no-build-isolation -e '.[cluster]'`); tools/bootstrap.sh does it",
+    "pytorch3d": "pytorch3d (not on PyPI: build it from source, see its INSTALL.md)",
+    "triton": "triton (installed with CUDA builds of torch) and a CUDA device",
+}
+
+# Default memory budget of one chunk of the brute-force distance matrix, in bytes.
+KNN_CHUNK_BYTES = 256 * 2**20
+
+
+def _available(backend: str, device: torch.device) -> bool:
+    if backend == "torch":
+        return True
+    if backend == "cluster":
+        return HAS_TORCH_CLUSTER
+    if backend == "pytorch3d":
+        return HAS_PYTORCH3D
+    if backend == "triton":
+        return HAS_TRITON and device.type == "cuda"
+    return False
+
+
+def _resolve_backend(backend: str, choices: dict, auto_order: dict[str, tuple[str, ...]], device: torch.device) -> str:
+    if backend == "auto":
+        for name in auto_order.get(device.type, ("torch",)):
+            if _available(name, device):
+                return name
+        return "torch"
+    if backend not in choices:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {['auto', *choices]}")
+    if not _available(backend, device):
+        if backend == "triton" and HAS_TRITON:
+            raise ImportError("backend 'triton' needs a CUDA tensor; use backend='torch' or 'cluster' on CPU")
+        raise ImportError(f"backend {backend!r} is not installed; install {_INSTALL_HINTS[backend]}")
+    return backend
+
+
+def lengths_to_mask(lengths: Tensor, max_len: int) -> Tensor:
+    """Boolean ``(B, max_len)`` mask, True for the first ``lengths[b]`` entries of row b."""
+    return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]
+
+
+def _point_mask(x: Tensor, mask: Tensor | None, lengths: Tensor | None, name: str = "x") -> Tensor | None:
+    """Normalizes ``mask`` / ``lengths`` to a boolean ``(B, N)`` mask (or None when all points are real)."""
+    B, N, _ = x.shape
+    if mask is not None and lengths is not None:
+        raise ValueError("pass either mask or lengths, not both")
+    if lengths is not None:
+        lengths = torch.as_tensor(lengths, device=x.device)
+        if lengths.shape != (B,) or lengths.is_floating_point():
+            raise ValueError(f"lengths must be an integer tensor of shape ({B},), got {tuple(lengths.shape)}")
+        if input_checks_enabled() and bool(((lengths < 1) | (lengths > N)).any()):
+            raise ValueError(f"lengths must lie in [1, {N}] (empty clouds are not allowed), got {lengths.tolist()}")
+        return lengths_to_mask(lengths, N)
+    if mask is None:
+        return None
+    if mask.shape != (B, N) or mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a bool tensor of shape ({B}, {N}) matching {name}, got {mask.dtype} "
+                         f"{tuple(mask.shape)}")
+    if mask.device != x.device:
+        raise ValueError(f"mask is on {mask.device} but {name} is on {x.device}")
+    return mask
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Farthest point sampling
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _fps_torch(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None) -> Tensor:
+    """Reference FPS: M sequential steps, each one batched over B and N.
+
+    Keeps, for every point, its squared distance to the nearest already-chosen sample and picks the argmax; ties go
+    to the lowest index (``torch.argmax``'s first maximum). Padded points carry distance -1 and are never picked.
+    """
+    B, N, C = x.shape
+    # Channels first: each step's distance is C fused passes over contiguous (B, N) rows, not a (B, N, C) temporary.
+    xt = x.detach().float().permute(2, 0, 1).contiguous()  # (C, B, N)
+    dist = xt.new_full((B, N), math.inf)
+    if mask is not None:
+        dist.masked_fill_(~mask, -1.0)
+    out = torch.empty(num_samples, B, dtype=torch.long, device=x.device)
+    rows = torch.arange(B, device=x.device)
+    flat = xt.view(C, B * N)
+    offsets = rows * N
+    far = start
+    d = torch.empty_like(dist)
+    tmp = torch.empty_like(dist)
+    for i in range(num_samples):
+        out[i] = far
+        chosen = flat[:, offsets + far]  # (C, B): coordinates of the newest sample of each cloud
+        torch.sub(xt[0], chosen[0, :, None], out=d)
+        d.mul_(d)
+        for c in range(1, C):
+            torch.sub(xt[c], chosen[c, :, None], out=tmp)
+            d.addcmul_(tmp, tmp)
+        torch.minimum(dist, d, out=dist)
+        far = dist.argmax(dim=1)
+    return out.t().contiguous()
+
+
+def _roll_to_start(x: Tensor, start: Tensor) -> Tensor:
+    """Rotates each cloud so that its start point comes first (backends whose FPS always starts at index 0)."""
+    B, N, _ = x.shape
+    order = (torch.arange(N, device=x.device)[None, :] + start[:, None]) % N  # (B, N)
+    return torch.gather(x, 1, order[..., None].expand(-1, -1, x.shape[-1]))
+
+
+def _fps_cluster(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None) -> Tensor:
+    import torch_cluster
+
+    B, N, C = x.shape
+    if mask is not None:
+        return _fps_ragged_via_flat(x, num_samples, start, mask, torch_cluster.fps)
+    rolled = _roll_to_start(x.detach(), start).reshape(B * N, C)
+    batch = torch.arange(B, device=x.device).repeat_interleave(N)
+    # torch_cluster samples ceil(ratio * N) points; (M - 0.5) / N makes that exactly M whatever the rounding.
+    idx = torch_cluster.fps(rolled, batch, ratio=(num_samples - 0.5) / N, random_start=False)
+    idx = idx.view(B, num_samples) - (torch.arange(B, device=x.device) * N)[:, None]
+    return (idx + start[:, None]) % N
+
+
+def _fps_ragged_via_flat(x: Tensor, num_samples: int, start: Tensor, mask: Tensor, fps_fn) -> Tensor:
+    """Runs a flat (concatenated) FPS on the real points of a padded batch and maps indices back."""
+    B, N, C = x.shape
+    # Put the start point first and keep the other real points in cyclic order, like _roll_to_start.
+    ar = torch.arange(N, device=x.device)
+    order = ((ar[None, :] + start[:, None]) % N).expand(B, N)  # (B, N)
+    rolled_mask = torch.gather(mask, 1, order)
+    keep = rolled_mask.reshape(-1)
+    flat_pos = order.reshape(-1)[keep]  # original index of each kept point
+    flat_x = _roll_to_start(x.detach(), start).reshape(B * N, C)[keep]
+    counts = rolled_mask.sum(1)
+    batch = torch.repeat_interleave(torch.arange(B, device=x.device), counts)
+    ratio = (num_samples - 0.5) / counts.to(torch.float64)
+    idx = fps_fn(flat_x, batch, ratio=ratio.to(x.device, torch.float32), random_start=False)
+    return flat_pos[idx].view(B, num_samples)
+
+
+def _fps_pytorch3d(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None) -> Tensor:
+    from pytorch3d.ops import sample_farthest_points
+
+    B, N, _ = x.shape
+    if mask is None:
+        lengths = torch.full((B,), N, device=x.device, dtype=torch.long)
+        rolled = _roll_to_start(x.detach(), start)
+    else:
+        # Move each cloud's real points to the front (start first), padding after them, as pytorch3d expects.
+        ar = torch.arange(N, device=x.device)
+        order = (ar[None, :] + start[:, None]) % N
+        key = (~torch.gather(mask, 1, order)).long() * N + ar  # real points first, cyclic order kept
+        perm = torch.gather(order, 1, key.argsort(1))
+        rolled = torch.gather(x.detach(), 1, perm[..., None].expand(-1, -1, x.shape[-1]))
+        lengths = mask.sum(1)
+    _, idx = sample_farthest_points(rolled, lengths=lengths, K=num_samples, random_start_point=False)
+    if mask is None:
+        return (idx + start[:, None]) % N
+    return torch.gather(perm, 1, idx)
+
+
+def _fps_triton(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None) -> Tensor:
+    from .kernels.fps_triton import fps_triton
+
+    return fps_triton(x.detach(), num_samples, start, mask)
+
+
+FPS_BACKENDS = {"torch": _fps_torch, "cluster": _fps_cluster, "pytorch3d": _fps_pytorch3d, "triton": _fps_triton}
+# Chosen from tools/bench_points.py: on CPU the batched reference beats torch_cluster's per-cloud loop.
+_FPS_AUTO = {"cpu": ("torch",), "cuda": ("triton", "pytorch3d", "cluster", "torch")}
+
+
+def farthest_point_sample(
+    x: Tensor,
+    num_samples: int,
+    start: int | Tensor | None = 0,
+    *,
+    mask: Tensor | None = None,
+    lengths: Tensor | None = None,
+    backend: str = "auto",
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Farthest point sampling: M indices per cloud, each the point farthest from those already chosen.
+
+    Args:
+        x: ``(B, N, C)`` coordinates or features; distances are squared L2 over C, computed in float32.
+        num_samples: M, at most the number of real points of every cloud.
+        start: index of the first sample: an int for every cloud, a ``(B,)`` integer tensor, or None for a random
+            real point per cloud (drawn from ``generator``). Given ``start`` the result is deterministic.
+        mask: optional ``(B, N)`` bool, True for real points of a padded (ragged) batch.
+        lengths: optional ``(B,)`` number of real points per cloud (real points first); exclusive with ``mask``.
+        backend: ``"auto"``, ``"torch"``, ``"cluster"``, ``"pytorch3d"`` or ``"triton"`` (CUDA).
+        generator: random generator for ``start=None``.
+
+    Returns:
+        ``(B, M)`` int64 indices into the N axis; never a padded point.
+    """
+    check_points(x, "x")
+    B, N, _ = x.shape
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+    mask = _point_mask(x, mask, lengths)
+    n_real = mask.sum(1) if mask is not None else None
+    if num_samples > N or (n_real is not None and input_checks_enabled() and num_samples > int(n_real.min())):
+        have = N if n_real is None else int(n_real.min())
+        raise ValueError(f"cannot sample M={num_samples} points from a cloud of N={have} (real) points: need M <= N")
+    if start is None:
+        u = torch.rand(B, generator=generator, device="cpu").to(x.device)
+        count = n_real if n_real is not None else torch.full((B,), N, device=x.device)
+        rank = (u * count).long().clamp_max(count - 1)  # the rank-th real point
+        if mask is None:
+            start = rank
+        else:
+            start = (mask.long().cumsum(1) == (rank + 1)[:, None]).long().argmax(1)
+    elif isinstance(start, int) and not isinstance(start, bool):
+        if not 0 <= start < N:
+            raise ValueError(f"start must lie in [0, {N}), got {start}")
+        start = torch.full((B,), start, dtype=torch.long, device=x.device)
+    elif isinstance(start, Tensor):
+        check_index(start, "start", batch=B, device=x.device)
+        if start.shape != (B,):
+            raise ValueError(f"start must be an int, None or a ({B},) tensor, got shape {tuple(start.shape)}")
+        start = start.long()
+        if input_checks_enabled() and bool(((start < 0) | (start >= N)).any()):
+            raise ValueError(f"start indices must lie in [0, {N}), got {start.tolist()}")
+    else:
+        raise TypeError(f"start must be an int, None or a (B,) tensor, got {type(start).__name__}")
+    if mask is not None and input_checks_enabled() and not bool(mask.gather(1, start[:, None]).all()):
+        raise ValueError("start points at a padded point (mask is False there)")
+    name = _resolve_backend(backend, FPS_BACKENDS, _FPS_AUTO, x.device)
+    return FPS_BACKENDS[name](x, num_samples, start, mask)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# K nearest neighbours
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _exact_sq_dist(query: Tensor, ref: Tensor, idx: Tensor) -> Tensor:
+    """Squared distances of each query to its selected neighbours, ``(B, M, K)``, computed as sum((q - r)^2)."""
+    nbrs = gather(ref, idx)  # (B, M, K, C)
+    return (query.unsqueeze(2) - nbrs).pow(2).sum(-1)
+
+
+def _knn_torch(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chunk_bytes: int) -> tuple[Tensor, Tensor]:
+    """Reference KNN: brute force over chunks of queries, so at most ``chunk_bytes`` of distances exist at once.
+
+    The candidate set comes from ``|q|^2 + |r|^2 - 2 q.r`` (a matmul); the returned distances are recomputed exactly
+    as ``sum((q - r)^2)`` for the chosen neighbours, so they do not suffer the expansion's cancellation.
+    """
+    B, M, _ = query.shape
+    N = ref.shape[1]
+    q = query.detach().float()
+    r = ref.detach().float()
+    r_sq = r.pow(2).sum(-1)  # (B, N)
+    if mask is not None:
+        r_sq = r_sq.masked_fill(~mask, math.inf)  # padded points are infinitely far
+    rows = max(1, chunk_bytes // (4 * B * N))
+    idx = torch.empty(B, M, k, dtype=torch.long, device=query.device)
+    for s in range(0, M, rows):
+        qc = q[:, s : s + rows]  # (B, m, C)
+        d = torch.baddbmm(r_sq[:, None, :], qc, r.transpose(1, 2), alpha=-2.0)  # (B, m, N), minus |q|^2
+        idx[:, s : s + rows] = d.topk(k, dim=-1, largest=False, sorted=True).indices
+    dist = _exact_sq_dist(q, r, idx)
+    if mask is not None:
+        dist = dist.masked_fill(~gather(mask, idx), math.inf)
+    # The expansion can order near-equal neighbours differently from the exact distances: sort by the exact ones.
+    dist, order = dist.sort(dim=-1, stable=True)
+    return dist, idx.gather(-1, order)
+
+
+def _knn_cluster(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chunk_bytes: int) -> tuple[Tensor, Tensor]:
+    import torch_cluster
+
+    B, M, C = query.shape
+    N = ref.shape[1]
+    q = query.detach().float().reshape(B * M, C)
+    r = ref.detach().float()
+    ar = torch.arange(B, device=query.device)
+    batch_q = ar.repeat_interleave(M)
+    if mask is None:
+        flat_r = r.reshape(B * N, C)
+        pos = torch.arange(B * N, device=query.device)
+        batch_r = ar.repeat_interleave(N)
+    else:
+        keep = mask.reshape(-1)
+        flat_r = r.reshape(B * N, C)[keep]
+        pos = torch.arange(B * N, device=query.device)[keep]
+        batch_r = ar.repeat_interleave(mask.sum(1))
+    row, col = torch_cluster.knn(flat_r, q, k, batch_r, batch_q)
+    if row.numel() != B * M * k:
+        raise ValueError(f"torch_cluster.knn found fewer than k={k} neighbours for some query (too few real points)")
+    # Edges come grouped by query; sort them by query, then by exact distance below.
+    order = torch.argsort(row * (B * N) + col, stable=True)
+    idx = (pos[col[order]] % N).view(B, M, k)
+    dist = _exact_sq_dist(query.detach().float(), r, idx)
+    dist, o = dist.sort(dim=-1, stable=True)
+    return dist, idx.gather(-1, o)
+
+
+def _knn_pytorch3d(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chunk_bytes: int) -> tuple[Tensor, Tensor]:
+    from pytorch3d.ops import knn_points
+
+    B, M, _ = query.shape
+    N = ref.shape[1]
+    if mask is None:
+        lengths2 = None
+        r = ref.detach().float()
+        perm = None
+    else:
+        perm = (~mask).long().argsort(1, stable=True)  # real points first
+        r = torch.gather(ref.detach().float(), 1, perm[..., None].expand(-1, -1, ref.shape[-1]))
+        lengths2 = mask.sum(1)
+    dist, idx, _ = knn_points(query.detach().float(), r, lengths2=lengths2, K=k, return_sorted=True)
+    if perm is not None:
+        idx = torch.gather(perm, 1, idx.view(B, -1)).view(B, M, k)
+    return dist, idx
+
+
+KNN_BACKENDS = {"torch": _knn_torch, "cluster": _knn_cluster, "pytorch3d": _knn_pytorch3d}
+_KNN_AUTO = {"cpu": ("torch",), "cuda": ("pytorch3d", "torch")}
+
+
+def knn(
+    query: Tensor,
+    ref: Tensor,
+    k: int,
+    *,
+    mask: Tensor | None = None,
+    backend: str = "auto",
+    chunk_bytes: int = KNN_CHUNK_BYTES,
+) -> tuple[Tensor, Tensor]:
+    """The k nearest reference points of every query point (squared L2, ascending).
+
+    Args:
+        query: ``(B, M, C)`` query points or features.
+        ref: ``(B, N, C)`` reference points or features.
+        k: neighbours per query, ``1 <= k <= N``.
+        mask: optional ``(B, N)`` bool, True for real reference points. A query whose cloud has fewer than k real
+            points gets distance ``inf`` in its last slots (their indices point at padded points: mask them).
+        backend: ``"auto"``, ``"torch"``, ``"cluster"`` or ``"pytorch3d"``.
+        chunk_bytes: memory budget of one chunk of the reference's distance matrix; the full ``(B, M, N)`` matrix
+            is never built when it would exceed this.
+
+    Returns:
+        ``(dist, idx)``: float32 ``(B, M, k)`` squared distances in ascending order and int64 ``(B, M, k)`` indices.
+    """
+    check_points(ref, "ref")
+    check_points(query, "query", like=ref, like_name="ref")
+    N = ref.shape[1]
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    if k > N:
+        raise ValueError(f"k={k} neighbours requested but ref has only N={N} points: need k <= N")
+    mask = _point_mask(ref, mask, None, "ref")
+    name = _resolve_backend(backend, KNN_BACKENDS, _KNN_AUTO, query.device)
+    if name == "cluster" and mask is not None and input_checks_enabled() and int(mask.sum(1).min()) < k:
+        name = "torch"  # torch_cluster cannot pad missing neighbours; the reference can
+    return KNN_BACKENDS[name](query, ref, k, mask, chunk_bytes)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Gather and interpolation
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def gather(x: Tensor, idx: Tensor) -> Tensor:
+    """Per-batch gather along the point axis: ``out[b, i..., :] = x[b, idx[b, i...], :]``.
+
+    Args:
+        x: ``(B, N, C)`` (or ``(B, N)``, treated as C = 1 and returned without the channel dim).
+        idx: ``(B, *S)`` integer indices into N, any number of trailing dims.
+
+    Returns:
+        ``(B, *S, C)`` (or ``(B, *S)``); differentiable in ``x`` (the backward pass is a scatter-add).
+    """
+    if not isinstance(x, Tensor) or x.dim() not in (2, 3):
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"x must be (B, N, C) or (B, N), got {shape}")
+    check_index(idx, "idx", batch=x.shape[0], device=x.device)
+    B = x.shape[0]
+    flat = idx.reshape(B, -1).long()
+    if x.dim() == 2:
+        return torch.gather(x, 1, flat).view(idx.shape)
+    C = x.shape[-1]
+    out = torch.gather(x, 1, flat.unsqueeze(-1).expand(-1, -1, C))
+    return out.view(*idx.shape, C)
+
+
+def interpolate(
+    query_pos: Tensor,
+    ref_pos: Tensor,
+    ref_feats: Tensor,
+    k: int = 3,
+    *,
+    eps: float = 1e-8,
+    backend: str = "auto",
+) -> Tensor:
+    """Features of N query points from M reference points by inverse-distance weighting of the k nearest.
+
+    PointNet++'s feature propagation: ``f(q) = sum_j w_j f(r_j) / sum_j w_j`` with ``w_j = 1 / (|q - r_j|^2 + eps)``
+    over the k nearest references (in ``pos`` space, usually 3-D). ``k = 1`` is nearest-neighbour upsampling.
+
+    Args:
+        query_pos: ``(B, N, P)`` positions of the points that receive features.
+        ref_pos: ``(B, M, P)`` positions of the points that carry features.
+        ref_feats: ``(B, M, C)`` features of the reference points.
+        k: neighbours used.
+        eps: added to the squared distances, so coincident points do not divide by zero.
+        backend: the KNN backend.
+
+    Returns:
+        ``(B, N, C)``, differentiable in ``ref_feats``.
+    """
+    check_points(ref_feats, "ref_feats")
+    if ref_feats.shape[:2] != ref_pos.shape[:2]:
+        raise ValueError(
+            f"ref_feats must be (B, M, C) with the (B, M) of ref_pos {tuple(ref_pos.shape[:2])}, "
+            f"got {tuple(ref_feats.shape)}"
+        )
+    dist, idx = knn(query_pos, ref_pos, k, backend=backend)
+    nbr = gather(ref_feats, idx)  # (B, N, k, C)
+    if k == 1:
+        return nbr.squeeze(2)
+    w = 1.0 / (dist + eps)
+    w = (w / w.sum(-1, keepdim=True)).to(ref_feats.dtype)
+    return (nbr * w.unsqueeze(-1)).sum(2)
+
+
+def nearest_upsample(query_pos: Tensor, ref_pos: Tensor, ref_feats: Tensor, *, backend: str = "auto") -> Tensor:
+    """Each query point takes the features of its nearest reference point: ``(B, M, C)`` -> ``(B, N, C)``."""
+    return interpolate(query_pos, ref_pos, ref_feats, k=1, backend=backend)

@@ -1,0 +1,256 @@
+"""Centroid attention: math invariants, inits, blocks, masks, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.testing import assert_close
+
+from attention import (
+    CENTROID_INITS,
+    CentroidAttention,
+    CentroidBlock,
+    SelfAttentionBlock,
+    build_centroid_init,
+    centroid_attention,
+    gather,
+)
+
+
+def _manual_mha(layer: CentroidAttention, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """u + proj(SDPA(q(u), k(x), v(x))) written with the layer's weights and no norm."""
+    B, N, C = x.shape
+    M = u.shape[1]
+    H, D = layer.num_heads, layer.head_dim
+    q = F.linear(u, layer.q.weight, layer.q.bias).view(B, M, H, D).transpose(1, 2)
+    k, v = F.linear(x, layer.kv.weight, layer.kv.bias).view(B, N, 2, H, D).unbind(2)
+    out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2))
+    return u + layer.proj(out.transpose(1, 2).reshape(B, M, C))
+
+
+def test_identity_init_one_step_is_self_attention_plus_skip() -> None:
+    layer = CentroidAttention(24, num_heads=3, norm_layer=None, qkv_bias=True).eval()
+    x = torch.randn(2, 33, 24)
+    assert_close(layer(x, x), _manual_mha(layer, x, x))
+    # and against torch's own MultiheadAttention with the same weights
+    mha = nn.MultiheadAttention(24, 3, bias=True, batch_first=True).eval()
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([layer.q.weight, layer.kv.weight]))
+        mha.in_proj_bias.copy_(torch.cat([layer.q.bias, layer.kv.bias]))
+        mha.out_proj.weight.copy_(layer.proj.weight)
+        mha.out_proj.bias.copy_(layer.proj.bias)
+    assert_close(layer(x, x), x + mha(x, x, x, need_weights=False)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_t_steps_are_repeated_updates() -> None:
+    layer = CentroidAttention(16, num_heads=2, num_steps=3, norm_layer=None).eval()
+    x, u = torch.randn(2, 40, 16), torch.randn(2, 10, 16)
+    expected = u
+    for _ in range(3):
+        expected = _manual_mha(layer, x, expected)
+    assert_close(layer(x, u), expected)
+
+
+@pytest.mark.parametrize("normalize", ["inputs", "centroids"])
+@pytest.mark.parametrize("steps", [1, 2])
+def test_knn_with_k_equal_n_equals_dense(normalize: str, steps: int) -> None:
+    torch.manual_seed(1)
+    dense = CentroidAttention(20, num_heads=4, num_steps=steps, normalize=normalize)
+    sparse = CentroidAttention(20, num_heads=4, num_neighbors=31, num_steps=steps, normalize=normalize)
+    sparse.load_state_dict(dense.state_dict())
+    x = torch.randn(3, 31, 20, requires_grad=True)
+    u = torch.randn(3, 7, 20, requires_grad=True)
+    out_d = dense(x, u)
+    out_s = sparse(x, u)
+    assert_close(out_s, out_d, atol=1e-5, rtol=1e-5)
+    g = torch.randn_like(out_d)
+    grads_d = torch.autograd.grad(out_d, [x, u, *dense.parameters()], g)
+    grads_s = torch.autograd.grad(out_s, [x, u, *sparse.parameters()], g)
+    for a, b in zip(grads_s, grads_d):
+        assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_knn_attends_only_to_nearest_inputs() -> None:
+    """Changing an input outside every centroid's K nearest leaves the output unchanged."""
+    layer = CentroidAttention(8, num_heads=2, num_neighbors=4, norm_layer=None).eval()
+    x = torch.randn(1, 50, 8)
+    u = x[:, :5].clone()
+    _, idx = torch.cdist(u, x).topk(4, largest=False)
+    far = sorted(set(range(50)) - set(idx.flatten().tolist()))[0]
+    x2 = x.clone()
+    x2[0, far] += 0.01  # small enough not to enter any neighbourhood
+    assert_close(layer(x, u), layer(x2, u))
+
+
+def test_functional_knn_equals_dense_masked_reference() -> None:
+    """The KNN path equals dense attention with every non-neighbour masked out (softmax over inputs)."""
+    B, H, M, N, D, K = 2, 3, 6, 29, 5, 7
+    q, k, v = torch.randn(B, H, M, D), torch.randn(B, H, N, D), torch.randn(B, H, N, D)
+    idx = torch.stack([torch.stack([torch.randperm(N)[:K] for _ in range(M)]) for _ in range(B)])
+    allowed = torch.zeros(B, M, N, dtype=torch.bool).scatter_(2, idx, True)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
+    assert_close(centroid_attention(q, k, v, idx), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_centroid_normalization_is_soft_assignment() -> None:
+    """normalize='centroids': weights are a softmax over centroids per input, then each row sums to one."""
+    B, H, M, N, D = 1, 1, 4, 9, 3
+    q, k, v = torch.randn(B, H, M, D), torch.randn(B, H, N, D), torch.randn(B, H, N, D)
+    a = (q @ k.transpose(-1, -2) / D**0.5).softmax(dim=-2)
+    a = a / (a.sum(-1, keepdim=True) + 1e-6)
+    assert_close(centroid_attention(q, k, v, normalize="centroids"), a @ v)
+
+
+def test_outputs_are_permutation_invariant_in_the_inputs() -> None:
+    x, u = torch.randn(2, 40, 16), torch.randn(2, 8, 16)
+    perm = torch.randperm(40)
+    for k in (None, 6):
+        for normalize in ("inputs", "centroids"):
+            layer = CentroidAttention(16, num_heads=2, num_neighbors=k, normalize=normalize).eval()
+            assert_close(layer(x[:, perm], u), layer(x, u), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("k", [None, 5])
+@pytest.mark.parametrize("normalize", ["inputs", "centroids"])
+def test_mask_excludes_padded_inputs(k: int | None, normalize: str) -> None:
+    layer = CentroidAttention(12, num_heads=2, num_neighbors=k, normalize=normalize).eval()
+    x, u = torch.randn(2, 30, 12), torch.randn(2, 6, 12)
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    mask[1, 20:] = False
+    garbage = x.clone()
+    garbage[1, 20:] = 1e3 * torch.randn(10, 12)  # padded inputs hold anything
+    out = layer(garbage, u, mask=mask)
+    assert_close(out, layer(x, u, mask=mask))
+    assert_close(out[1:], layer(x[1:, :20], u[1:]), atol=1e-5, rtol=1e-5)
+
+
+def test_every_parameter_gets_a_gradient() -> None:
+    blocks = [
+        CentroidBlock(16, "fps", {"num_centroids": 8, "space": "features"}, num_heads=2, num_neighbors=5, num_steps=2),
+        CentroidBlock(16, "linear", {"num_inputs": 32, "num_centroids": 8}, num_heads=2, num_steps=3),
+        CentroidBlock(16, "dwconv2d", {"dim": 16, "grid_size": (4, 8)}, num_heads=2, normalize="centroids"),
+        SelfAttentionBlock(16, num_heads=2, num_neighbors=6),
+    ]
+    x = torch.randn(2, 32, 16)
+    for block in blocks:
+        out = block(x)
+        out = out if isinstance(out, torch.Tensor) else out.x
+        out.square().mean().backward()
+        for name, p in block.named_parameters():
+            assert p.grad is not None and p.grad.abs().sum() > 0, f"{type(block).__name__}.{name} got no gradient"
+
+
+@pytest.mark.parametrize("name", sorted(CENTROID_INITS))
+def test_every_init_builds_runs_and_keeps_shapes(name: str) -> None:
+    B, N, C, M = 2, 64, 16, 16
+    kwargs = {
+        "fps": {"num_centroids": M},
+        "random": {"num_centroids": M},
+        "mean_pool": {"num_centroids": M},
+        "kmeans": {"num_centroids": M, "num_iters": 3},
+        "linear": {"num_inputs": N, "num_centroids": M},
+        "dwconv2d": {"dim": C, "grid_size": (8, 8)},
+    }[name]
+    block = CentroidBlock(C, name, kwargs, num_heads=4, num_neighbors=8).eval()
+    x, pos = torch.randn(B, N, C), torch.rand(B, N, 3)
+    out = block(x, pos=pos)
+    assert out.x.shape == (B, M, C) and out.pos.shape == (B, M, 3)
+    assert bool(torch.isfinite(out.x).all())
+    assert_close(block(x, pos=pos).x, out.x)  # eval is deterministic, random init included
+    if out.index is not None:
+        assert_close(out.pos, gather(pos, out.index))
+
+
+def test_inits_do_what_they_say() -> None:
+    x = torch.arange(8.0).view(1, 8, 1).expand(1, 8, 2).contiguous()
+    assert_close(build_centroid_init("mean_pool", num_centroids=4)(x).x[0, :, 0], torch.tensor([0.5, 2.5, 4.5, 6.5]))
+    pos = torch.tensor([[[0.0], [0.1], [0.2], [10.0], [10.1], [10.2]]])
+    km = build_centroid_init("kmeans", num_centroids=2, num_iters=3)(pos.expand(1, 6, 1).repeat(1, 1, 2), pos=pos)
+    assert_close(km.pos.sort(1).values[0, :, 0], torch.tensor([0.1, 10.1]))
+    fps = build_centroid_init("fps", num_centroids=2)(pos, pos=pos)
+    assert fps.index.tolist() == [[0, 5]]
+    dw = build_centroid_init("dwconv2d", dim=1, grid_size=(4, 4))
+    grid = torch.ones(1, 16, 1)
+    assert_close(dw(grid).x[0, 0, 0], torch.tensor(4 / 9))  # averaging filter, corner has 4 of 9 taps in the grid
+
+
+def test_unknown_init_lists_choices() -> None:
+    with pytest.raises(ValueError, match="choose one of.*fps.*kmeans"):
+        build_centroid_init("voronoi", num_centroids=3)
+
+
+def test_bf16_autocast_on_cpu_runs() -> None:
+    block = CentroidBlock(32, "fps", {"num_centroids": 16, "space": "features"}, num_heads=4, num_neighbors=8)
+    sa = SelfAttentionBlock(32, num_heads=4)
+    x = torch.randn(2, 64, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = block(sa(x)).x
+        out.float().square().mean().backward()
+    assert out.shape == (2, 16, 32) and bool(torch.isfinite(out.float()).all())
+
+
+def test_knn_path_never_builds_the_dense_score_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No tensor of B*H*M*N elements (or more) is created by the KNN forward + backward."""
+    B, N, M, C, H, K = 1, 512, 128, 16, 4, 8
+    dense_numel = B * H * M * N
+    biggest = []
+
+    class Spy(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    biggest.append(t.numel())
+            return out
+
+    layer = CentroidAttention(C, num_heads=H, num_neighbors=K)
+    x, u = torch.randn(B, N, C, requires_grad=True), torch.randn(B, M, C, requires_grad=True)
+    # KNN distances are chunked: give them a budget below the dense matrix too.
+    monkeypatch.setattr("attention.points.KNN_CHUNK_BYTES", 4 * 16 * N)
+    monkeypatch.setattr(layer, "knn_backend", "torch")
+    import attention.points as P
+
+    real_knn = P.knn
+    monkeypatch.setattr("attention.centroid.knn", lambda *a, **k: real_knn(*a, **k, chunk_bytes=4 * 16 * N))
+    with Spy():
+        layer(x, u).sum().backward()
+    assert max(biggest) < dense_numel, f"largest tensor {max(biggest)} >= dense scores {dense_numel}"
+    assert max(biggest) <= B * M * K * C  # the gathered keys / values
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [
+        (lambda: CentroidAttention(16, 3), ValueError, "divisible"),
+        (lambda: CentroidAttention(16, 4)(torch.randn(2, 10), torch.randn(2, 4, 16)), ValueError, r"\(B, N, 16\)"),
+        (lambda: CentroidAttention(16, 4)(torch.randn(2, 10, 8), torch.randn(2, 4, 8)), ValueError, r"\(B, N, 16\)"),
+        (lambda: CentroidAttention(16, 4)(torch.randn(2, 10, 16), torch.randn(2, 12, 16)), ValueError, "M <= N"),
+        (lambda: CentroidAttention(16, 4, 11)(torch.randn(2, 10, 16), torch.randn(2, 4, 16)), ValueError, "K <= N"),
+        (lambda: CentroidAttention(16, 4)(torch.randn(2, 0, 16), torch.randn(2, 0, 16)), ValueError, "empty"),
+        (lambda: CentroidAttention(16, 4)(torch.randn(2, 10, 16), torch.randn(3, 4, 16)), ValueError, "batch size"),
+        (
+            lambda: CentroidAttention(16, 4)(torch.full((2, 10, 16), float("nan")), torch.randn(2, 4, 16)),
+            ValueError,
+            "NaN",
+        ),
+        (
+            lambda: CentroidAttention(16, 4)(torch.randn(2, 10, 16), torch.randn(2, 4, 16), mask=torch.ones(2, 9)),
+            ValueError,
+            "mask",
+        ),
+        (
+            lambda: CentroidAttention(16, 4)(torch.ones(2, 10, 16, dtype=torch.long), torch.randn(2, 4, 16)),
+            TypeError,
+            "floating",
+        ),
+        (lambda: CentroidAttention(16, 4, normalize="rows"), ValueError, "normalize"),
+        (lambda: build_centroid_init("fps", num_centroids=4)(torch.randn(1, 10, 4)), ValueError, "pos"),
+        (lambda: build_centroid_init("linear", num_inputs=8, num_centroids=2)(torch.randn(1, 9, 4)), ValueError, "N=8"),
+        (lambda: build_centroid_init("dwconv2d", dim=4, grid_size=(3, 3))(torch.randn(1, 10, 4)), ValueError, "3 x 3"),
+    ],
+)
+def test_bad_input_is_named(call, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        call()

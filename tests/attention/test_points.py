@@ -1,0 +1,275 @@
+"""Point ops: reference invariants on CPU, every available backend against the reference, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from attention import points
+from attention.points import farthest_point_sample, gather, interpolate, knn, nearest_upsample
+
+FPS_ALT = [
+    pytest.param("cluster", marks=pytest.mark.skipif(not points.HAS_TORCH_CLUSTER, reason="torch-cluster missing")),
+    pytest.param("pytorch3d", marks=pytest.mark.skipif(not points.HAS_PYTORCH3D, reason="pytorch3d missing")),
+]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _brute_fps(x: torch.Tensor, m: int, start: int) -> list[int]:
+    """FPS written out point by point, the definition."""
+    chosen = [start]
+    d = ((x - x[start]) ** 2).sum(-1)
+    for _ in range(m - 1):
+        nxt = int(d.argmax())
+        chosen.append(nxt)
+        d = torch.minimum(d, ((x - x[nxt]) ** 2).sum(-1))
+    return chosen
+
+
+@pytest.mark.parametrize("shape", [(3, 63, 5), (2, 100, 3), (1, 7, 2)])
+def test_fps_reference_matches_definition(shape: tuple[int, int, int]) -> None:
+    x = torch.rand(*shape)
+    m = shape[1] // 2
+    start = torch.randint(0, shape[1], (shape[0],))
+    idx = farthest_point_sample(x, m, start=start, backend="torch")
+    assert idx.shape == (shape[0], m) and idx.dtype == torch.long
+    for b in range(shape[0]):
+        assert idx[b].tolist() == _brute_fps(x[b], m, int(start[b]))
+
+
+def test_fps_all_points_is_a_permutation() -> None:
+    x = torch.rand(2, 50, 3)
+    idx = farthest_point_sample(x, 50, backend="torch")
+    assert torch.equal(idx.sort(1).values, torch.arange(50).expand(2, 50))
+
+
+def test_fps_permutation_consistent() -> None:
+    x = torch.rand(2, 80, 3)
+    perm = torch.randperm(80)
+    idx = farthest_point_sample(x, 20, start=torch.tensor([5, 9]), backend="torch")
+    inv = perm.argsort()  # x[:, perm][:, inv[i]] == x[:, i]
+    idx_p = farthest_point_sample(x[:, perm], 20, start=inv[torch.tensor([5, 9])], backend="torch")
+    assert torch.equal(perm[idx_p], idx)
+
+
+def test_fps_random_start_deterministic_with_generator() -> None:
+    x = torch.rand(4, 64, 3)
+    a = farthest_point_sample(x, 16, start=None, generator=torch.Generator().manual_seed(3))
+    b = farthest_point_sample(x, 16, start=None, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+
+
+def test_fps_ragged_never_picks_padding() -> None:
+    x = torch.rand(3, 40, 3)
+    lengths = torch.tensor([40, 25, 10])
+    idx = farthest_point_sample(x, 10, lengths=lengths, backend="torch")
+    assert bool((idx < lengths[:, None]).all())
+    # Each cloud alone gives the same samples as the padded batch.
+    for b in range(3):
+        alone = farthest_point_sample(x[b : b + 1, : int(lengths[b])], 10, backend="torch")
+        assert torch.equal(alone[0], idx[b])
+    # A mask with holes in the middle: random start lands on real points only.
+    mask = torch.rand(3, 40) > 0.5
+    mask[:, 0] = True
+    idx = farthest_point_sample(x, 5, start=None, mask=mask)
+    assert bool(mask.gather(1, idx).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", FPS_ALT)
+@pytest.mark.parametrize("shape,m", [((3, 63, 5), 20), ((2, 1024, 3), 512), ((4, 100, 3), 1)])
+def test_fps_backend_equals_reference(backend: str, device: str, shape: tuple[int, int, int], m: int) -> None:
+    x = torch.rand(*shape, device=device)
+    start = torch.randint(0, shape[1], (shape[0],), device=device)
+    ref = farthest_point_sample(x, m, start=start, backend="torch")
+    out = farthest_point_sample(x, m, start=start, backend=backend)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("backend", FPS_ALT)
+def test_fps_backend_ragged_equals_reference(backend: str) -> None:
+    x = torch.rand(3, 63, 5)
+    mask = torch.rand(3, 63) > 0.3
+    mask[:, 4] = True
+    start = torch.full((3,), 4)
+    ref = farthest_point_sample(x, 12, start=start, mask=mask, backend="torch")
+    assert torch.equal(farthest_point_sample(x, 12, start=start, mask=mask, backend=backend), ref)
+
+
+@pytest.mark.gpu
+def test_fps_triton_equals_reference() -> None:
+    x = torch.rand(4, 1000, 3, device="cuda")
+    start = torch.randint(0, 1000, (4,), device="cuda")
+    ref = farthest_point_sample(x, 300, start=start, backend="torch")
+    assert torch.equal(farthest_point_sample(x, 300, start=start, backend="triton"), ref)
+
+
+def _brute_knn(q: torch.Tensor, r: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    d = ((q[:, :, None] - r[:, None]) ** 2).sum(-1)
+    return d.topk(k, dim=-1, largest=False, sorted=True)
+
+
+@pytest.mark.parametrize("shape", [(2, 17, 63, 5), (1, 64, 64, 3), (3, 1, 9, 2)])
+def test_knn_reference_matches_brute_force(shape: tuple[int, int, int, int]) -> None:
+    B, M, N, C = shape
+    q, r = torch.rand(B, M, C), torch.rand(B, N, C)
+    dist, idx = knn(q, r, 4 if N >= 4 else N, backend="torch")
+    ref_d, ref_i = _brute_knn(q, r, dist.shape[-1])
+    assert torch.equal(idx, ref_i)
+    assert_close(dist, ref_d)
+    assert bool((dist[..., 1:] >= dist[..., :-1]).all())
+
+
+def test_knn_chunking_gives_same_result() -> None:
+    q, r = torch.rand(2, 300, 3), torch.rand(2, 500, 3)
+    full = knn(q, r, 8, backend="torch")
+    # A budget of one row of distances per chunk: 300 chunks, same answer.
+    tiny = knn(q, r, 8, backend="torch", chunk_bytes=4 * 2 * 500)
+    assert torch.equal(full[1], tiny[1])
+    assert_close(full[0], tiny[0])
+
+
+def test_knn_chunking_bounds_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The largest distance block built is (B, rows, N) with rows * B * N * 4 <= chunk_bytes."""
+    seen = []
+    real = torch.baddbmm
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen.append(out.numel() * 4)
+        return out
+
+    monkeypatch.setattr(torch, "baddbmm", spy)
+    knn(torch.rand(2, 1000, 3), torch.rand(2, 2000, 3), 4, backend="torch", chunk_bytes=1 << 20)
+    assert seen and max(seen) <= 1 << 20 and len(seen) > 1
+
+
+def test_knn_mask_excludes_padding_and_pads_with_inf() -> None:
+    q, r = torch.rand(2, 10, 3), torch.rand(2, 30, 3)
+    mask = torch.zeros(2, 30, dtype=torch.bool)
+    mask[0, :20] = True
+    mask[1, :3] = True
+    dist, idx = knn(q, r, 5, mask=mask, backend="torch")
+    assert bool((idx[0] < 20).all())
+    assert bool((idx[1, :, :3] < 3).all()) and bool(torch.isinf(dist[1, :, 3:]).all())
+    ref_d, ref_i = _brute_knn(q[:1], r[:1, :20], 5)
+    assert torch.equal(idx[:1], ref_i)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", FPS_ALT)
+@pytest.mark.parametrize("shape,k", [((2, 17, 63, 5), 7), ((2, 256, 1024, 3), 16), ((1, 5, 5, 3), 5)])
+def test_knn_backend_equals_reference(backend: str, device: str, shape: tuple[int, ...], k: int) -> None:
+    B, M, N, C = shape
+    q, r = torch.rand(B, M, C, device=device), torch.rand(B, N, C, device=device)
+    ref_d, ref_i = knn(q, r, k, backend="torch")
+    dist, idx = knn(q, r, k, backend=backend)
+    assert torch.equal(idx.sort(-1).values, ref_i.sort(-1).values)  # same neighbour sets
+    assert_close(dist, ref_d)
+
+
+@pytest.mark.parametrize("backend", FPS_ALT)
+def test_knn_backend_ragged_equals_reference(backend: str) -> None:
+    q, r = torch.rand(3, 11, 5), torch.rand(3, 63, 5)
+    mask = torch.rand(3, 63) > 0.4
+    ref_d, ref_i = knn(q, r, 6, mask=mask, backend="torch")
+    dist, idx = knn(q, r, 6, mask=mask, backend=backend)
+    assert torch.equal(idx.sort(-1).values, ref_i.sort(-1).values)
+    assert_close(dist, ref_d)
+
+
+def test_gather_any_index_shape_and_gradient() -> None:
+    x = torch.randn(2, 10, 4, requires_grad=True)
+    idx = torch.randint(0, 10, (2, 3, 5, 2))
+    out = gather(x, idx)
+    assert out.shape == (2, 3, 5, 2, 4)
+    for b in range(2):
+        assert torch.equal(out[b], x[b][idx[b]])
+    out.sum().backward()
+    counts = torch.stack([torch.bincount(idx[b].flatten(), minlength=10) for b in range(2)]).float()
+    assert_close(x.grad, counts[..., None].expand(-1, -1, 4))
+    assert gather(torch.arange(10.0).expand(2, 10), idx[..., 0]).shape == (2, 3, 5)
+
+
+def test_nearest_upsample_and_interpolate() -> None:
+    pos = torch.rand(2, 50, 3)
+    sub = pos[:, :10]
+    feats = torch.randn(2, 10, 6, requires_grad=True)
+    up = nearest_upsample(pos, sub, feats)
+    assert up.shape == (2, 50, 6)
+    assert torch.equal(up[:, :10], feats)  # a point that is a centroid takes its own features
+    d = ((pos[:, :, None] - sub[:, None]) ** 2).sum(-1)
+    assert torch.equal(up, gather(feats, d.argmin(-1)))
+    smooth = interpolate(pos, sub, feats, k=3)
+    assert_close(smooth[:, :10], feats, atol=1e-4, rtol=1e-4)  # weight of the coincident point dominates
+    smooth.sum().backward()
+    assert feats.grad is not None and bool(torch.isfinite(feats.grad).all())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [
+        (lambda: farthest_point_sample(torch.rand(10, 3), 4), ValueError, r"\(B, N, C\)"),
+        (lambda: farthest_point_sample(torch.rand(2, 10, 3), 11), ValueError, "M <= N"),
+        (lambda: farthest_point_sample(torch.rand(2, 0, 3), 1), ValueError, "empty"),
+        (lambda: farthest_point_sample(torch.randint(0, 5, (2, 10, 3)), 4), TypeError, "floating"),
+        (lambda: farthest_point_sample(torch.tensor([[[0.0, float("nan"), 0.0]] * 4]), 2), ValueError, "NaN"),
+        (lambda: farthest_point_sample(torch.tensor([[[0.0, float("inf"), 0.0]] * 4]), 2), ValueError, "Inf"),
+        (lambda: farthest_point_sample(torch.rand(2, 10, 3), 0), ValueError, "positive"),
+        (lambda: farthest_point_sample(torch.rand(2, 10, 3), 3, start=10), ValueError, r"\[0, 10\)"),
+        (lambda: farthest_point_sample(torch.rand(2, 10, 3), 3, start=torch.zeros(3).long()), ValueError, "batch"),
+        (lambda: farthest_point_sample(torch.rand(2, 10, 3), 3, lengths=torch.tensor([10, 0])), ValueError, "empty"),
+        (lambda: farthest_point_sample(torch.rand(2, 10, 3), 6, lengths=torch.tensor([10, 5])), ValueError, "M <= N"),
+        (lambda: farthest_point_sample(torch.rand(2, 10, 3), 3, backend="nope"), ValueError, "choose one of"),
+        (lambda: knn(torch.rand(2, 4, 3), torch.rand(2, 5, 3), 6), ValueError, "k <= N"),
+        (lambda: knn(torch.rand(2, 4, 3), torch.rand(2, 5, 4), 2), ValueError, "channel count"),
+        (lambda: knn(torch.rand(3, 4, 3), torch.rand(2, 5, 3), 2), ValueError, "batch size"),
+        (lambda: knn(torch.rand(2, 4, 3), torch.rand(2, 5, 3).double().to(torch.int32), 2), TypeError, "floating"),
+        (lambda: knn(torch.rand(2, 4, 3), torch.rand(2, 5, 3), 2, mask=torch.ones(2, 4).bool()), ValueError, "mask"),
+        (lambda: gather(torch.rand(2, 5, 3), torch.rand(2, 4)), TypeError, "int64"),
+        (lambda: gather(torch.rand(2, 5, 3), torch.zeros(3, 4).long()), ValueError, "batch size 2"),
+        (lambda: gather(torch.rand(5), torch.zeros(3, 4).long()), ValueError, r"\(B, N, C\)"),
+    ],
+)
+def test_bad_input_is_named(call, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.gpu
+def test_mismatched_devices_are_named() -> None:
+    with pytest.raises(ValueError, match="device"):
+        knn(torch.rand(2, 4, 3, device="cuda"), torch.rand(2, 5, 3), 2)
+
+
+def test_missing_backend_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(points, "HAS_TORCH_CLUSTER", False)
+    with pytest.raises(ImportError, match="torch-cluster"):
+        farthest_point_sample(torch.rand(1, 10, 3), 3, backend="cluster")
+    with pytest.raises(ImportError, match="CUDA"):
+        farthest_point_sample(torch.rand(1, 10, 3), 3, backend="triton")
+
+
+def test_auto_backend_works_without_optional_packages(monkeypatch: pytest.MonkeyPatch) -> None:
+    for flag in ("HAS_TORCH_CLUSTER", "HAS_PYTORCH3D", "HAS_TRITON"):
+        monkeypatch.setattr(points, flag, False)
+    x = torch.rand(2, 30, 3)
+    assert torch.equal(farthest_point_sample(x, 5), farthest_point_sample(x, 5, backend="torch"))
+    assert torch.equal(knn(x, x, 3)[1], knn(x, x, 3, backend="torch")[1])
+
+
+def test_input_checks_can_be_switched_off() -> None:
+    from attention import input_checks
+
+    x = torch.rand(2, 10, 3)
+    x[0, 0, 0] = float("nan")
+    with input_checks(False):
+        farthest_point_sample(x, 3)  # no error: the caller vouched for its data
+    with pytest.raises(ValueError, match="NaN"):
+        farthest_point_sample(x, 3)
