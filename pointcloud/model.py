@@ -1,0 +1,211 @@
+"""Centroid transformer for point-cloud classification (ModelNet40).
+
+Wu et al., "Centroid Transformers: Learning to Abstract with Attention", arXiv:2102.08606, section 3.2.
+
+The network (paper Fig. 3), with N input points::
+
+    xyz (B, N, 3[+3 normals]) -> per-point embedding (C0 = 64)
+      -> SA  (64,  N  points, attention over the K nearest points in xyz)
+      -> CA  (128, N  -> N1 centroids, FPS init in xyz, K nearest inputs in feature space, T steps)
+      -> SA  (128, N1 points)
+      -> CA  (512, N1 -> N2 centroids)
+    each block's output is upsampled back to the N input points by nearest neighbour in xyz, the four are
+    concatenated (64 + 128 + 128 + 512 = 832 channels) and fused by a per-point linear layer, then max- and
+    average-pooled; the two pooled vectors go through a 3-layer MLP head. LeakyReLU(0.2) everywhere.
+
+The paper's text lost N1, N2 and K; they are constructor knobs (``num_centroids``, ``num_neighbors``). Width changes
+happen in a linear layer in front of each block whose width differs from the previous one.
+
+Ablation twins (paper Table 3): ``num_steps=0`` keeps the centroid blocks' init (FPS, random or k-means
+downsampling) and their MLP but drops the attention step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import torch
+from torch import Tensor, nn
+
+from attention import CentroidBlock, SelfAttentionBlock, input_checks, knn, nearest_upsample
+from attention._checks import check_points
+
+__all__ = ["MODELS", "CentroidTransformer", "create_model", "list_models", "register_model"]
+
+
+def _leaky() -> nn.Module:
+    return nn.LeakyReLU(0.2)
+
+
+class CentroidTransformer(nn.Module):
+    """SA -> CA -> SA -> CA point-cloud classifier with multi-scale fusion.
+
+    Args:
+        num_classes: output classes.
+        in_channels: 3 (xyz) or 6 (xyz + normals); the first 3 channels are positions.
+        widths: channels of the four blocks.
+        num_centroids: (N1, N2), centroids after the first and second centroid block.
+        num_neighbors: K of every block (xyz KNN in SA blocks, feature-space KNN in CA blocks).
+        num_heads: attention heads.
+        num_steps: T, centroid-attention steps; 0 gives the downsampling-only ablation twin.
+        init: centroid init of the CA blocks: ``"fps"``, ``"random"`` or ``"kmeans"``.
+        kmeans_iters: Lloyd iterations of the k-means init.
+        mlp_ratio: hidden width of the blocks' MLPs.
+        fuse_dim: width of the per-point fusion layer (its max and mean pools feed the head).
+        head_dims: hidden widths of the 3-layer head.
+        drop: dropout in the head.
+
+    Shapes:
+        points: ``(B, N, in_channels)``; output logits ``(B, num_classes)``.
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 40,
+        in_channels: int = 3,
+        widths: Sequence[int] = (64, 128, 128, 512),
+        num_centroids: Sequence[int] = (256, 64),
+        num_neighbors: int = 16,
+        num_heads: int = 4,
+        num_steps: int = 1,
+        init: str = "fps",
+        kmeans_iters: int = 3,
+        mlp_ratio: float = 2.0,
+        fuse_dim: int = 512,
+        head_dims: Sequence[int] = (512, 256),
+        drop: float = 0.5,
+    ) -> None:
+        super().__init__()
+        if in_channels < 3:
+            raise ValueError(f"in_channels must be >= 3 (xyz first), got {in_channels}")
+        if len(widths) != 4 or len(num_centroids) != 2:
+            raise ValueError(f"widths needs 4 entries and num_centroids 2, got {widths} and {num_centroids}")
+        if init not in ("fps", "random", "kmeans"):
+            raise ValueError(f"init must be 'fps', 'random' or 'kmeans', got {init!r}")
+        self.num_classes = num_classes
+        self.in_channels = in_channels
+        self.num_centroids = tuple(num_centroids)
+        self.num_neighbors = num_neighbors
+        self.num_features = 2 * fuse_dim
+        act = _leaky
+        block = partial(dict, num_heads=num_heads, mlp_ratio=mlp_ratio, act_layer=act)
+        self.embed = nn.Sequential(nn.Linear(in_channels, widths[0]), act(), nn.Linear(widths[0], widths[0]))
+        init_kwargs: Callable[[int], dict] = lambda m: (  # noqa: E731
+            {"num_centroids": m, "num_iters": kmeans_iters} if init == "kmeans" else {"num_centroids": m}
+        )
+        self.blocks = nn.ModuleList(
+            [
+                SelfAttentionBlock(widths[0], num_neighbors=num_neighbors, **block()),
+                CentroidBlock(
+                    widths[1], init, init_kwargs(num_centroids[0]), num_neighbors=num_neighbors,
+                    num_steps=num_steps, **block(),
+                ),
+                SelfAttentionBlock(widths[2], num_neighbors=num_neighbors, **block()),
+                CentroidBlock(
+                    widths[3], init, init_kwargs(num_centroids[1]), num_neighbors=num_neighbors,
+                    num_steps=num_steps, **block(),
+                ),
+            ]
+        )  # fmt: skip
+        dims = [widths[0], *widths]
+        self.transitions = nn.ModuleList(
+            [nn.Identity() if a == b else nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:])]
+        )
+        self.fuse = nn.Sequential(nn.Linear(sum(widths), fuse_dim), nn.LayerNorm(fuse_dim), act())
+        layers: list[nn.Module] = []
+        prev = self.num_features
+        for h in head_dims:
+            layers += [nn.Linear(prev, h, bias=False), nn.BatchNorm1d(h), act(), nn.Dropout(drop)]
+            prev = h
+        self.head_hidden = nn.Sequential(*layers)
+        self.head = nn.Linear(prev, num_classes)
+
+    def no_weight_decay(self) -> set[str]:
+        return set()
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int) -> None:
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.head.in_features, num_classes) if num_classes > 0 else nn.Identity()
+
+    def forward_features(self, points: Tensor) -> Tensor:
+        """Per-point fused features ``(B, N, fuse_dim)`` of a batch of clouds ``(B, N, in_channels)``."""
+        check_points(points, "points", channels=self.in_channels, min_points=max(self.num_centroids))
+        B, N, _ = points.shape
+        if self.num_neighbors > min(self.num_centroids):
+            raise ValueError(f"num_neighbors K={self.num_neighbors} must not exceed the centroid counts "
+                             f"{self.num_centroids}")
+        pos = points[..., :3].contiguous()
+        x = self.embed(points)
+        outs = []
+        with input_checks(False):  # validated once above; the blocks need not re-check each call
+            cur_pos = pos
+            for transition, block in zip(self.transitions, self.blocks):
+                x = transition(x)
+                if isinstance(block, SelfAttentionBlock):
+                    _, nbr = knn(cur_pos, cur_pos, self.num_neighbors)  # (B, n, K) in xyz
+                    x = block(x, neighbor_idx=nbr)
+                else:
+                    x, cur_pos, _ = block(x, pos=cur_pos)
+                # Back to the N input points by nearest neighbour in xyz.
+                outs.append(x if x.shape[1] == N else nearest_upsample(pos, cur_pos, x))
+        return self.fuse(torch.cat(outs, dim=-1))  # (B, N, fuse_dim)
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Max + mean pooling of ``(B, N, fuse_dim)`` features, then the MLP head."""
+        x = torch.cat([x.amax(dim=1), x.mean(dim=1)], dim=-1)  # (B, 2 * fuse_dim)
+        x = self.head_hidden(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, points: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(points))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Registry
+# --------------------------------------------------------------------------------------------------------------------
+
+MODELS: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    MODELS[fn.__name__] = fn
+    return fn
+
+
+def list_models() -> list[str]:
+    return sorted(MODELS)
+
+
+def create_model(name: str, **kwargs) -> nn.Module:
+    """Builds a registered model by name; ``kwargs`` override its defaults (e.g. ``num_steps=2``)."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {list_models()}")
+    return MODELS[name](**kwargs)
+
+
+@register_model
+def centroid_transformer_modelnet40(**kwargs) -> CentroidTransformer:
+    """The paper's model: FPS init, one centroid-attention step (T as ``num_steps``)."""
+    return CentroidTransformer(**{"num_classes": 40, **kwargs})
+
+
+@register_model
+def centroid_transformer_modelnet40_random(**kwargs) -> CentroidTransformer:
+    """Ablation twin: centroid blocks only downsample by random sampling (no attention step)."""
+    return CentroidTransformer(**{"num_classes": 40, "init": "random", "num_steps": 0, **kwargs})
+
+
+@register_model
+def centroid_transformer_modelnet40_fps(**kwargs) -> CentroidTransformer:
+    """Ablation twin: centroid blocks only downsample by farthest point sampling (no attention step)."""
+    return CentroidTransformer(**{"num_classes": 40, "init": "fps", "num_steps": 0, **kwargs})
+
+
+@register_model
+def centroid_transformer_modelnet40_kmeans(**kwargs) -> CentroidTransformer:
+    """Ablation twin: centroid blocks only downsample by k-means (3 iterations, no attention step)."""
+    return CentroidTransformer(**{"num_classes": 40, "init": "kmeans", "num_steps": 0, **kwargs})

@@ -1,0 +1,124 @@
+"""Benchmark of centroid attention: dense vs KNN, time (forward + backward) and peak memory.
+
+    python tools/bench_centroid.py                 # CPU
+    python tools/bench_centroid.py --device cuda   # GPU machine
+
+N in {1024, 4096, 8192, 16384}, M = N / 4 centroids, K = 32 neighbours, C = 128 channels, 4 heads, batch 1.
+Three implementations of one attention step from M centroids to N inputs, with the same projections:
+
+* ``dense-matmul``: softmax(Q K^T) V with the (B, H, M, N) score matrix materialized (a plain implementation);
+* ``dense-sdpa``:   the layer's dense path, ``scaled_dot_product_attention`` (fused kernels where torch has them);
+* ``knn``:          the layer's KNN path (K nearest inputs in feature space, gathered keys and values).
+
+Peak memory is the growth of the peak resident set of a fresh process during forward + backward on CPU, and
+``torch.cuda.max_memory_allocated`` on CUDA. Ratios are against ``dense-matmul`` and ``dense-sdpa`` of the same N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from benchutil import current_rss_bytes, describe_machine, peak_rss_bytes, print_table, run_isolated, time_fn
+
+from attention import CentroidAttention
+
+
+def _dense_matmul(layer: CentroidAttention, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    B, N, C = x.shape
+    M = u.shape[1]
+    H, D = layer.num_heads, layer.head_dim
+    k, v = layer.kv(layer.norm_kv(x)).view(B, N, 2, H, D).unbind(2)
+    q = layer.q(layer.norm_q(u)).view(B, M, H, D).transpose(1, 2)
+    attn = (q @ k.permute(0, 2, 3, 1)) * D**-0.5  # (B, H, M, N), materialized
+    out = attn.softmax(-1) @ v.transpose(1, 2)
+    return u + layer.proj(out.transpose(1, 2).reshape(B, M, C))
+
+
+def child(cfg: dict) -> None:
+    device = torch.device(cfg["device"])
+    torch.manual_seed(0)
+    B, N, M, C, H, K = cfg["B"], cfg["N"], cfg["M"], cfg["C"], cfg["H"], cfg["K"]
+    layer = CentroidAttention(C, H, num_neighbors=K if cfg["mode"] == "knn" else None).to(device)
+    x = torch.randn(B, N, C, device=device, requires_grad=True)
+    u = torch.randn(B, M, C, device=device, requires_grad=True)
+
+    def step() -> None:
+        out = _dense_matmul(layer, x, u) if cfg["mode"] == "dense-matmul" else layer(x, u)
+        out.sum().backward()
+        x.grad = u.grad = None
+        layer.zero_grad(set_to_none=True)
+
+    step()  # warm-up; then measure the peak of one clean step
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        base = current_rss_bytes()
+        before = peak_rss_bytes()
+        step()
+        peak = max(peak_rss_bytes() - base, 0) if peak_rss_bytes() > before else None
+    ms = time_fn(step, device, repeats=cfg["repeats"], warmup=0)
+    print(json.dumps({"ms": ms, "peak_mb": None if peak is None else peak / 2**20}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--points", type=int, nargs="+", default=[1024, 4096, 8192, 16384])
+    parser.add_argument("--k", type=int, default=32)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(json.loads(args.child))
+        return
+    print(f"# bench_centroid on {args.device}: {describe_machine(args.device)}")
+    print(f"# B={args.batch}, C={args.dim}, H={args.heads}, M=N/4, K={args.k}; forward + backward\n")
+    rows = []
+    for N in args.points:
+        res = {}
+        for mode in ("dense-matmul", "dense-sdpa", "knn"):
+            cfg = dict(mode=mode, device=args.device, B=args.batch, N=N, M=N // 4, C=args.dim, H=args.heads)
+            res[mode] = run_isolated(__file__, {**cfg, "K": args.k, "repeats": args.repeats})
+            print(f"  N={N} {mode}: {res[mode]}", file=sys.stderr)
+        for mode, r in res.items():
+            if "error" in r:
+                rows.append([N, N // 4, mode, "error: " + r["error"][:60], "", "", "", "", ""])
+                continue
+            ratios = []
+            for base in ("dense-matmul", "dense-sdpa"):
+                b = res[base]
+                ratios.append(b["ms"] / r["ms"] if "ms" in b else float("nan"))
+                ok = "peak_mb" in b and b["peak_mb"] and r["peak_mb"] is not None
+                ratios.append(r["peak_mb"] / b["peak_mb"] if ok else float("nan"))
+            peak = r["peak_mb"] if r["peak_mb"] is not None else float("nan")
+            rows.append([N, N // 4, mode, r["ms"], peak, *ratios])
+    print_table(
+        [
+            "N",
+            "M",
+            "path",
+            "ms",
+            "peak MB",
+            "speedup vs matmul",
+            "memory vs matmul",
+            "speedup vs sdpa",
+            "memory vs sdpa",
+        ],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()

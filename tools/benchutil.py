@@ -1,0 +1,88 @@
+"""Helpers shared by the tools/bench_*.py scripts: timing, peak memory in a subprocess, and tables.
+
+Benchmarks print ratios against a baseline measured in the same run; absolute times are meaningful only on an
+otherwise idle machine (and only on a GPU for the GPU tables).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+def sync(device: torch.device | str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_fn(fn: Callable[[], object], device: torch.device | str, repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time of ``fn`` in milliseconds, after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def current_rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def run_isolated(module_file: str, payload: dict) -> dict:
+    """Runs ``python module_file --child JSON`` in a fresh process and returns the JSON it prints last.
+
+    Peak CPU memory of one configuration can only be read cleanly in a process that ran nothing else.
+    """
+    # A fixed mmap threshold makes glibc return every freed block above 64 KiB to the OS at once, so the resident
+    # set follows the live tensors instead of keeping freed ones cached (which would hide later peaks).
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    out = subprocess.run(
+        [sys.executable, module_file, "--child", json.dumps(payload)], capture_output=True, text=True, check=False,
+        env=env,
+    )
+    if out.returncode != 0:
+        return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Prints a Markdown table (pasteable into docs/benchmarks.md)."""
+
+    def fmt(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+        return str(v)
+
+    cells = [[fmt(v) for v in r] for r in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in cells:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+
+
+def describe_machine(device: torch.device | str) -> str:
+    dev = torch.device(device)
+    what = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"{platform.processor() or 'cpu'}"
+    return (
+        f"torch {torch.__version__}, {what}, {torch.get_num_threads()} CPU threads, python {platform.python_version()}"
+    )
