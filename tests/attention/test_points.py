@@ -273,3 +273,34 @@ def test_input_checks_can_be_switched_off() -> None:
         farthest_point_sample(x, 3)  # no error: the caller vouched for its data
     with pytest.raises(ValueError, match="NaN"):
         farthest_point_sample(x, 3)
+
+
+_INTERPRETED_FPS = """
+import torch
+from attention.kernels.fps_triton import fps_triton
+from attention.points import _fps_torch
+torch.manual_seed(0)
+for B, N, C, M in [(3, 63, 5, 20), (2, 100, 3, 50)]:
+    x, s = torch.rand(B, N, C), torch.randint(0, N, (B,))
+    assert torch.equal(fps_triton(x, M, s, None), _fps_torch(x, M, s, None))
+    mask = torch.rand(B, N) > 0.3
+    mask[torch.arange(B), s] = True
+    assert torch.equal(fps_triton(x, M // 3, s, mask), _fps_torch(x, M // 3, s, mask))
+print("ok")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not points.HAS_TRITON, reason="triton missing")
+def test_fps_triton_kernel_under_interpreter_equals_reference() -> None:
+    """The Triton kernel's logic on CPU, through Triton's interpreter (no GPU needed)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", _INTERPRETED_FPS], env=env, capture_output=True, text=True)
+    if "interpret" in out.stderr.lower() and out.returncode != 0 and "AssertionError" not in out.stderr:
+        pytest.skip(f"this triton build cannot interpret on CPU: {out.stderr.strip().splitlines()[-1]}")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
