@@ -78,7 +78,9 @@ def check_points(
         if x.device != like.device:
             raise ValueError(f"{name} is on {x.device} but {like_name} is on {like.device}: move both to one device")
         if x.shape[0] != like.shape[0]:
-            raise ValueError(f"{name} and {like_name} must have the same batch size, got {x.shape[0]} and {like.shape[0]}")
+            raise ValueError(
+                f"{name} and {like_name} must have the same batch size, got {x.shape[0]} and {like.shape[0]}"
+            )
         if x.shape[-1] != like.shape[-1]:
             raise ValueError(
                 f"{name} and {like_name} must have the same channel count C, got {x.shape[-1]} and {like.shape[-1]}"

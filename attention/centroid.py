@@ -244,7 +244,9 @@ class CentroidAttention(nn.Module):
             if self.num_neighbors is not None and self.num_neighbors > N:
                 raise ValueError(f"num_neighbors K={self.num_neighbors} exceeds the N={N} inputs: need K <= N")
             if mask is not None and (mask.shape != (B, N) or mask.dtype != torch.bool):
-                raise ValueError(f"mask must be a bool tensor of shape ({B}, {N}), got {mask.dtype} {tuple(mask.shape)}")
+                raise ValueError(
+                    f"mask must be a bool tensor of shape ({B}, {N}), got {mask.dtype} {tuple(mask.shape)}"
+                )
             if neighbor_idx is not None and neighbor_idx.shape[:2] != (B, M):
                 raise ValueError(f"neighbor_idx must be (B, M, K) = ({B}, {M}, K), got {tuple(neighbor_idx.shape)}")
         H, D = self.num_heads, self.head_dim
@@ -374,8 +376,6 @@ class KMeansInit(nn.Module):
         self.backend = backend
 
     def forward(self, x: Tensor, pos: Tensor | None = None, mask: Tensor | None = None) -> CentroidOutput:
-        B, N, C = x.shape
-        M = self.num_centroids
         seed = self.seed(x, pos, mask)
         source = pos if self.space == "pos" else x
         centers = gather(source, seed.index).detach()

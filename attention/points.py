@@ -111,8 +111,9 @@ def _point_mask(x: Tensor, mask: Tensor | None, lengths: Tensor | None, name: st
     if mask is None:
         return None
     if mask.shape != (B, N) or mask.dtype != torch.bool:
-        raise ValueError(f"mask must be a bool tensor of shape ({B}, {N}) matching {name}, got {mask.dtype} "
-                         f"{tuple(mask.shape)}")
+        raise ValueError(
+            f"mask must be a bool tensor of shape ({B}, {N}) matching {name}, got {mask.dtype} {tuple(mask.shape)}"
+        )
     if mask.device != x.device:
         raise ValueError(f"mask is on {mask.device} but {name} is on {x.device}")
     return mask
@@ -357,7 +358,6 @@ def _knn_pytorch3d(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chun
     from pytorch3d.ops import knn_points
 
     B, M, _ = query.shape
-    N = ref.shape[1]
     if mask is None:
         lengths2 = None
         r = ref.detach().float()

@@ -22,6 +22,7 @@ downsampling) and their MLP but drops the attention step.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -110,7 +111,7 @@ class CentroidTransformer(nn.Module):
         )  # fmt: skip
         dims = [widths[0], *widths]
         self.transitions = nn.ModuleList(
-            [nn.Identity() if a == b else nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:])]
+            [nn.Identity() if a == b else nn.Linear(a, b) for a, b in itertools.pairwise(dims)]
         )
         self.fuse = nn.Sequential(nn.Linear(sum(widths), fuse_dim), nn.LayerNorm(fuse_dim), act())
         layers: list[nn.Module] = []
@@ -136,8 +137,9 @@ class CentroidTransformer(nn.Module):
         check_points(points, "points", channels=self.in_channels, min_points=max(self.num_centroids))
         B, N, _ = points.shape
         if self.num_neighbors > min(self.num_centroids):
-            raise ValueError(f"num_neighbors K={self.num_neighbors} must not exceed the centroid counts "
-                             f"{self.num_centroids}")
+            raise ValueError(
+                f"num_neighbors K={self.num_neighbors} must not exceed the centroid counts {self.num_centroids}"
+            )
         pos = points[..., :3].contiguous()
         x = self.embed(points)
         outs = []

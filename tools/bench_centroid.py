@@ -21,7 +21,6 @@ import json
 import sys
 
 import torch
-import torch.nn.functional as F
 from benchutil import current_rss_bytes, describe_machine, peak_rss_bytes, print_table, run_isolated, time_fn
 
 from attention import CentroidAttention

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+from functools import partial
 
 import torch
 from benchutil import describe_machine, print_table, time_fn
@@ -41,7 +42,7 @@ def main() -> None:
             ref = points.farthest_point_sample(x, M, start=start, backend="torch")
             times = {}
             for b in backends:
-                fn = lambda b=b: points.farthest_point_sample(x, M, start=start, backend=b)  # noqa: E731
+                fn = partial(points.farthest_point_sample, x, M, start=start, backend=b)
                 same = torch.equal(fn(), ref)
                 times[b] = (time_fn(fn, device, repeats=args.repeats), same)
             base = times.get("cluster", (float("nan"), True))[0]
@@ -50,7 +51,7 @@ def main() -> None:
             q = points.gather(x, ref)
             ktimes = {}
             for b in [b for b in backends if b in points.KNN_BACKENDS]:
-                fn = lambda b=b: points.knn(q, x, args.k, backend=b)  # noqa: E731
+                fn = partial(points.knn, q, x, args.k, backend=b)
                 ktimes[b] = time_fn(fn, device, repeats=args.repeats)
             kbase = ktimes.get("cluster", float("nan"))
             for b, ms in ktimes.items():

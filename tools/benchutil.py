@@ -56,7 +56,10 @@ def run_isolated(module_file: str, payload: dict) -> dict:
     # set follows the live tensors instead of keeping freed ones cached (which would hide later peaks).
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     out = subprocess.run(
-        [sys.executable, module_file, "--child", json.dumps(payload)], capture_output=True, text=True, check=False,
+        [sys.executable, module_file, "--child", json.dumps(payload)],
+        capture_output=True,
+        text=True,
+        check=False,
         env=env,
     )
     if out.returncode != 0:

@@ -177,7 +177,7 @@ def test_inits_do_what_they_say() -> None:
 
 
 def test_unknown_init_lists_choices() -> None:
-    with pytest.raises(ValueError, match="choose one of.*fps.*kmeans"):
+    with pytest.raises(ValueError, match=r"choose one of.*fps.*kmeans"):
         build_centroid_init("voronoi", num_centroids=3)
 
 
