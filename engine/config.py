@@ -1,0 +1,327 @@
+"""Configuration: a flat dataclass filled from defaults, a YAML file and ``key=value`` overrides.
+
+Precedence, lowest first: the dataclass defaults < the YAML file (and its ``base:`` chain) < ``--set key=value``
+overrides. Every value is checked against the field's annotation, and an unknown key is an error that names the
+file, lists the valid keys and suggests the closest one. A YAML file may name one ``base: other.yaml`` (a path
+relative to the including file); the base may have a base of its own, the including file's keys win, and a cycle
+is an error. ``base`` is therefore a reserved key, not a config field.
+
+Supported annotations: ``int``, ``float``, ``str``, ``bool``, ``pathlib.Path``, ``Literal[...]``, ``X | None``,
+``list[X]``, ``tuple[X, ...]``, ``tuple[X, Y]``, ``dict`` and ``Any``. Coercions are deliberately few: an int is
+accepted for a float, a YAML string such as ``1e-3`` (PyYAML reads exponents without a dot as strings) is parsed as
+a float for a float field, lists become tuples for tuple fields, and an override's raw text is kept for a ``str``
+field (``--set name=123`` gives ``"123"``). ``bool`` is strict: ``1`` or ``"yes"`` are rejected for a bool field.
+
+Example::
+
+    @dataclass
+    class TrainConfig:
+        lr: float = 1e-3
+        dims: list[int] = field(default_factory=lambda: [64, 128])
+
+    cfg = load_config(TrainConfig, "configs/pointcloud/modelnet40_centroid_t1.yaml", ["lr=3e-4"])
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import logging
+import types
+from collections.abc import Sequence
+from pathlib import Path, PurePath
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from engine.atomic import atomic_write_text
+
+__all__ = [
+    "add_config_args",
+    "config_from_args",
+    "config_to_dict",
+    "load_config",
+    "load_yaml_with_base",
+    "parse_overrides",
+    "save_config",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+BASE_KEY = "base"
+_NoneType = type(None)
+
+
+class _Mismatch(Exception):
+    """Internal: a value does not fit an annotation."""
+
+
+def load_yaml_with_base(path: str | Path) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Reads a YAML mapping and the chain of files it names with ``base:``.
+
+    Args:
+        path: The YAML file.
+
+    Returns:
+        The merged mapping (the including file's keys win) and, for each key, the file it came from.
+
+    Raises:
+        FileNotFoundError: The file or one of its bases does not exist.
+        ValueError: A file is not a mapping, ``base`` is not a string, or the chain has a cycle.
+    """
+    return _load_chain(Path(path), ())
+
+
+def _load_chain(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], dict[str, Path]]:
+    resolved = path.resolve()
+    if resolved in chain:
+        cycle = " -> ".join(str(p) for p in (*chain, resolved))
+        raise ValueError(f"config base cycle: {cycle}")
+    if not path.is_file():
+        via = f" (base of {chain[-1]})" if chain else ""
+        raise FileNotFoundError(f"config file not found: {path}{via}")
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            raise ValueError(f"config file {path} is not valid YAML: {e}") from e
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a mapping of key: value, got {type(data).__name__}")
+    data = dict(data)
+    merged: dict[str, Any] = {}
+    origin: dict[str, Path] = {}
+    base = data.pop(BASE_KEY, None)
+    if base is not None:
+        if not isinstance(base, str) or not base:
+            raise ValueError(f"config file {path}: 'base' must be a file name relative to it, got {base!r}")
+        merged, origin = _load_chain(path.parent / base, (*chain, resolved))
+    for key, value in data.items():
+        merged[str(key)] = value
+        origin[str(key)] = path
+    return merged, origin
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, tuple[Any, str]]:
+    """Parses ``key=value`` strings; each value with ``yaml.safe_load``.
+
+    Args:
+        overrides: Strings such as ``"lr=1e-3"``, ``"dims=[64,128]"``, ``"flag=true"``, ``"x=null"``.
+
+    Returns:
+        ``{key: (parsed value, raw text)}``; a key given twice keeps the last value.
+
+    Raises:
+        ValueError: An item has no ``=``, an empty key, or a value that is not valid YAML.
+    """
+    if isinstance(overrides, str):
+        raise TypeError(f"overrides must be a sequence of 'key=value' strings, got the single string {overrides!r}")
+    parsed: dict[str, tuple[Any, str]] = {}
+    for item in overrides:
+        key, sep, text = str(item).partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"malformed override {item!r}: expected KEY=VALUE, e.g. lr=1e-3 or dims=[64,128]")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(f"override {item!r}: the value is not valid YAML ({e})") from e
+        parsed[key] = (value, text.strip())
+    return parsed
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
+    """Builds a config dataclass from its defaults, a YAML file and ``key=value`` overrides.
+
+    Args:
+        cls: A dataclass whose fields are flat (see the module docstring for the supported annotations).
+        path: Optional YAML file; may name a ``base:`` file.
+        overrides: ``key=value`` strings applied last.
+
+    Returns:
+        An instance of ``cls``.
+
+    Raises:
+        ValueError: Unknown key, value of the wrong type, malformed override, or a required field left unset.
+    """
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"load_config expects a dataclass type, got {cls!r}")
+    hints = get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    values: dict[str, Any] = {}
+    if path is not None:
+        data, origin = load_yaml_with_base(path)
+        for key, value in data.items():
+            source = f"config file {origin[key]}"
+            _check_known(cls, key, names, source)
+            values[key] = _coerce_field(value, hints[key], key, source, raw=None)
+    for key, (value, raw) in parse_overrides(overrides).items():
+        source = f"override '{key}={raw}'"
+        _check_known(cls, key, names, source)
+        values[key] = _coerce_field(value, hints[key], key, source, raw=raw)
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.init
+        and f.name not in values
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ValueError(f"{cls.__name__}: required keys not set: {', '.join(missing)} (set them in YAML or --set)")
+    return cls(**values)
+
+
+def _check_known(cls: type, key: str, names: list[str], source: str) -> None:
+    if key in names:
+        return
+    close = difflib.get_close_matches(key, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(f"unknown config key {key!r} in {source}{hint}; valid keys of {cls.__name__}: {', '.join(names)}")
+
+
+def _coerce_field(value: Any, tp: Any, key: str, source: str, raw: str | None) -> Any:
+    try:
+        return _coerce(value, tp, raw)
+    except _Mismatch as e:
+        detail = f" ({e})" if str(e) else ""
+        raise ValueError(
+            f"{source}: key {key!r} expects {_type_name(tp)}, got {type(value).__name__} {value!r}{detail}"
+        ) from None
+
+
+def _coerce(value: Any, tp: Any, raw: str | None = None) -> Any:
+    """Returns ``value`` checked against (and mildly converted to) the annotation ``tp``; raises ``_Mismatch``."""
+    origin = get_origin(tp)
+    args = get_args(tp)
+    if tp is Any:
+        return value
+    if origin is Union or origin is types.UnionType:
+        if value is None and _NoneType in args:
+            return None
+        for arg in args:
+            if arg is _NoneType:
+                continue
+            try:
+                return _coerce(value, arg, raw)
+            except _Mismatch:
+                pass
+        raise _Mismatch()
+    if origin is Literal:
+        for choice in args:
+            if value == choice and type(value) is type(choice):
+                return value
+        raise _Mismatch(f"choose one of {', '.join(repr(a) for a in args)}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _Mismatch("use true or false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _Mismatch()
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise _Mismatch()
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if raw is not None and not isinstance(value, (list, dict)):
+            return raw
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise _Mismatch("quote it in YAML")
+    if isinstance(tp, type) and issubclass(tp, PurePath):
+        if isinstance(value, (str, PurePath)):
+            return tp(value)
+        raise _Mismatch()
+    if origin is list or tp is list:
+        if not isinstance(value, (list, tuple)):
+            raise _Mismatch("write a YAML list such as [1, 2]")
+        item_tp = args[0] if args else Any
+        return [_coerce(v, item_tp) for v in value]
+    if origin is tuple or tp is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise _Mismatch("write a YAML list such as [1, 2]")
+        if not args or (len(args) == 2 and args[1] is Ellipsis):
+            item_tp = args[0] if args else Any
+            return tuple(_coerce(v, item_tp) for v in value)
+        if args == ((),):  # tuple[()]
+            args = ()
+        if len(value) != len(args):
+            raise _Mismatch(f"need exactly {len(args)} items")
+        return tuple(_coerce(v, a) for v, a in zip(value, args))
+    if origin is dict or tp is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise _Mismatch()
+    if isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+        raise _Mismatch()
+    raise TypeError(f"unsupported config annotation {tp!r}; see engine.config for the supported ones")
+
+
+def _type_name(tp: Any) -> str:
+    if isinstance(tp, type) and not get_args(tp):
+        return tp.__name__
+    return str(tp).replace("typing.", "").replace("pathlib.", "")
+
+
+def _to_plain(value: Any) -> Any:
+    """Converts a field value to plain YAML types (tuples to lists, paths to strings)."""
+    if isinstance(value, (list, tuple)):
+        return [_to_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _to_plain(v) for k, v in value.items()}
+    if isinstance(value, PurePath):
+        return str(value)
+    return value
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """Returns a config dataclass as a plain dict in field order (tuples as lists, paths as strings)."""
+    if isinstance(cfg, dict):
+        return {str(k): _to_plain(v) for k, v in cfg.items()}
+    if not (dataclasses.is_dataclass(cfg) and not isinstance(cfg, type)):
+        raise TypeError(f"config_to_dict expects a dataclass instance or a dict, got {type(cfg).__name__}")
+    return {f.name: _to_plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    """Writes a config (dataclass or dict) as YAML in field order, atomically; :func:`load_config` reads it back."""
+    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None, allow_unicode=True)
+    atomic_write_text(path, text)
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Adds ``--config PATH`` and ``--set KEY=VALUE [KEY=VALUE ...]`` (repeatable) to a CLI's parser.
+
+    The parsed namespace has ``config`` (a ``Path`` or ``None``) and ``overrides`` (a list of strings); pass it to
+    :func:`config_from_args`.
+    """
+    parser.add_argument("--config", type=Path, default=None, metavar="PATH", help="YAML config file")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override config keys, e.g. --set lr=1e-3 dims=[64,128]; repeatable; applied after --config",
+    )
+    return parser
+
+
+def config_from_args(cls: type[T], args: argparse.Namespace) -> T:
+    """Shortcut for ``load_config(cls, args.config, args.overrides)`` after :func:`add_config_args`."""
+    return load_config(cls, getattr(args, "config", None), getattr(args, "overrides", None) or ())

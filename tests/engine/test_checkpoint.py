@@ -1,0 +1,83 @@
+"""Tests for engine.checkpoint: atomic save, clear load errors, resume resolution, RNG state."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from engine.checkpoint import (
+    CheckpointError,
+    get_rng_state,
+    load_checkpoint,
+    resolve_resume,
+    save_checkpoint,
+    set_rng_state,
+)
+
+
+def test_round_trip_and_no_temp_files(tmp_path):
+    state = {"model": {"w": torch.arange(6.0).reshape(2, 3)}, "epoch": 3, "config": {"lr": 0.1, "dims": [1, 2]}}
+    save_checkpoint(state, tmp_path / "last.pt")
+    save_checkpoint({**state, "epoch": 4}, tmp_path / "last.pt")  # overwrite
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+    loaded = load_checkpoint(tmp_path / "last.pt")
+    assert loaded["epoch"] == 4
+    assert loaded["config"] == state["config"]
+    torch.testing.assert_close(loaded["model"]["w"], state["model"]["w"])
+
+
+def test_failed_save_keeps_old_file_and_leaves_no_temp(tmp_path):
+    path = tmp_path / "last.pt"
+    save_checkpoint({"epoch": 1}, path)
+    with pytest.raises(Exception):  # noqa: B017 - whatever pickle raises for a local lambda
+        save_checkpoint({"epoch": 2, "fn": lambda x: x}, path)
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+    assert load_checkpoint(path)["epoch"] == 1
+
+
+def test_missing_checkpoint_names_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nothere\.pt"):
+        load_checkpoint(tmp_path / "nothere.pt")
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
+def test_corrupt_checkpoint_names_file(tmp_path, damage):
+    path = tmp_path / "last.pt"
+    save_checkpoint({"w": torch.randn(256, 256), "epoch": 1}, path)
+    data = path.read_bytes()
+    path.write_bytes({"garbage": b"not a checkpoint at all", "truncated": data[: len(data) // 2], "empty": b""}[damage])
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path)
+    assert str(path) in str(info.value)
+    assert "corrupt" in str(info.value)
+    assert isinstance(info.value, RuntimeError)
+
+
+def test_resolve_resume(tmp_path, caplog):
+    assert resolve_resume(None, tmp_path) is None
+    assert resolve_resume("", tmp_path) is None
+    with caplog.at_level("INFO", logger="engine.checkpoint"):
+        assert resolve_resume("auto", tmp_path) is None
+    assert "starting fresh" in caplog.text
+    save_checkpoint({"epoch": 1}, tmp_path / "last.pt")
+    assert resolve_resume("auto", tmp_path) == tmp_path / "last.pt"
+    other = tmp_path / "other.pt"
+    save_checkpoint({"epoch": 1}, other)
+    assert resolve_resume(str(other), tmp_path / "elsewhere") == other
+    with pytest.raises(FileNotFoundError, match=r"missing\.pt"):
+        resolve_resume(str(tmp_path / "missing.pt"), tmp_path)
+    with pytest.raises(ValueError, match="run folder"):
+        resolve_resume("auto", None)
+
+
+def test_rng_state_round_trip(tmp_path):
+    state = get_rng_state()
+    save_checkpoint({"rng": state}, tmp_path / "rng.pt")
+    first = (random.random(), np.random.rand(), torch.rand(3))  # noqa: NPY002
+    set_rng_state(load_checkpoint(tmp_path / "rng.pt")["rng"])
+    second = (random.random(), np.random.rand(), torch.rand(3))  # noqa: NPY002
+    assert first[0] == second[0] and first[1] == second[1]
+    assert torch.equal(first[2], second[2])

@@ -1,0 +1,193 @@
+"""Tests for engine.config: precedence, base includes, unknown keys, type checks, overrides, round trip."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytest
+import yaml
+
+from engine.config import add_config_args, config_from_args, config_to_dict, load_config, parse_overrides, save_config
+
+
+@dataclass
+class Cfg:
+    name: str = "run"
+    lr: float = 0.1
+    epochs: int = 10
+    amp: bool = False
+    dims: list[int] = field(default_factory=lambda: [64, 128])
+    tags: list[str] = field(default_factory=list)
+    scales: tuple[float, ...] = (1.0, 2.0)
+    pair: tuple[int, str] = (1, "a")
+    weight_decay: float | None = None
+    mode: Literal["min", "max"] = "min"
+    out: Path = Path("runs")
+
+
+@dataclass
+class Required:
+    data_root: str
+    lr: float = 0.1
+
+
+def write(path: Path, data: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def test_defaults_only():
+    assert load_config(Cfg) == Cfg()
+
+
+def test_precedence_defaults_yaml_overrides(tmp_path):
+    path = write(tmp_path / "exp.yaml", {"lr": 0.01, "epochs": 5})
+    cfg = load_config(Cfg, path, ["lr=1e-3"])
+    assert cfg.lr == 1e-3  # override beats YAML
+    assert cfg.epochs == 5  # YAML beats default
+    assert cfg.name == "run"  # default
+
+
+def test_base_chain_relative_to_including_file(tmp_path):
+    write(tmp_path / "base.yaml", {"name": "base", "lr": 0.5, "epochs": 3})
+    write(tmp_path / "mid.yaml", {"base": "base.yaml", "lr": 0.2})
+    child = write(tmp_path / "sub" / "child.yaml", {"base": "../mid.yaml", "name": "child"})
+    cfg = load_config(Cfg, child)
+    assert (cfg.name, cfg.lr, cfg.epochs) == ("child", 0.2, 3)
+
+
+def test_base_cycle_is_an_error(tmp_path):
+    write(tmp_path / "a.yaml", {"base": "b.yaml", "lr": 0.1})
+    write(tmp_path / "b.yaml", {"base": "a.yaml", "lr": 0.2})
+    with pytest.raises(ValueError, match="cycle"):
+        load_config(Cfg, tmp_path / "a.yaml")
+
+
+def test_missing_base_names_the_including_file(tmp_path):
+    child = write(tmp_path / "child.yaml", {"base": "nope.yaml"})
+    with pytest.raises(FileNotFoundError, match=r"nope\.yaml.*child\.yaml"):
+        load_config(Cfg, child)
+
+
+def test_unknown_yaml_key_names_key_file_and_valid_keys(tmp_path):
+    write(tmp_path / "base.yaml", {"lrr": 0.1})
+    child = write(tmp_path / "child.yaml", {"base": "base.yaml", "epochs": 2})
+    with pytest.raises(ValueError) as info:
+        load_config(Cfg, child)
+    msg = str(info.value)
+    assert "'lrr'" in msg
+    assert str(tmp_path / "base.yaml") in msg  # the file the key came from
+    assert "did you mean 'lr'" in msg
+    assert "name, lr, epochs, amp, dims" in msg
+
+
+def test_unknown_override_key():
+    with pytest.raises(ValueError, match=r"unknown config key 'epoch'.*did you mean 'epochs'.*valid keys of Cfg"):
+        load_config(Cfg, None, ["epoch=3"])
+
+
+@pytest.mark.parametrize(
+    ("override", "pattern"),
+    [
+        ("epochs=abc", r"'epochs' expects int, got str 'abc'"),
+        ("epochs=2.5", r"'epochs' expects int"),
+        ("amp=1", r"'amp' expects bool.*true or false"),
+        ("lr=abc", r"'lr' expects float"),
+        ("lr=true", r"'lr' expects float"),
+        ("dims=[1, x]", r"'dims' expects list\[int\]"),
+        ("dims=3", r"'dims' expects list\[int\]"),
+        ("pair=[1, a, 2]", r"'pair' expects tuple\[int, str\].*exactly 2"),
+        ("mode=median", r"'mode'.*'min', 'max'"),
+    ],
+)
+def test_type_errors_name_key_and_expected_type(override, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        load_config(Cfg, None, [override])
+
+
+def test_yaml_type_error_names_file(tmp_path):
+    path = write(tmp_path / "exp.yaml", {"epochs": "ten"})
+    with pytest.raises(ValueError, match=rf"{tmp_path}.*'epochs' expects int"):
+        load_config(Cfg, path)
+
+
+def test_override_parsing():
+    cfg = load_config(
+        Cfg,
+        None,
+        [
+            "lr=1e-3",  # PyYAML reads this as a string; float fields accept it
+            "name=foo",
+            "dims=[64,128,256]",
+            "amp=true",
+            "weight_decay=0.05",
+            "tags=[a, b]",
+            "scales=[1, 2]",
+            "pair=[3, x]",
+            "mode=max",
+            "out=/tmp/x",
+            "epochs=7",
+        ],
+    )
+    assert cfg.lr == 1e-3 and isinstance(cfg.lr, float)
+    assert cfg.name == "foo"
+    assert cfg.dims == [64, 128, 256]
+    assert cfg.amp is True
+    assert cfg.weight_decay == 0.05
+    assert cfg.tags == ["a", "b"]
+    assert cfg.scales == (1.0, 2.0)
+    assert cfg.pair == (3, "x")
+    assert cfg.mode == "max"
+    assert cfg.out == Path("/tmp/x")
+    assert cfg.epochs == 7
+
+
+def test_override_null_int_for_float_and_raw_string():
+    cfg = load_config(Cfg, None, ["weight_decay=0.1", "weight_decay=null", "lr=1", "name=1.10"])
+    assert cfg.weight_decay is None  # last one wins
+    assert cfg.lr == 1.0 and isinstance(cfg.lr, float)
+    assert cfg.name == "1.10"  # a str field keeps the override's text
+
+
+@pytest.mark.parametrize("bad", ["lr", "=3", "  =x"])
+def test_malformed_override(bad):
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_overrides([bad])
+
+
+def test_missing_required_field():
+    with pytest.raises(ValueError, match="data_root"):
+        load_config(Required)
+    assert load_config(Required, None, ["data_root=/data"]).data_root == "/data"
+
+
+def test_non_mapping_yaml(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- 1\n- 2\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="mapping"):
+        load_config(Cfg, path)
+
+
+def test_round_trip_keeps_values_and_field_order(tmp_path):
+    cfg = load_config(Cfg, None, ["lr=3e-4", "dims=[8]", "scales=[0.5]", "pair=[2, b]", "weight_decay=1e-8"])
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load_config(Cfg, tmp_path / "config.yaml") == cfg
+    keys = list(yaml.safe_load((tmp_path / "config.yaml").read_text(encoding="utf-8")))
+    assert keys == list(config_to_dict(cfg))
+    assert keys[:3] == ["name", "lr", "epochs"]
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]  # no temp file left
+
+
+def test_add_config_args(tmp_path):
+    path = write(tmp_path / "exp.yaml", {"epochs": 4})
+    parser = add_config_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--config", str(path), "--set", "lr=0.5", "name=x", "--set", "amp=true"])
+    assert args.config == path
+    assert args.overrides == ["lr=0.5", "name=x", "amp=true"]
+    cfg = config_from_args(Cfg, args)
+    assert (cfg.epochs, cfg.lr, cfg.name, cfg.amp) == (4, 0.5, "x", True)
+    assert parser.parse_args([]).overrides == []
