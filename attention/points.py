@@ -311,18 +311,20 @@ def _knn_torch(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chunk_by
     r_sq = r.pow(2).sum(-1)  # (B, N)
     if mask is not None:
         r_sq = r_sq.masked_fill(~mask, math.inf)  # padded points are infinitely far
+    # The expansion's rounding error (~1e-7 of |q|^2 + |r|^2) can swap near-equal neighbours at the k-th place: take
+    # a few spare candidates and keep the k nearest by exact distance.
+    kc = min(N, k + max(4, k // 4))
     rows = max(1, chunk_bytes // (4 * B * N))
-    idx = torch.empty(B, M, k, dtype=torch.long, device=query.device)
+    cand = torch.empty(B, M, kc, dtype=torch.long, device=query.device)
     for s in range(0, M, rows):
         qc = q[:, s : s + rows]  # (B, m, C)
         d = torch.baddbmm(r_sq[:, None, :], qc, r.transpose(1, 2), alpha=-2.0)  # (B, m, N), minus |q|^2
-        idx[:, s : s + rows] = d.topk(k, dim=-1, largest=False, sorted=True).indices
-    dist = _exact_sq_dist(q, r, idx)
+        cand[:, s : s + rows] = d.topk(kc, dim=-1, largest=False, sorted=False).indices
+    dist = _exact_sq_dist(q, r, cand)  # (B, M, kc)
     if mask is not None:
-        dist = dist.masked_fill(~gather(mask, idx), math.inf)
-    # The expansion can order near-equal neighbours differently from the exact distances: sort by the exact ones.
-    dist, order = dist.sort(dim=-1, stable=True)
-    return dist, idx.gather(-1, order)
+        dist = dist.masked_fill(~gather(mask, cand), math.inf)
+    dist, order = dist.topk(k, dim=-1, largest=False, sorted=True)
+    return dist, cand.gather(-1, order)
 
 
 def _knn_cluster(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chunk_bytes: int) -> tuple[Tensor, Tensor]:

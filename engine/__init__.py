@@ -27,6 +27,7 @@ from engine.config import (
 )
 from engine.distributed import DistributedContext, init_distributed, resolve_device, unwrap, wrap_ddp
 from engine.logger import RunLogger, TqdmHandler, setup_logging, to_jsonable
+from engine.stats import count_gmacs, count_params
 from engine.trainer import TIMING_KEYS, NonFiniteLossError, Trainer, derive_seed, to_device
 
 __all__ = [
@@ -42,6 +43,8 @@ __all__ = [
     "atomic_write_text",
     "config_from_args",
     "config_to_dict",
+    "count_gmacs",
+    "count_params",
     "derive_seed",
     "get_rng_state",
     "init_distributed",

@@ -217,7 +217,8 @@ def test_knn_path_never_builds_the_dense_score_matrix(monkeypatch: pytest.Monkey
     with Spy():
         layer(x, u).sum().backward()
     assert max(biggest) < dense_numel, f"largest tensor {max(biggest)} >= dense scores {dense_numel}"
-    assert max(biggest) <= B * M * K * C  # the gathered keys / values
+    # The gathered keys / values are (B, M, K, C); KNN's exact refinement gathers up to 1.25 K + 4 candidates.
+    assert max(biggest) <= 2 * B * M * K * C
 
 
 @pytest.mark.parametrize(
