@@ -1,4 +1,10 @@
-"""placeholder"""
+"""Point-cloud classification with centroid attention: the ModelNet40 centroid transformer, datasets, transforms.
+
+* :mod:`pointcloud.model`: :class:`CentroidTransformer`, the registry (``create_model``, ``list_models``).
+* :mod:`pointcloud.data`: ModelNet40 / ModelNet10 in their real layouts and the embedded synthetic shapes.
+* :mod:`pointcloud.transforms`: augmentations (deterministic per seed, epoch, index) and test-time voting.
+* :mod:`pointcloud.recipe`: the training recipe behind ``tools/train_modelnet.py``.
+"""
 
 from .data import (
     DATASETS,
@@ -9,10 +15,12 @@ from .data import (
     SyntheticShapes,
     build_dataset,
 )
+from .model import CentroidTransformer, create_model, list_models, register_model
 from .transforms import augmentation_rng, vote_logits
 
 __all__ = [
     "DATASETS",
+    "CentroidTransformer",
     "ModelNet40H5",
     "ModelNet40Normal",
     "ModelNet40Sampled",
@@ -20,5 +28,8 @@ __all__ = [
     "SyntheticShapes",
     "augmentation_rng",
     "build_dataset",
+    "create_model",
+    "list_models",
+    "register_model",
     "vote_logits",
 ]

@@ -5,14 +5,15 @@
 model's own default (so the ablation twins keep their ``init`` and ``num_steps=0``).
 
 Paper schedule (section 3.2): Adam, step decay every 20 epochs, 250 epochs. The defaults here are the main job: the
-paper model on the embedded synthetic shapes, sized to run on a 2-core CPU in a few minutes.
+paper model on the embedded synthetic shapes at 256 points (centroids 128 and 32), 7 epochs, sized to run on a 2-core
+CPU in under 5 minutes (measured: 92.0% test OA in 4 min 47 s, see the README).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ class ModelNetConfig:
     name: str = "main"
     # model (None: the registered model's default)
     model: str = "centroid_transformer_modelnet40"
-    num_centroids: list[int] | None = None
+    num_centroids: list[int] | None = field(default_factory=lambda: [128, 32])
     num_neighbors: int | None = None
     num_heads: int | None = None
     num_steps: int | None = None
@@ -69,7 +70,7 @@ class ModelNetConfig:
     # data
     dataset: str = "synthetic"
     data_root: str | None = None
-    num_points: int = 512
+    num_points: int = 256
     use_normals: bool = False
     synthetic_classes: int = 10
     synthetic_train_per_class: int = 100
@@ -84,7 +85,7 @@ class ModelNetConfig:
     point_dropout: float = 0.0
     shuffle_points: bool = True
     # optimization
-    epochs: int = 12
+    epochs: int = 7
     batch_size: int = 32
     eval_batch_size: int = 64
     lr: float = 2e-3
@@ -294,4 +295,3 @@ def train(
 
 def save_json(path: Path, obj: dict) -> None:
     atomic_write_text(path, json.dumps(to_jsonable(obj), indent=2) + "\n")
-

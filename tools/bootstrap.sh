@@ -29,13 +29,17 @@ install_debian_libs() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# What the install depends on: the packaging files and the set of top-level packages (the editable install maps
+# each package by name, so a new package needs a reinstall). Computed before installing, stored after success.
 fingerprint() {
-    cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/tools/bootstrap.sh" | sha256sum | cut -d' ' -f1
+    { cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/tools/bootstrap.sh"; ls -d "$ROOT"/*/__init__.py; } |
+        sha256sum | cut -d' ' -f1
 }
 
 install_debian_libs
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(fingerprint)" ] && [ -x "$VENV/bin/python" ]; then
+WANT="$(fingerprint)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$VENV/bin/python" ]; then
     exit 0
 fi
 
@@ -55,4 +59,4 @@ if ! "$VENV/bin/python" -c "import torch_cluster" >/dev/null 2>&1; then
 fi
 "$VENV/bin/python" -c "import torch, torch_cluster, timm, torchvision; print('[bootstrap] torch', torch.__version__, 'torch_cluster', torch_cluster.__version__, 'timm', timm.__version__)" >&2
 
-fingerprint >"$STAMP"
+echo "$WANT" >"$STAMP"

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
-from engine import add_config_args, config_from_args, setup_logging  # noqa: E402
-from pointcloud.recipe import ModelNetConfig, train  # noqa: E402
+from engine import add_config_args, config_from_args, setup_logging
+from pointcloud.recipe import ModelNetConfig, train
 
 
 def main(argv: list[str] | None = None) -> dict:
