@@ -11,7 +11,8 @@ learned similarity gives the update (paper eq. 4-6, in its multi-head, pre-norm 
 followed by an MLP with a residual, as in a transformer block. Self-attention is the special case M = N,
 ``u^0 = x``, T = 1. With ``num_neighbors=K`` each centroid attends only to its K nearest inputs in feature space,
 cost O(M K D) and memory O(M K) instead of O(M N): the keys and values are gathered to ``(B, M, K, H, D)`` and the
-``(B, H, M, N)`` score matrix is never built.
+``(B, H, M, N)`` score matrix is never built, and the gathered keys and values exist one chunk of centroids at a time
+(forward and backward), so the KNN path's memory is O(M K H) plus a fixed chunk.
 
 Two normalizations of the attention weights:
 
@@ -95,8 +96,14 @@ def centroid_attention(
     normalize: str = "inputs",
     dropout_p: float = 0.0,
     eps: float = 1e-6,
+    chunk_bytes: int | None = None,
+    reference: bool = False,
 ) -> Tensor:
     """Multi-head attention from centroid queries to inputs, dense or restricted to each centroid's neighbours.
+
+    The KNN path (``idx`` given) gathers the neighbours' keys and values one chunk of centroids at a time, in the
+    forward and again in the backward pass, so its memory is O(B M K H) plus one chunk; ``reference=True`` runs the
+    plain version that gathers all of them at once and lets autograd keep them (the ground truth of the tests).
 
     Args:
         q: ``(B, H, M, D)`` centroid queries.
@@ -107,6 +114,8 @@ def centroid_attention(
         normalize: ``"inputs"`` (softmax over inputs) or ``"centroids"`` (soft k-means assignment, see module doc).
         dropout_p: dropout on the attention weights (pass 0 in eval).
         eps: keeps the row normalization of ``normalize="centroids"`` finite for a centroid with no mass.
+        chunk_bytes: memory budget of one chunk of gathered keys or values (default :data:`ATTN_CHUNK_BYTES`).
+        reference: use the plain gather-everything KNN path.
 
     Returns:
         ``(B, H, M, D)`` attended values (before the output projection and skip).
@@ -116,6 +125,7 @@ def centroid_attention(
     B, H, M, D = q.shape
     N = k.shape[2]
     scale = D**-0.5
+    chunk_bytes = ATTN_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
     if idx is None:
         if normalize == "inputs":
             attn_mask = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, N)
@@ -129,10 +139,14 @@ def centroid_attention(
         return attn @ v
 
     K = idx.shape[-1]
-    # Gather keys and values of each centroid's neighbours: the KNN path's peak tensor, (B, M, K, H, D).
-    kn = gather(k.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
-    vn = gather(v.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
-    scores = torch.einsum("bhmd,bmkhd->bhmk", q, kn) * scale  # (B, H, M, K)
+    if reference:
+        # Gather keys and values of each centroid's neighbours, (B, M, K, H, D) each, and let autograd keep them.
+        kn = gather(k.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
+        vn = gather(v.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
+        scores = torch.einsum("bhmd,bmkhd->bhmk", q, kn) * scale  # (B, H, M, K)
+    else:
+        rows = _chunk_rows(B, M, K, H, D, q.element_size(), chunk_bytes)
+        scores = _GatherDot.apply(q.transpose(1, 2), k.transpose(1, 2), idx, rows).permute(0, 3, 1, 2) * scale
     valid = None if mask is None else gather(mask, idx)  # (B, M, K)
     if normalize == "inputs":
         if valid is not None:
@@ -141,8 +155,105 @@ def centroid_attention(
     else:
         attn = _sparse_softmax_over_centroids(scores, idx, N, valid)
         attn = attn / (attn.sum(-1, keepdim=True) + eps)
-    attn = F.dropout(attn, dropout_p, training=dropout_p > 0)
-    return torch.einsum("bhmk,bmkhd->bhmd", attn, vn)
+    attn = F.dropout(attn, dropout_p, training=dropout_p > 0)  # (B, H, M, K)
+    if reference:
+        return torch.einsum("bhmk,bmkhd->bhmd", attn, vn)
+    out = _GatherWeightedSum.apply(attn.permute(0, 2, 3, 1), v.transpose(1, 2), idx, rows)  # (B, M, H, D)
+    return out.transpose(1, 2)
+
+
+# Memory budget of the gathered keys (or values) of one chunk of centroids in the KNN path, in bytes.
+ATTN_CHUNK_BYTES = 16 * 2**20
+
+
+def _chunk_rows(B: int, M: int, K: int, H: int, D: int, itemsize: int, budget: int) -> int:
+    return max(1, min(M, budget // max(1, B * K * H * D * itemsize)))
+
+
+def _flat_rows(idx: Tensor, N: int) -> Tensor:
+    """``(B, M, K)`` per-cloud indices -> indices into the flattened ``(B * N)`` rows."""
+    return idx + (torch.arange(idx.shape[0], device=idx.device) * N).view(-1, 1, 1)
+
+
+class _GatherDot(torch.autograd.Function):
+    """``s[b, m, k, h] = q[b, m, h] . k[b, idx[b, m, k], h]`` over chunks of centroids.
+
+    Only one chunk of gathered keys, ``(B, rows, K, H, D)``, exists at a time, in the forward and in the backward
+    pass (which gathers again instead of keeping the gathered keys alive): the KNN path's memory stays at
+    O(B M K H) for the scores plus the chunk, instead of O(B M K H D).
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, idx: Tensor, rows: int) -> Tensor:
+        B, M, H, D = q.shape  # q: (B, M, H, D), k: (B, N, H, D), idx: (B, M, K)
+        N, K = k.shape[1], idx.shape[-1]
+        flat = _flat_rows(idx, N)
+        kf = k.reshape(B * N, H, D)
+        out = q.new_empty(B, M, K, H)
+        for s in range(0, M, rows):
+            f = flat[:, s : s + rows]
+            kn = kf.index_select(0, f.reshape(-1)).view(*f.shape, H, D)  # (B, r, K, H, D)
+            out[:, s : s + rows] = torch.einsum("bmhd,bmkhd->bmkh", q[:, s : s + rows], kn)
+        ctx.save_for_backward(q, k, flat)
+        ctx.rows = rows
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, flat = ctx.saved_tensors
+        B, M, H, D = q.shape
+        N = k.shape[1]
+        kf = k.reshape(B * N, H, D)
+        dq = torch.empty_like(q) if ctx.needs_input_grad[0] else None
+        dk = torch.zeros(B * N, H, D, dtype=k.dtype, device=k.device) if ctx.needs_input_grad[1] else None
+        for s in range(0, M, ctx.rows):
+            f = flat[:, s : s + ctx.rows]
+            g = grad[:, s : s + ctx.rows].to(q.dtype)  # (B, r, K, H)
+            if dq is not None:
+                kn = kf.index_select(0, f.reshape(-1)).view(*f.shape, H, D)
+                dq[:, s : s + ctx.rows] = torch.einsum("bmkh,bmkhd->bmhd", g, kn)
+            if dk is not None:
+                contrib = torch.einsum("bmkh,bmhd->bmkhd", g, q[:, s : s + ctx.rows])
+                dk.index_add_(0, f.reshape(-1), contrib.reshape(-1, H, D).to(dk.dtype))
+        return dq, None if dk is None else dk.view(B, N, H, D), None, None
+
+
+class _GatherWeightedSum(torch.autograd.Function):
+    """``out[b, m, h] = sum_k a[b, m, k, h] v[b, idx[b, m, k], h]`` over chunks of centroids (see :class:`_GatherDot`)."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, v: Tensor, idx: Tensor, rows: int) -> Tensor:
+        B, M, K, H = a.shape  # a: (B, M, K, H), v: (B, N, H, D), idx: (B, M, K)
+        N, D = v.shape[1], v.shape[-1]
+        flat = _flat_rows(idx, N)
+        vf = v.reshape(B * N, H, D)
+        out = v.new_empty(B, M, H, D)
+        for s in range(0, M, rows):
+            f = flat[:, s : s + rows]
+            vn = vf.index_select(0, f.reshape(-1)).view(*f.shape, H, D)  # (B, r, K, H, D)
+            out[:, s : s + rows] = torch.einsum("bmkh,bmkhd->bmhd", a[:, s : s + rows].to(vn.dtype), vn)
+        ctx.save_for_backward(a, v, flat)
+        ctx.rows = rows
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        a, v, flat = ctx.saved_tensors
+        B, M, K, H = a.shape
+        N, D = v.shape[1], v.shape[-1]
+        vf = v.reshape(B * N, H, D)
+        da = torch.empty_like(a) if ctx.needs_input_grad[0] else None
+        dv = torch.zeros(B * N, H, D, dtype=v.dtype, device=v.device) if ctx.needs_input_grad[1] else None
+        for s in range(0, M, ctx.rows):
+            f = flat[:, s : s + ctx.rows]
+            g = grad[:, s : s + ctx.rows].to(v.dtype)  # (B, r, H, D)
+            if da is not None:
+                vn = vf.index_select(0, f.reshape(-1)).view(*f.shape, H, D)
+                da[:, s : s + ctx.rows] = torch.einsum("bmhd,bmkhd->bmkh", g, vn)
+            if dv is not None:
+                contrib = torch.einsum("bmkh,bmhd->bmkhd", a[:, s : s + ctx.rows].to(v.dtype), g)
+                dv.index_add_(0, f.reshape(-1), contrib.reshape(-1, H, D))
+        return da, None if dv is None else dv.view(B, N, H, D), None, None
 
 
 # --------------------------------------------------------------------------------------------------------------------

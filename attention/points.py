@@ -61,7 +61,7 @@ _INSTALL_HINTS = {
 }
 
 # Default memory budget of one chunk of the brute-force distance matrix, in bytes.
-KNN_CHUNK_BYTES = 256 * 2**20
+KNN_CHUNK_BYTES = 32 * 2**20
 
 
 def _available(backend: str, device: torch.device) -> bool:
@@ -149,8 +149,9 @@ def _fps_torch(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None) 
         torch.sub(xt[0], chosen[0, :, None], out=d)
         d.mul_(d)
         for c in range(1, C):
+            # Square, then add (no fused multiply-add): the same rounding as sum((x - c)^2) in torch_cluster.
             torch.sub(xt[c], chosen[c, :, None], out=tmp)
-            d.addcmul_(tmp, tmp)
+            d.add_(tmp.mul_(tmp))
         torch.minimum(dist, d, out=dist)
         far = dist.argmax(dim=1)
     return out.t().contiguous()
@@ -301,30 +302,32 @@ def _exact_sq_dist(query: Tensor, ref: Tensor, idx: Tensor) -> Tensor:
 def _knn_torch(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chunk_bytes: int) -> tuple[Tensor, Tensor]:
     """Reference KNN: brute force over chunks of queries, so at most ``chunk_bytes`` of distances exist at once.
 
-    The candidate set comes from ``|q|^2 + |r|^2 - 2 q.r`` (a matmul); the returned distances are recomputed exactly
-    as ``sum((q - r)^2)`` for the chosen neighbours, so they do not suffer the expansion's cancellation.
+    The candidate set comes from ``|q|^2 + |r|^2 - 2 q.r`` (a matmul). The expansion's rounding error (~1e-7 of
+    ``|q|^2 + |r|^2``) can swap near-equal neighbours at the k-th place, so each chunk keeps a few spare candidates,
+    recomputes their distances exactly as ``sum((q - r)^2)`` and keeps the k nearest.
     """
-    B, M, _ = query.shape
+    B, M, C = query.shape
     N = ref.shape[1]
     q = query.detach().float()
     r = ref.detach().float()
     r_sq = r.pow(2).sum(-1)  # (B, N)
     if mask is not None:
         r_sq = r_sq.masked_fill(~mask, math.inf)  # padded points are infinitely far
-    # The expansion's rounding error (~1e-7 of |q|^2 + |r|^2) can swap near-equal neighbours at the k-th place: take
-    # a few spare candidates and keep the k nearest by exact distance.
     kc = min(N, k + max(4, k // 4))
-    rows = max(1, chunk_bytes // (4 * B * N))
-    cand = torch.empty(B, M, kc, dtype=torch.long, device=query.device)
+    rows = max(1, chunk_bytes // (4 * B * max(N, 2 * kc * C)))
+    dist = torch.empty(B, M, k, device=query.device)
+    idx = torch.empty(B, M, k, dtype=torch.long, device=query.device)
     for s in range(0, M, rows):
         qc = q[:, s : s + rows]  # (B, m, C)
         d = torch.baddbmm(r_sq[:, None, :], qc, r.transpose(1, 2), alpha=-2.0)  # (B, m, N), minus |q|^2
-        cand[:, s : s + rows] = d.topk(kc, dim=-1, largest=False, sorted=False).indices
-    dist = _exact_sq_dist(q, r, cand)  # (B, M, kc)
-    if mask is not None:
-        dist = dist.masked_fill(~gather(mask, cand), math.inf)
-    dist, order = dist.topk(k, dim=-1, largest=False, sorted=True)
-    return dist, cand.gather(-1, order)
+        cand = d.topk(kc, dim=-1, largest=False, sorted=False).indices  # (B, m, kc)
+        del d
+        exact = _exact_sq_dist(qc, r, cand)
+        if mask is not None:
+            exact = exact.masked_fill(~gather(mask, cand), math.inf)
+        dist[:, s : s + rows], order = exact.topk(k, dim=-1, largest=False, sorted=True)
+        idx[:, s : s + rows] = cand.gather(-1, order)
+    return dist, idx
 
 
 def _knn_cluster(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chunk_bytes: int) -> tuple[Tensor, Tensor]:
@@ -376,6 +379,9 @@ def _knn_pytorch3d(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chun
 
 KNN_BACKENDS = {"torch": _knn_torch, "cluster": _knn_cluster, "pytorch3d": _knn_pytorch3d}
 _KNN_AUTO = {"cpu": ("torch",), "cuda": ("pytorch3d", "torch")}
+# torch_cluster's CPU kd-tree beats the brute-force reference only in low dimensions (tools/bench_points.py: about 2x
+# faster for C = 3, 1.5x slower at C = 8, 3x slower at C = 64), so "auto" uses it for coordinates only.
+_KNN_CLUSTER_MAX_DIM = 4
 
 
 def knn(
@@ -410,6 +416,8 @@ def knn(
     if k > N:
         raise ValueError(f"k={k} neighbours requested but ref has only N={N} points: need k <= N")
     mask = _point_mask(ref, mask, None, "ref")
+    if backend == "auto" and query.device.type == "cpu" and HAS_TORCH_CLUSTER and ref.shape[-1] <= _KNN_CLUSTER_MAX_DIM:
+        backend = "cluster"
     name = _resolve_backend(backend, KNN_BACKENDS, _KNN_AUTO, query.device)
     if name == "cluster" and mask is not None and input_checks_enabled() and int(mask.sum(1).min()) < k:
         name = "torch"  # torch_cluster cannot pad missing neighbours; the reference can

@@ -4,7 +4,7 @@
     python tools/bench_points.py --device cuda   # on a GPU machine
 
 Grid: B in {8, 32}, N in {1024, 4096}, M in {N/2, N/4}. FPS samples M of N points; KNN finds the k nearest of the
-N points for each of the M sampled points. ``speedup vs cluster`` = torch_cluster's time / the backend's time
+N points for each of the M sampled points, in xyz (C = 3) and in a 64-d feature space. ``speedup vs cluster`` = torch_cluster's time / the backend's time
 (> 1: faster than torch_cluster). Every backend's FPS indices are checked against the reference in the same run.
 """
 
@@ -26,6 +26,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--points", type=int, nargs="+", default=[1024, 4096])
     parser.add_argument("--k", type=int, default=16, help="neighbours for the KNN rows")
+    parser.add_argument("--channels", type=int, nargs="+", default=[3, 64], help="KNN dims (xyz, features)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = parser.parse_args()
@@ -48,18 +49,20 @@ def main() -> None:
             base = times.get("cluster", (float("nan"), True))[0]
             for b, (ms, same) in times.items():
                 fps_rows.append([B, N, M, b, ms, base / ms, "yes" if same else "NO"])
-            q = points.gather(x, ref)
-            ktimes = {}
-            for b in [b for b in backends if b in points.KNN_BACKENDS]:
-                fn = partial(points.knn, q, x, args.k, backend=b)
-                ktimes[b] = time_fn(fn, device, repeats=args.repeats)
-            kbase = ktimes.get("cluster", float("nan"))
-            for b, ms in ktimes.items():
-                knn_rows.append([B, N, M, args.k, b, ms, kbase / ms])
+            for C in args.channels:
+                feats = x if C == 3 else torch.randn(B, N, C, device=device)
+                q = points.gather(feats, ref)
+                ktimes = {}
+                for b in [b for b in backends if b in points.KNN_BACKENDS]:
+                    fn = partial(points.knn, q, feats, args.k, backend=b)
+                    ktimes[b] = time_fn(fn, device, repeats=args.repeats)
+                kbase = ktimes.get("cluster", float("nan"))
+                for b, ms in ktimes.items():
+                    knn_rows.append([B, N, M, C, args.k, b, ms, kbase / ms])
     print("## Farthest point sampling\n")
     print_table(["B", "N", "M", "backend", "ms", "speedup vs cluster", "same indices"], fps_rows)
     print("\n## K nearest neighbours (M queries, N references)\n")
-    print_table(["B", "N", "M", "k", "backend", "ms", "speedup vs cluster"], knn_rows)
+    print_table(["B", "N", "M", "C", "k", "backend", "ms", "speedup vs cluster"], knn_rows)
 
 
 if __name__ == "__main__":

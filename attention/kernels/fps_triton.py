@@ -2,7 +2,8 @@
 
 The reference (:func:`attention.points._fps_torch`) launches a handful of kernels for each of the M steps; here one
 program per batch element keeps the running min-distance of all N points in registers and runs all M steps in a
-single launch. Distances are accumulated channel by channel in float32 in the same order as the reference, and
+single launch. Distances are accumulated channel by channel in float32 in the same order as the reference, without
+fused multiply-adds, and
 ``tl.argmax`` breaks ties to the lowest index like ``torch.argmax``, so the indices equal the reference's.
 
 Tested against the reference on CUDA (``tests/attention/test_points.py``, marked ``gpu``) and, without a GPU, under
@@ -70,5 +71,6 @@ def fps_triton(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None) 
     _fps_kernel[(B,)](
         xf, m, start.long().contiguous(), out, N, num_samples,
         C=C, HAS_MASK=mask is not None, BLOCK_N=block, num_warps=num_warps,
+        enable_fp_fusion=False,  # square, then add: the reference's rounding, so near-ties break the same way
     )  # fmt: skip
     return out

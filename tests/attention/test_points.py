@@ -265,6 +265,17 @@ def test_auto_backend_works_without_optional_packages(monkeypatch: pytest.Monkey
     assert torch.equal(knn(x, x, 3)[1], knn(x, x, 3, backend="torch")[1])
 
 
+def test_auto_knn_picks_cluster_for_coordinates_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    used = []
+    for name, fn in list(points.KNN_BACKENDS.items()):
+        monkeypatch.setitem(points.KNN_BACKENDS, name, lambda *a, _n=name, _f=fn: used.append(_n) or _f(*a))
+    monkeypatch.setattr(points, "HAS_TORCH_CLUSTER", True)
+    monkeypatch.setitem(points.KNN_BACKENDS, "cluster", lambda *a: used.append("cluster") or points._knn_torch(*a))
+    knn(torch.rand(1, 5, 3), torch.rand(1, 20, 3), 2)
+    knn(torch.rand(1, 5, 16), torch.rand(1, 20, 16), 2)
+    assert used == ["cluster", "torch"]
+
+
 def test_input_checks_can_be_switched_off() -> None:
     from attention import input_checks
 
