@@ -85,7 +85,7 @@ class ModelNetConfig:
     point_dropout: float = 0.0
     shuffle_points: bool = True
     # optimization
-    epochs: int = 7
+    epochs: int = 10
     batch_size: int = 32
     eval_batch_size: int = 64
     lr: float = 2e-3
