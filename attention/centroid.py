@@ -219,7 +219,7 @@ class _GatherDot(torch.autograd.Function):
 
 
 class _GatherWeightedSum(torch.autograd.Function):
-    """``out[b, m, h] = sum_k a[b, m, k, h] v[b, idx[b, m, k], h]`` over chunks of centroids (as :class:`_GatherDot`)."""
+    """``out[b, m, h] = sum_k a[b, m, k, h] v[b, idx[b, m, k], h]``, chunked like :class:`_GatherDot`."""
 
     @staticmethod
     def forward(ctx, a: Tensor, v: Tensor, idx: Tensor, rows: int) -> Tensor:

@@ -5,7 +5,8 @@
 
 Grid: B in {8, 32}, N in {1024, 4096}, M in {N/2, N/4}. FPS samples M of N points; KNN finds the k nearest of the
 N points for each of the M sampled points, in xyz (C = 3) and in a 64-d feature space. ``speedup vs cluster`` =
-torch_cluster's time / the backend's time (> 1: faster than torch_cluster). Every backend's FPS indices are checked against the reference in the same run.
+torch_cluster's time / the backend's time (> 1: faster than torch_cluster). Every backend's FPS indices are checked
+against the reference in the same run.
 """
 
 from __future__ import annotations
