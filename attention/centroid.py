@@ -19,7 +19,8 @@ Two normalizations of the attention weights:
 * ``normalize="inputs"`` (default): softmax over the inputs of each centroid, i.e. ordinary attention.
 * ``normalize="centroids"``: the soft k-means form, where each input's weights are a softmax over the centroids
   (its soft assignment, paper eq. 3); each centroid's row is then divided by its total mass, so the update is the
-  assignment-weighted mean of the values (the k-means step with step size 1 / mass).
+  assignment-weighted mean of the values (the k-means step with step size 1 / mass). With KNN the softmax runs over
+  the centroids that selected the input: an input picked by a single centroid gives it weight 1 whatever its score.
 
 Deviations from the paper: the same projections are shared by all T steps (the unrolled steps descend one
 objective); KNN neighbours are recomputed at every step from the current centroids (the paper leaves it open).
@@ -33,6 +34,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from ._checks import check_points, input_checks_enabled
 from .points import farthest_point_sample, gather, knn
@@ -86,6 +88,19 @@ def _sparse_softmax_over_centroids(scores: Tensor, idx: Tensor, num_inputs: int,
     return (e / denom.gather(2, j).clamp_min(torch.finfo(e.dtype).tiny)).view(B, H, M, K)
 
 
+def _check_neighbor_idx(idx: Tensor, name: str, B: int, M: int, N: int, device: torch.device) -> None:
+    """``idx`` must be an integer ``(B, M, K)`` tensor on ``device`` with values in [0, N)."""
+    if not isinstance(idx, Tensor) or idx.dim() != 3 or idx.shape[:2] != (B, M):
+        shape = tuple(idx.shape) if isinstance(idx, Tensor) else type(idx).__name__
+        raise ValueError(f"{name} must be a (B, M, K) = ({B}, {M}, K) index tensor, got {shape}")
+    if idx.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must hold int64 (or int32) indices, got {idx.dtype}")
+    if idx.device != device:
+        raise ValueError(f"{name} is on {idx.device} but the inputs are on {device}")
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= N):
+        raise ValueError(f"{name} must index the N={N} inputs, got values in [{int(idx.min())}, {int(idx.max())}]")
+
+
 def centroid_attention(
     q: Tensor,
     k: Tensor,
@@ -122,8 +137,18 @@ def centroid_attention(
     """
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape or q.shape[::3] != k.shape[::3] or q.shape[1] != k.shape[1]:
+        raise ValueError(
+            f"q must be (B, H, M, D) and k, v (B, H, N, D) with the same B, H, D, got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
     B, H, M, D = q.shape
     N = k.shape[2]
+    if input_checks_enabled():
+        if idx is not None:
+            _check_neighbor_idx(idx, "idx", B, M, N, q.device)
+        if mask is not None and (mask.shape != (B, N) or mask.dtype != torch.bool):
+            raise ValueError(f"mask must be a bool tensor of shape ({B}, {N}), got {mask.dtype} {tuple(mask.shape)}")
     scale = D**-0.5
     chunk_bytes = ATTN_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
     if idx is None:
@@ -199,6 +224,7 @@ class _GatherDot(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         q, k, flat = ctx.saved_tensors
         B, M, H, D = q.shape
@@ -237,6 +263,7 @@ class _GatherWeightedSum(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         a, v, flat = ctx.saved_tensors
         B, M, K, H = a.shape
@@ -358,8 +385,10 @@ class CentroidAttention(nn.Module):
                 raise ValueError(
                     f"mask must be a bool tensor of shape ({B}, {N}), got {mask.dtype} {tuple(mask.shape)}"
                 )
-            if neighbor_idx is not None and neighbor_idx.shape[:2] != (B, M):
-                raise ValueError(f"neighbor_idx must be (B, M, K) = ({B}, {M}, K), got {tuple(neighbor_idx.shape)}")
+            if mask is not None and not bool(mask.any(1).all()):
+                raise ValueError("every cloud needs at least one real input; mask has an all-False row")
+            if neighbor_idx is not None:
+                _check_neighbor_idx(neighbor_idx, "neighbor_idx", B, M, N, x.device)
         H, D = self.num_heads, self.head_dim
         xn = self.norm_kv(x)
         k, v = self.kv(xn).view(B, N, 2, H, D).unbind(2)  # (B, N, H, D) each
@@ -423,7 +452,8 @@ class FPSInit(nn.Module):
         if self.space == "pos" and pos is None:
             raise ValueError("FPSInit(space='pos') needs input positions: pass pos=(B, N, P)")
         source = pos if self.space == "pos" else x
-        idx = farthest_point_sample(source, self.num_centroids, start=0, mask=mask, backend=self.backend)
+        start = 0 if mask is None else mask.int().argmax(1)  # the first real input of each cloud
+        idx = farthest_point_sample(source, self.num_centroids, start=start, mask=mask, backend=self.backend)
         return CentroidOutput(gather(x, idx), None if pos is None else gather(pos, idx), idx)
 
 
@@ -447,6 +477,8 @@ class RandomInit(nn.Module):
             g = torch.Generator(device="cpu").manual_seed(self.eval_seed)
             keys = torch.rand(B, N, generator=g).to(x.device)
         if mask is not None:
+            if input_checks_enabled() and int(mask.sum(1).min()) < self.num_centroids:
+                raise ValueError(f"random init needs M={self.num_centroids} real inputs per cloud, got fewer")
             keys = keys.masked_fill(~mask, 2.0)  # padded inputs sort last
         idx = keys.argsort(dim=1)[:, : self.num_centroids]
         return CentroidOutput(gather(x, idx), None if pos is None else gather(pos, idx), idx)
@@ -463,8 +495,10 @@ class MeanPoolInit(nn.Module):
         if w is None:
             return F.adaptive_avg_pool1d(t.transpose(1, 2), self.num_centroids).transpose(1, 2)
         num = F.adaptive_avg_pool1d((t * w).transpose(1, 2), self.num_centroids)
-        den = F.adaptive_avg_pool1d(w.transpose(1, 2), self.num_centroids).clamp_min(1e-12)
-        return (num / den).transpose(1, 2)
+        den = F.adaptive_avg_pool1d(w.transpose(1, 2), self.num_centroids)
+        if input_checks_enabled() and not bool((den > 0).all()):
+            raise ValueError("mean_pool init: a window of consecutive inputs is all padding; put real inputs first")
+        return (num / den.clamp_min(1e-12)).transpose(1, 2)
 
     def forward(self, x: Tensor, pos: Tensor | None = None, mask: Tensor | None = None) -> CentroidOutput:
         w = None if mask is None else mask.unsqueeze(-1).to(x.dtype)
@@ -478,13 +512,20 @@ class KMeansInit(nn.Module):
     the means of each cluster's inputs, differentiable in the inputs. An empty cluster keeps its previous centre.
     """
 
-    def __init__(self, num_centroids: int, num_iters: int = 3, space: str = "pos", backend: str = "auto") -> None:
+    def __init__(
+        self,
+        num_centroids: int,
+        num_iters: int = 3,
+        space: str = "pos",
+        fps_backend: str = "auto",
+        knn_backend: str = "auto",
+    ) -> None:
         super().__init__()
-        self.seed = FPSInit(num_centroids, space=space, backend=backend)
+        self.seed = FPSInit(num_centroids, space=space, backend=fps_backend)
         self.num_centroids = num_centroids
         self.num_iters = num_iters
         self.space = space
-        self.backend = backend
+        self.knn_backend = knn_backend
 
     def forward(self, x: Tensor, pos: Tensor | None = None, mask: Tensor | None = None) -> CentroidOutput:
         seed = self.seed(x, pos, mask)
@@ -493,7 +534,7 @@ class KMeansInit(nn.Module):
         assign = None
         with torch.no_grad():
             for _ in range(self.num_iters):
-                _, nn_idx = knn(source.detach(), centers, 1, backend=self.backend)
+                _, nn_idx = knn(source.detach(), centers, 1, backend=self.knn_backend)
                 assign = nn_idx[..., 0]  # (B, N)
                 centers = self._means(source.detach(), assign, mask, fallback=centers)
         if assign is None:  # num_iters == 0: plain FPS
@@ -546,10 +587,15 @@ class DWConv2dInit(nn.Module):
         self, dim: int, grid_size: tuple[int, int], kernel_size: int = 3, stride: int = 2, avg_init: bool = True
     ) -> None:
         super().__init__()
+        if kernel_size % 2 != 1:
+            raise ValueError(
+                f"kernel_size must be odd (padding kernel_size // 2 keeps the grid aligned), got {kernel_size}"
+            )
         self.grid_size = (int(grid_size[0]), int(grid_size[1]))
+        self.kernel_size, self.stride = kernel_size, stride
         self.conv = nn.Conv2d(dim, dim, kernel_size, stride=stride, padding=kernel_size // 2, groups=dim)
         gh, gw = self.grid_size
-        self.out_grid_size = ((gh - 1) // stride + 1, (gw - 1) // stride + 1)
+        self.out_grid_size = ((gh - 1) // stride + 1, (gw - 1) // stride + 1)  # the conv's output size, odd kernel
         self.num_centroids = self.out_grid_size[0] * self.out_grid_size[1]
         if avg_init:
             nn.init.constant_(self.conv.weight, 1.0 / kernel_size**2)
@@ -566,7 +612,8 @@ class DWConv2dInit(nn.Module):
         p = None
         if pos is not None:
             P = pos.shape[-1]
-            p = F.avg_pool2d(pos.transpose(1, 2).reshape(B, P, gh, gw), 3, 2, 1, count_include_pad=False)
+            k, st = self.kernel_size, self.stride
+            p = F.avg_pool2d(pos.transpose(1, 2).reshape(B, P, gh, gw), k, st, k // 2, count_include_pad=False)
             p = p.flatten(2).transpose(1, 2)
         return CentroidOutput(u, p, None)
 

@@ -250,7 +250,8 @@ def farthest_point_sample(
         generator: random generator for ``start=None``.
 
     Returns:
-        ``(B, M)`` int64 indices into the N axis; never a padded point.
+        ``(B, M)`` int64 indices into the N axis; never a padded point. A cloud with fewer distinct points than M
+        repeats an already chosen index once all distances are zero.
     """
     check_points(x, "x")
     B, N, _ = x.shape
@@ -262,7 +263,8 @@ def farthest_point_sample(
         have = N if n_real is None else int(n_real.min())
         raise ValueError(f"cannot sample M={num_samples} points from a cloud of N={have} (real) points: need M <= N")
     if start is None:
-        u = torch.rand(B, generator=generator, device="cpu").to(x.device)
+        gen_device = generator.device if generator is not None else "cpu"
+        u = torch.rand(B, generator=generator, device=gen_device).to(x.device)
         count = n_real if n_real is not None else torch.full((B,), N, device=x.device)
         rank = (u * count).long().clamp_max(count - 1)  # the rank-th real point
         if mask is None:
@@ -304,12 +306,21 @@ def _knn_torch(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chunk_by
 
     The candidate set comes from ``|q|^2 + |r|^2 - 2 q.r`` (a matmul). The expansion's rounding error (~1e-7 of
     ``|q|^2 + |r|^2``) can swap near-equal neighbours at the k-th place, so each chunk keeps a few spare candidates,
-    recomputes their distances exactly as ``sum((q - r)^2)`` and keeps the k nearest.
+    recomputes their distances exactly as ``sum((q - r)^2)`` and keeps the k nearest. Both sets are first centred
+    on the reference cloud's mean: the error grows with the norms, so clouds far from the origin would otherwise get
+    wrong neighbours (at an offset of 1000 almost all of them).
     """
     B, M, C = query.shape
     N = ref.shape[1]
     q = query.detach().float()
     r = ref.detach().float()
+    if mask is None:
+        centre = r.mean(1, keepdim=True)
+    else:
+        w = mask.unsqueeze(-1).float()
+        centre = (r * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp_min(1.0)
+    q = q - centre
+    r = r - centre
     r_sq = r.pow(2).sum(-1)  # (B, N)
     if mask is not None:
         r_sq = r_sq.masked_fill(~mask, math.inf)  # padded points are infinitely far
@@ -416,11 +427,13 @@ def knn(
     if k > N:
         raise ValueError(f"k={k} neighbours requested but ref has only N={N} points: need k <= N")
     mask = _point_mask(ref, mask, None, "ref")
+    if mask is not None and input_checks_enabled() and not bool(mask.any(1).all()):
+        raise ValueError("every cloud of ref needs at least one real point; mask has an all-False row (empty cloud)")
     if backend == "auto" and query.device.type == "cpu" and HAS_TORCH_CLUSTER and ref.shape[-1] <= _KNN_CLUSTER_MAX_DIM:
         backend = "cluster"
     name = _resolve_backend(backend, KNN_BACKENDS, _KNN_AUTO, query.device)
-    if name == "cluster" and mask is not None and input_checks_enabled() and int(mask.sum(1).min()) < k:
-        name = "torch"  # torch_cluster cannot pad missing neighbours; the reference can
+    if name != "torch" and mask is not None and int(mask.sum(1).min()) < k:
+        name = "torch"  # torch_cluster and pytorch3d cannot pad missing neighbours with inf; the reference can
     return KNN_BACKENDS[name](query, ref, k, mask, chunk_bytes)
 
 

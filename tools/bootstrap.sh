@@ -43,9 +43,18 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$VENV/bin/python"
     exit 0
 fi
 
+# A half-made virtualenv (e.g. `venv` without ensurepip) has bin/python but no pip: start it again.
+if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+    say "virtualenv $VENV has no working pip: recreating it"
+    rm -rf "$VENV"
+fi
 if [ ! -x "$VENV/bin/python" ]; then
-    say "creating virtualenv $VENV"
-    "$PY" -m venv "$VENV"
+    say "creating virtualenv $VENV with $("$PY" --version 2>&1)"
+    if ! "$PY" -m venv "$VENV" || ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+        rm -rf "$VENV"
+        say "could not create a virtualenv with pip using $PY; on Debian install python3-venv (or set CENTROID_PYTHON)"
+        exit 1
+    fi
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade pip setuptools wheel

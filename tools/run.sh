@@ -6,11 +6,14 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${CENTROID_VENV:-$ROOT/.venv}"
 cmd="${1:-}"
 shift || true
+case "$cmd" in
+    train | test) ;;
+    *) echo "usage: bash tools/run.sh train|test [args...]" >&2; exit 2 ;;
+esac
 bash "$ROOT/tools/bootstrap.sh"
 cd "$ROOT"
 case "$cmd" in
     train) exec "$VENV/bin/python" tools/train_modelnet.py "$@" ;;
     # The fast suite plus the slow tests (what CI runs); `dataset` tests need full datasets and are left out.
     test) exec "$VENV/bin/python" -m pytest -m "not dataset" "$@" ;;
-    *) echo "usage: bash tools/run.sh train|test [args...]" >&2; exit 2 ;;
 esac

@@ -21,6 +21,9 @@ __all__ = ["fps_triton"]
 
 # One program holds next_pow2(N) distances; beyond this the registers spill and the torch loop is the better choice.
 MAX_POINTS = 1 << 16
+# The channel loop is unrolled at compile time (one kernel per C): beyond a few channels (FPS in feature space) the
+# torch loop is used instead of compiling large kernels.
+MAX_CHANNELS = 8
 
 
 @triton.jit
@@ -59,7 +62,7 @@ def _fps_kernel(
 def fps_triton(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None) -> Tensor:
     """FPS indices ``(B, M)`` of ``x`` ``(B, N, C)`` from ``start`` ``(B,)``; same contract as the reference."""
     B, N, C = x.shape
-    if N > MAX_POINTS:
+    if N > MAX_POINTS or C > MAX_CHANNELS:
         from ..points import _fps_torch
 
         return _fps_torch(x, num_samples, start, mask)

@@ -95,7 +95,7 @@ def test_functional_knn_equals_dense_masked_reference() -> None:
 
 
 @pytest.mark.parametrize("normalize", ["inputs", "centroids"])
-@pytest.mark.parametrize("chunk_bytes", [1, 700, None])
+@pytest.mark.parametrize("chunk_bytes", [1, 5 * 1680, None])  # one centroid row is 2*7*3*5*8 = 1680 bytes
 @pytest.mark.parametrize("masked", [False, True])
 def test_chunked_knn_path_equals_reference(normalize: str, chunk_bytes: int | None, masked: bool) -> None:
     """The chunked gather (recomputed in backward) == gathering everything at once: outputs and every gradient."""
@@ -114,6 +114,33 @@ def test_chunked_knn_path_equals_reference(normalize: str, chunk_bytes: int | No
     g = torch.randn_like(ref)
     for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
         assert_close(a, b)
+
+
+def test_chunked_knn_path_equals_reference_wide_heads() -> None:
+    """D = 60 and a ragged last chunk (rows = 4 of M = 13)."""
+    B, H, M, N, D, K = 1, 2, 13, 63, 60, 6
+    q, k, v = (torch.randn(B, H, n, D, dtype=torch.float64, requires_grad=True) for n in (M, N, N))
+    idx = torch.randint(0, N, (B, M, K))
+    rows_bytes = 4 * B * K * H * D * 8
+    out = centroid_attention(q, k, v, idx, chunk_bytes=rows_bytes)
+    ref = centroid_attention(q, k, v, idx, reference=True)
+    assert_close(out, ref)
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        assert_close(a, b)
+
+
+def test_chunked_knn_path_bf16_gradients_match_reference() -> None:
+    B, H, M, N, D, K = 1, 2, 9, 31, 60, 5
+    q, k, v = (torch.randn(B, H, n, D, dtype=torch.bfloat16, requires_grad=True) for n in (M, N, N))
+    idx = torch.randint(0, N, (B, M, K))
+    out = centroid_attention(q, k, v, idx, chunk_bytes=100)
+    ref = centroid_attention(q, k, v, idx, reference=True)
+    assert out.dtype == torch.bfloat16
+    assert_close(out, ref, atol=2e-2, rtol=2e-2)
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        assert_close(a, b, atol=5e-2, rtol=5e-2)
 
 
 def test_chunked_knn_path_bf16_matches_fp32() -> None:
@@ -242,7 +269,6 @@ def test_knn_path_never_builds_the_dense_score_matrix(monkeypatch: pytest.Monkey
     layer = CentroidAttention(C, num_heads=H, num_neighbors=K)
     x, u = torch.randn(B, N, C, requires_grad=True), torch.randn(B, M, C, requires_grad=True)
     # KNN distances are chunked: give them a budget below the dense matrix too.
-    monkeypatch.setattr("attention.points.KNN_CHUNK_BYTES", 4 * 16 * N)
     monkeypatch.setattr(layer, "knn_backend", "torch")
     import attention.points as P
 
@@ -254,6 +280,29 @@ def test_knn_path_never_builds_the_dense_score_matrix(monkeypatch: pytest.Monkey
     # The gathered keys / values exist one chunk at a time; the largest tensors are now KNN's candidate refinement,
     # (B, M, 1.25 K + 4, C), and the (B, M, K, H) scores.
     assert max(biggest) <= 2 * B * M * K * C
+
+
+def _bad_idx() -> torch.Tensor:
+    """Neighbour indices of 2 clouds of N = 10 inputs, one of them out of range (would read the next cloud)."""
+    idx = torch.zeros(2, 4, 3, dtype=torch.long)
+    idx[0, 0, 0] = 10
+    return idx
+
+
+def test_fps_init_with_mask_starts_at_a_real_point_and_dwconv_pos_follows_the_conv() -> None:
+    x, pos = torch.randn(2, 10, 4), torch.rand(2, 10, 3)
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    mask[0, :3] = False
+    out = build_centroid_init("fps", num_centroids=4)(x, pos=pos, mask=mask)
+    assert out.index[0, 0] == 3 and bool(mask.gather(1, out.index).all())
+    dw = build_centroid_init("dwconv2d", dim=4, grid_size=(8, 8), kernel_size=5, stride=4)
+    res = dw(torch.randn(1, 64, 4), pos=torch.rand(1, 64, 3))
+    assert res.x.shape == (1, 4, 4) and res.pos.shape == (1, 4, 3) and dw.num_centroids == 4
+
+
+def test_kmeans_init_takes_separate_fps_and_knn_backends() -> None:
+    init = build_centroid_init("kmeans", num_centroids=4, fps_backend="torch", knn_backend="torch")
+    assert init(torch.randn(1, 20, 4), pos=torch.rand(1, 20, 3)).x.shape == (1, 4, 4)
 
 
 @pytest.mark.parametrize(
@@ -285,6 +334,50 @@ def test_knn_path_never_builds_the_dense_score_matrix(monkeypatch: pytest.Monkey
         (lambda: build_centroid_init("fps", num_centroids=4)(torch.randn(1, 10, 4)), ValueError, "pos"),
         (lambda: build_centroid_init("linear", num_inputs=8, num_centroids=2)(torch.randn(1, 9, 4)), ValueError, "N=8"),
         (lambda: build_centroid_init("dwconv2d", dim=4, grid_size=(3, 3))(torch.randn(1, 10, 4)), ValueError, "3 x 3"),
+        (lambda: build_centroid_init("dwconv2d", dim=4, grid_size=(8, 8), kernel_size=2), ValueError, "odd"),
+        (
+            lambda: CentroidAttention(8, 2)(torch.randn(2, 10, 8), torch.randn(2, 4, 8), neighbor_idx=_bad_idx()),
+            ValueError,
+            r"N=10 inputs",
+        ),
+        (
+            lambda: CentroidAttention(8, 2)(
+                torch.randn(2, 10, 8), torch.randn(2, 4, 8), neighbor_idx=torch.zeros(2, 4, 3)
+            ),
+            TypeError,
+            "int64",
+        ),
+        (
+            lambda: centroid_attention(*(torch.randn(2, 2, n, 4) for n in (3, 10, 10)), _bad_idx()[:, :3]),
+            ValueError,
+            r"N=10 inputs",
+        ),
+        (
+            lambda: centroid_attention(torch.randn(2, 3, 4), torch.randn(2, 2, 10, 4), torch.randn(2, 2, 10, 4)),
+            ValueError,
+            r"\(B, H, M, D\)",
+        ),
+        (
+            lambda: CentroidAttention(8, 2)(
+                torch.randn(2, 10, 8), torch.randn(2, 4, 8), mask=torch.tensor([[True] * 10, [False] * 10])
+            ),
+            ValueError,
+            "all-False",
+        ),
+        (
+            lambda: build_centroid_init("random", num_centroids=4)(
+                torch.randn(1, 10, 4), mask=torch.tensor([[True, True] + [False] * 8])
+            ),
+            ValueError,
+            "M=4 real inputs",
+        ),
+        (
+            lambda: build_centroid_init("mean_pool", num_centroids=5)(
+                torch.randn(1, 10, 4), mask=torch.tensor([[True] * 5 + [False] * 5])
+            ),
+            ValueError,
+            "all padding",
+        ),
     ],
 )
 def test_bad_input_is_named(call, error: type[Exception], match: str) -> None:
