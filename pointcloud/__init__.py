@@ -1,11 +1,13 @@
 """Point-cloud classification with centroid attention: the ModelNet40 centroid transformer, datasets, transforms.
 
 * :mod:`pointcloud.model`: :class:`CentroidTransformer`, the registry (``create_model``, ``list_models``).
+* :mod:`pointcloud.peers`: DGCNN and PointNet++ (SSG) peers from PyG's message-passing layers, registered too.
 * :mod:`pointcloud.data`: ModelNet40 / ModelNet10 in their real layouts and the embedded synthetic shapes.
 * :mod:`pointcloud.transforms`: augmentations (deterministic per seed, epoch, index) and test-time voting.
 * :mod:`pointcloud.recipe`: the training recipe behind ``tools/train_modelnet.py``.
 """
 
+from . import peers  # noqa: F401  (registers the peer models)
 from .data import (
     DATASETS,
     ModelNet40H5,
