@@ -54,6 +54,7 @@ __all__ = [
     "SelfAttentionBlock",
     "build_centroid_init",
     "centroid_attention",
+    "resolve_num_centroids",
 ]
 
 NORMALIZATIONS = ("inputs", "centroids")
@@ -426,6 +427,17 @@ class CentroidOutput(NamedTuple):
     index: Tensor | None
 
 
+def resolve_num_centroids(spec: int | float, num_inputs: int) -> int:
+    """M from an absolute count (int) or a fraction of the N inputs (float in (0, 1]), at least 1."""
+    if isinstance(spec, bool) or not isinstance(spec, (int, float)) or spec <= 0:
+        raise ValueError(f"num_centroids must be a positive int or a fraction in (0, 1], got {spec!r}")
+    if isinstance(spec, float):
+        if spec > 1:
+            raise ValueError(f"a fractional num_centroids must lie in (0, 1], got {spec}")
+        return max(1, round(spec * num_inputs))
+    return spec
+
+
 def _masked_or_plain(mask: Tensor | None, name: str) -> None:
     if mask is not None and input_checks_enabled() and not bool(mask.all()):
         raise ValueError(f"the {name!r} centroid init does not support padded inputs (mask has False entries)")
@@ -435,12 +447,13 @@ class FPSInit(nn.Module):
     """Centroids = the inputs picked by farthest point sampling, in position or feature space.
 
     Args:
-        num_centroids: M.
+        num_centroids: M, or a fraction of the N inputs (a float in (0, 1]; also for the random, mean-pool and
+            k-means inits).
         space: ``"pos"`` (needs positions, e.g. xyz) or ``"features"``.
         backend: FPS backend (:func:`attention.farthest_point_sample`).
     """
 
-    def __init__(self, num_centroids: int, space: str = "pos", backend: str = "auto") -> None:
+    def __init__(self, num_centroids: int | float, space: str = "pos", backend: str = "auto") -> None:
         super().__init__()
         if space not in ("pos", "features"):
             raise ValueError(f"space must be 'pos' or 'features', got {space!r}")
@@ -453,7 +466,8 @@ class FPSInit(nn.Module):
             raise ValueError("FPSInit(space='pos') needs input positions: pass pos=(B, N, P)")
         source = pos if self.space == "pos" else x
         start = 0 if mask is None else mask.int().argmax(1)  # the first real input of each cloud
-        idx = farthest_point_sample(source, self.num_centroids, start=start, mask=mask, backend=self.backend)
+        M = resolve_num_centroids(self.num_centroids, x.shape[1])
+        idx = farthest_point_sample(source, M, start=start, mask=mask, backend=self.backend)
         return CentroidOutput(gather(x, idx), None if pos is None else gather(pos, idx), idx)
 
 
@@ -464,38 +478,40 @@ class RandomInit(nn.Module):
     generator seeded with ``eval_seed``, so evaluation is deterministic.
     """
 
-    def __init__(self, num_centroids: int, eval_seed: int = 0) -> None:
+    def __init__(self, num_centroids: int | float, eval_seed: int = 0) -> None:
         super().__init__()
         self.num_centroids = num_centroids
         self.eval_seed = eval_seed
 
     def forward(self, x: Tensor, pos: Tensor | None = None, mask: Tensor | None = None) -> CentroidOutput:
         B, N, _ = x.shape
+        M = resolve_num_centroids(self.num_centroids, N)
         if self.training:
             keys = torch.rand(B, N, device=x.device)
         else:
             g = torch.Generator(device="cpu").manual_seed(self.eval_seed)
             keys = torch.rand(B, N, generator=g).to(x.device)
         if mask is not None:
-            if input_checks_enabled() and int(mask.sum(1).min()) < self.num_centroids:
-                raise ValueError(f"random init needs M={self.num_centroids} real inputs per cloud, got fewer")
+            if input_checks_enabled() and int(mask.sum(1).min()) < M:
+                raise ValueError(f"random init needs M={M} real inputs per cloud, got fewer")
             keys = keys.masked_fill(~mask, 2.0)  # padded inputs sort last
-        idx = keys.argsort(dim=1)[:, : self.num_centroids]
+        idx = keys.argsort(dim=1)[:, :M]
         return CentroidOutput(gather(x, idx), None if pos is None else gather(pos, idx), idx)
 
 
 class MeanPoolInit(nn.Module):
     """Centroids = means of M runs of consecutive inputs (adaptive average pooling along N)."""
 
-    def __init__(self, num_centroids: int) -> None:
+    def __init__(self, num_centroids: int | float) -> None:
         super().__init__()
         self.num_centroids = num_centroids
 
     def _pool(self, t: Tensor, w: Tensor | None) -> Tensor:
+        M = resolve_num_centroids(self.num_centroids, t.shape[1])
         if w is None:
-            return F.adaptive_avg_pool1d(t.transpose(1, 2), self.num_centroids).transpose(1, 2)
-        num = F.adaptive_avg_pool1d((t * w).transpose(1, 2), self.num_centroids)
-        den = F.adaptive_avg_pool1d(w.transpose(1, 2), self.num_centroids)
+            return F.adaptive_avg_pool1d(t.transpose(1, 2), M).transpose(1, 2)
+        num = F.adaptive_avg_pool1d((t * w).transpose(1, 2), M)
+        den = F.adaptive_avg_pool1d(w.transpose(1, 2), M)
         if input_checks_enabled() and not bool((den > 0).all()):
             raise ValueError("mean_pool init: a window of consecutive inputs is all padding; put real inputs first")
         return (num / den.clamp_min(1e-12)).transpose(1, 2)
@@ -514,7 +530,7 @@ class KMeansInit(nn.Module):
 
     def __init__(
         self,
-        num_centroids: int,
+        num_centroids: int | float,
         num_iters: int = 3,
         space: str = "pos",
         fps_backend: str = "auto",
@@ -545,9 +561,10 @@ class KMeansInit(nn.Module):
 
     def _means(self, t: Tensor, assign: Tensor, mask: Tensor | None, fallback: Tensor) -> Tensor:
         B, N, C = t.shape
+        M = fallback.shape[1]
         w = torch.ones(B, N, 1, dtype=t.dtype, device=t.device) if mask is None else mask[..., None].to(t.dtype)
-        sums = t.new_zeros(B, self.num_centroids, C).scatter_add(1, assign[..., None].expand(-1, -1, C), t * w)
-        counts = t.new_zeros(B, self.num_centroids, 1).scatter_add(1, assign[..., None], w)
+        sums = t.new_zeros(B, M, C).scatter_add(1, assign[..., None].expand(-1, -1, C), t * w)
+        counts = t.new_zeros(B, M, 1).scatter_add(1, assign[..., None], w)
         return torch.where(counts > 0, sums / counts.clamp_min(1.0), fallback)
 
 

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from attention import CentroidBlock, SelfAttentionBlock, input_checks, knn, nearest_upsample
 from attention._checks import check_points
+from attention.centroid import resolve_num_centroids
 
 __all__ = ["MODELS", "CentroidTransformer", "PointBatchNorm", "create_model", "list_models", "register_model"]
 
@@ -53,7 +54,8 @@ class CentroidTransformer(nn.Module):
         num_classes: output classes.
         in_channels: 3 (xyz) or 6 (xyz + normals); the first 3 channels are positions.
         widths: channels of the four blocks.
-        num_centroids: (N1, N2), centroids after the first and second centroid block.
+        num_centroids: (N1, N2), centroids after the first and second centroid block: ints, or fractions of each
+            block's input (floats in (0, 1]; the default (0.5, 0.25) gives 512 and 128 centroids at N = 1024).
         num_neighbors: K of every block (xyz KNN in SA blocks, feature-space KNN in CA blocks).
         num_heads: attention heads.
         num_steps: T, centroid-attention steps; 0 gives the downsampling-only ablation twin.
@@ -73,7 +75,7 @@ class CentroidTransformer(nn.Module):
         num_classes: int = 40,
         in_channels: int = 3,
         widths: Sequence[int] = (64, 128, 128, 512),
-        num_centroids: Sequence[int] = (256, 64),
+        num_centroids: Sequence[int | float] = (0.5, 0.25),
         num_neighbors: int = 16,
         num_heads: int = 4,
         num_steps: int = 1,
@@ -146,13 +148,25 @@ class CentroidTransformer(nn.Module):
         self.num_classes = num_classes
         self.head = nn.Linear(self.head.in_features, num_classes) if num_classes > 0 else nn.Identity()
 
+    def stage_sizes(self, num_points: int) -> tuple[int, int]:
+        """(N1, N2): the centroid counts of the two centroid blocks for clouds of ``num_points`` points."""
+        n1 = resolve_num_centroids(self.num_centroids[0], num_points)
+        return n1, resolve_num_centroids(self.num_centroids[1], n1)
+
     def forward_features(self, points: Tensor) -> Tensor:
         """Per-point fused features ``(B, N, fuse_dim)`` of a batch of clouds ``(B, N, in_channels)``."""
-        check_points(points, "points", channels=self.in_channels, min_points=max(self.num_centroids))
+        check_points(points, "points", channels=self.in_channels)
         B, N, _ = points.shape
-        if self.num_neighbors > min(self.num_centroids):
+        n1, n2 = self.stage_sizes(N)
+        if not N >= n1 >= n2 >= 1:
             raise ValueError(
-                f"num_neighbors K={self.num_neighbors} must not exceed the centroid counts {self.num_centroids}"
+                f"num_centroids={self.num_centroids} gives N1={n1}, N2={n2} for N={N} points: need N >= N1 >= N2; "
+                "lower num_centroids or feed more points"
+            )
+        if self.num_neighbors > n1:
+            raise ValueError(
+                f"num_neighbors K={self.num_neighbors} exceeds the N1={n1} points of the second stage (N={N}): "
+                "need K <= N1"
             )
         pos = points[..., :3].contiguous()
         x = self.embed(points)

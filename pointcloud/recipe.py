@@ -5,15 +5,15 @@
 model's own default (so the ablation twins keep their ``init`` and ``num_steps=0``).
 
 Paper schedule (section 3.2): Adam, step decay every 20 epochs, 250 epochs. The defaults here are the main job: the
-paper model on the embedded synthetic shapes at 256 points (centroids 128 and 32), 7 epochs, sized to run on a 2-core
-CPU in under 5 minutes (measured: 92.0% test OA in 4 min 47 s, see the README).
+paper model on the embedded synthetic shapes at 256 points (so 128 and 32 centroids), 10 epochs, sized to run on a
+2-core CPU in under 5 minutes (measured: 95.0% test OA in 4 min 0 s, see the README).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ class ModelNetConfig:
     name: str = "main"
     # model (None: the registered model's default)
     model: str = "centroid_transformer_modelnet40"
-    num_centroids: list[int] | None = field(default_factory=lambda: [128, 32])
+    num_centroids: list[int | float] | None = None
     num_neighbors: int | None = None
     num_heads: int | None = None
     num_steps: int | None = None
@@ -108,7 +108,15 @@ MODEL_KNOBS = ("num_centroids", "num_neighbors", "num_heads", "num_steps", "mlp_
 def build_model(cfg: ModelNetConfig, num_classes: int) -> nn.Module:
     kwargs = {k: getattr(cfg, k) for k in MODEL_KNOBS if getattr(cfg, k) is not None}
     in_channels = 6 if cfg.use_normals else 3
-    return create_model(cfg.model, num_classes=num_classes, in_channels=in_channels, **kwargs)
+    try:
+        return create_model(cfg.model, num_classes=num_classes, in_channels=in_channels, **kwargs)
+    except TypeError as err:
+        if "unexpected keyword argument" not in str(err):
+            raise
+        raise ValueError(
+            f"model {cfg.model!r} does not take one of the config's model knobs {sorted(kwargs)} ({err}); "
+            "set the knobs it does not use to null"
+        ) from err
 
 
 def _train_transform(cfg: ModelNetConfig) -> Compose:

@@ -47,7 +47,16 @@ def test_bad_input() -> None:
     model = create_model("centroid_transformer_modelnet40", **SMALL)
     with pytest.raises(ValueError, match=r"\(B, N, 3\)"):
         model(torch.rand(2, 128, 4))
-    with pytest.raises(ValueError, match="at least 64"):
+    with pytest.raises(ValueError, match="need N >= N1 >= N2"):
         model(torch.rand(2, 40, 3))
+    with pytest.raises(ValueError, match="need K <= N1"):
+        create_model("centroid_transformer_modelnet40", num_neighbors=16)(torch.rand(2, 20, 3))
     with pytest.raises(ValueError, match="unknown model"):
         create_model("pointnet_but_better")
+
+
+def test_fractional_centroid_counts_follow_the_input_size() -> None:
+    model = create_model("centroid_transformer_modelnet40", num_neighbors=4).eval()  # default (0.5, 0.25)
+    assert model.stage_sizes(1024) == (512, 128) and model.stage_sizes(256) == (128, 32)
+    assert model(torch.rand(1, 100, 3)).shape == (1, 40)
+    assert model.blocks[1].init.num_centroids == 0.5

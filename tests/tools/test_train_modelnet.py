@@ -59,6 +59,18 @@ def test_smoke_run_writes_a_complete_run_folder(tmp_path: Path) -> None:
     assert (tmp_path / "eval_metrics.json").is_file() and 0 <= ev["test_oa"] <= 100
 
 
+def test_peer_model_trains_and_foreign_knobs_are_named(tmp_path: Path) -> None:
+    tiny = [a for a in TINY if a not in ("num_centroids=[32,16]", "fuse_dim=64")]
+    metrics = train_modelnet.main(
+        [*tiny, "--set", "model=dgcnn_modelnet40", "--epochs", "1", "--output-dir", str(tmp_path / "dgcnn")]
+    )
+    assert metrics["epochs"] == 1 and metrics["params"] > 0
+    with pytest.raises(ValueError, match="num_steps"):
+        train_modelnet.main(
+            [*tiny, "--set", "model=dgcnn_modelnet40", "num_steps=2", "--output-dir", str(tmp_path / "bad")]
+        )
+
+
 def test_unknown_config_key_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="num_centriods"):
         train_modelnet.main([*TINY, "--set", "num_centriods=[4,2]", "--output-dir", str(tmp_path)])
