@@ -124,3 +124,17 @@ def test_torchrun_two_gloo_processes(tmp_path: Path) -> None:
     assert final["epochs"] == 1
     # (parameter equality across ranks after DDP steps is tested in tests/engine/test_distributed.py)
     assert torch.load(tmp_path / "last.pt", weights_only=False)["epoch"] == 1
+
+
+@pytest.mark.parametrize(
+    "path", sorted((REPO / "configs" / "pointcloud").glob("modelnet40_*.yaml")), ids=lambda p: p.stem
+)
+def test_every_paper_row_config_loads_and_builds(path: Path) -> None:
+    from engine import load_config
+    from pointcloud.recipe import ModelNetConfig, build_model
+
+    cfg = load_config(ModelNetConfig, path)
+    assert cfg.epochs == 250 and cfg.dataset == "modelnet40_h5" and cfg.num_points == 1024
+    model = build_model(cfg, num_classes=40).eval()
+    with torch.no_grad():
+        assert model(torch.rand(2, cfg.num_points, 3)).shape == (2, 40)
