@@ -1,0 +1,73 @@
+"""tools/bench_modelnet.py at a tiny size: rows for T = 1, 2, 3 and the twins, ratios, verdict, peers, --json."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from pointcloud import model as pc_model
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))
+import bench_modelnet  # noqa: E402
+
+CT = "centroid_transformer_modelnet40"
+TINY = "tiny_peer_modelnet40"
+
+
+class TinyPeer(nn.Module):
+    def __init__(self, num_classes: int = 40) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, num_classes)
+
+    def forward(self, points: torch.Tensor) -> torch.Tensor:
+        return self.fc(points).amax(1)
+
+
+def test_tiny_bench(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    monkeypatch.setitem(pc_model.MODELS, TINY, TinyPeer)
+    path = tmp_path / "bench.json"
+    argv = ["--points", "128", "--batch", "2", "--repeats", "1", "--warmup", "1", "--num-centroids", "64", "32"]
+    results = bench_modelnet.main([*argv, "--models", CT, f"{CT}_random", TINY, "--json", str(path)])
+    labels = [r["label"] for r in results]
+    assert labels == [f"{CT} T=1", f"{CT} T=2", f"{CT} T=3", f"{CT}_random", TINY]
+    for r in results:
+        assert r["params_m"] > 0 and r["gmacs"] > 0 and r["train_sps"] > 0 and r["infer_sps"] > 0
+        assert r["train_ms_rounds"] == [r["train_ms"]]  # --repeats 1: one timed round
+    by = {r["label"]: r for r in results}
+    assert by[f"{CT}_random"]["train_vs_random"] == 1.0
+    assert by[f"{CT} T=1"]["paper_train_vs_random"] == pytest.approx(60 / 312)
+    assert by[f"{CT} T=2"]["gmacs"] > by[f"{CT} T=1"]["gmacs"]  # one more attention step
+    assert by[TINY]["num_steps"] is None and by[TINY]["paper_train_sps"] is None
+
+    out = capsys.readouterr().out
+    header, *table = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line[:2] == "| "]
+    assert {"train vs random", "paper vs random", "infer samples/s"} <= set(header)
+    rows = {r[0]: dict(zip(header, r)) for r in table}
+    assert list(rows) == labels
+    assert rows[f"{CT} T=1"]["paper vs random"] == "0.192" and rows[TINY]["paper vs random"] == "-"
+    assert float(rows[f"{CT} T=1"]["train vs random"]) > 0
+    assert "target: centroid (T=1) train throughput >= 0.5x the random twin's:" in out
+    assert json.loads(path.read_text())["results"][0]["label"] == f"{CT} T=1"
+
+
+def test_default_models_include_registered_peers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(pc_model.MODELS, TINY, TinyPeer)
+    models = bench_modelnet.default_models()
+    assert models[:4] == [CT, f"{CT}_random", f"{CT}_fps", f"{CT}_kmeans"] and models[-1] == TINY
+    rows = bench_modelnet.plan(models, [1, 2, 3], [64, 32])
+    assert [r[2] for r in rows[:6]] == [1, 2, 3, 0, 0, 0]
+    assert rows[0][3] == {"num_classes": 40, "num_centroids": (64, 32), "num_steps": 1}
+    assert rows[-1][3] == {"num_classes": 40}  # peers get no centroid knobs
+
+
+@pytest.mark.parametrize("argv", [["--amp"], ["--models", "no_such_model"], ["--batch", "1"]])
+def test_bad_flags(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_modelnet.main(argv)
+    assert exc.value.code == 2

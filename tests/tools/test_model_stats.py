@@ -1,0 +1,107 @@
+"""tools/model_stats.py: the pointcloud table, paper columns, --check (fails on the current model), --json."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from pointcloud import model as pc_model
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))
+import model_stats  # noqa: E402
+
+CT = "centroid_transformer_modelnet40"
+TINY = "tiny_peer_modelnet40"
+
+
+class TinyPeer(nn.Module):
+    """A per-point linear layer and a max pool: 3 * 40 + 40 = 160 params, N * 3 * 40 MACs."""
+
+    def __init__(self, num_classes: int = 40) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, num_classes)
+
+    def forward(self, points: torch.Tensor) -> torch.Tensor:
+        return self.fc(points).amax(1)
+
+
+@pytest.fixture
+def tiny_peer(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A model registered after model_stats was imported: it must show up on its own."""
+    monkeypatch.setitem(pc_model.MODELS, TINY, TinyPeer)
+    return TINY
+
+
+def _rows(out: str) -> dict[str, list[str]]:
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line.startswith("| ")]
+    return {c[0]: c for c in cells}
+
+
+def test_pointcloud_table_with_paper_columns(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "stats.json"
+    results = model_stats.main(["--family", "pointcloud", "--models", CT, f"{CT}_random", "--json", str(path)])
+    out = capsys.readouterr().out
+    by_name = {r["model"]: r for r in results}
+    assert set(by_name) == {CT, f"{CT}_random"}
+    for r in results:
+        assert r["params_m"] > 0 and r["gmacs"] > 0 and r["input"] == [1, 1024, 3]
+    ct = by_name[CT]
+    assert ct["paper_params_m"] == 4.1 and ct["paper_gmacs"] == 5.4
+    assert ct["params_ratio"] == pytest.approx(ct["params_m"] / 4.1)
+    assert ct["gmacs_ratio"] == pytest.approx(ct["gmacs"] / 5.4)
+    assert by_name[f"{CT}_random"]["params_ratio"] is None  # the paper gives no twin numbers
+    rows = _rows(out)
+    assert rows["model"] == ["model", "params (M)", "paper params (M)", "ratio", "GMACs", "paper GMACs", "ratio"]
+    assert rows[CT][2] == "4.1" and rows[CT][5] == "5.4" and float(rows[CT][3]) > 0
+    assert rows[f"{CT}_random"][2:4] == ["-", "-"]
+    assert json.loads(path.read_text())["results"] == json.loads(json.dumps(results))
+
+
+def test_check_fails_on_gmacs_naming_values(tmp_path: Path) -> None:
+    # Known and expected: the current model counts about 0.87 GMACs against the paper's 5.4.
+    path = tmp_path / "stats.json"
+    with pytest.raises(SystemExit) as exc:
+        model_stats.main(["--family", "pointcloud", "--models", CT, "--check", "--json", str(path)])
+    msg = str(exc.value.code)
+    gmacs = json.loads(path.read_text())["results"][0]["gmacs"]
+    assert "FAILED" in msg and f"GMACs measured {gmacs:.3f}" in msg and "5.4 +-25% = [4.050, 6.750]" in msg
+
+
+def test_new_model_appears_and_check_passes(
+    tiny_peer: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fam = model_stats.FAMILIES["pointcloud"]
+    paper = {tiny_peer: (160 / 1e6, 1024 * 3 * 40 / 1e9)}
+    monkeypatch.setitem(
+        model_stats.FAMILIES, "pointcloud", dataclasses.replace(fam, paper=paper, checks={tiny_peer: (0.01, 0.01)})
+    )
+    (r,) = model_stats.main(["--family", "pointcloud", "--models", tiny_peer, "--check"])
+    assert r["params_ratio"] == pytest.approx(1.0) and r["gmacs_ratio"] == pytest.approx(1.0)
+    out = capsys.readouterr().out
+    assert tiny_peer in _rows(out) and "check: ok" in out
+
+
+def test_family_without_models_is_skipped(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    fam = model_stats.FAMILIES["pointcloud"]
+    monkeypatch.setitem(model_stats.FAMILIES, "empty", dataclasses.replace(fam, list_models=list, note="nothing yet"))
+    assert model_stats.main(["--family", "empty"]) == []
+    assert "## empty: skipped, nothing yet" in capsys.readouterr().out
+
+
+def test_placeholders_skipped_and_unknown_model_rejected(tiny_peer: str, capsys: pytest.CaptureFixture[str]) -> None:
+    results = model_stats.main(["--models", tiny_peer])  # --family all
+    out = capsys.readouterr().out
+    assert [r["model"] for r in results] == [tiny_peer]
+    for family in ("capsules", "vision"):
+        if not model_stats.FAMILIES[family].list_models():
+            assert f"## {family}: skipped" in out
+    with pytest.raises(SystemExit) as exc:
+        model_stats.main(["--models", "no_such_model"])
+    assert exc.value.code == 2
