@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 
 import torch
 import torch.nn.functional as F
-from benchutil import describe_machine, print_table, sync, time_fn
+from benchutil import describe_machine, print_table, sync, time_fn, unit_sphere_clouds
 
 from engine import atomic_write_text, count_gmacs, count_params
 from pointcloud import create_model, list_models
@@ -84,11 +84,11 @@ def prepare(name: str, kwargs: dict, args: argparse.Namespace) -> tuple[dict, Ca
     device = torch.device(args.device)
     torch.manual_seed(0)
     model = create_model(name, **kwargs)
-    example = torch.randn(1, args.points, 3, generator=torch.Generator().manual_seed(0))  # (B, N, 3)
+    example = unit_sphere_clouds(1, args.points)  # (B, N, 3)
     stats = {"params_m": count_params(model) / 1e6, "gmacs": count_gmacs(model, example)}
     model.to(device)
     gen = torch.Generator().manual_seed(1)
-    points = torch.randn(args.batch, args.points, 3, generator=gen).to(device)  # (B, N, 3)
+    points = unit_sphere_clouds(args.batch, args.points, seed=1).to(device)  # (B, N, 3)
     labels = torch.randint(0, NUM_CLASSES, (args.batch,), generator=gen).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)

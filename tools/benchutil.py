@@ -89,3 +89,13 @@ def describe_machine(device: torch.device | str) -> str:
     return (
         f"torch {torch.__version__}, {what}, {torch.get_num_threads()} CPU threads, python {platform.python_version()}"
     )
+
+
+def unit_sphere_clouds(batch: int, num_points: int, seed: int = 0) -> torch.Tensor:
+    """``(B, N, 3)`` Gaussian clouds centred and scaled to max norm 1, like the data pipeline's clouds.
+
+    Radius-based grouping (PointNet++) drops neighbours by distance, so its cost depends on the cloud's scale.
+    """
+    x = torch.randn(batch, num_points, 3, generator=torch.Generator().manual_seed(seed))
+    x = x - x.mean(1, keepdim=True)
+    return x / x.norm(dim=-1).amax(1).view(-1, 1, 1)

@@ -44,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
 import torch
-from benchutil import describe_machine, print_table
+from benchutil import describe_machine, print_table, unit_sphere_clouds
 from torch import nn
 
 from engine import atomic_write_text, count_gmacs, count_params
@@ -87,7 +87,7 @@ def _pointcloud_build(name: str) -> nn.Module:
 
 
 def _cloud(num_points: int) -> torch.Tensor:
-    return torch.randn(1, num_points, 3, generator=torch.Generator().manual_seed(0))  # (B, N, 3)
+    return unit_sphere_clouds(1, num_points)  # (B, N, 3)
 
 
 # --------------------------------------------------------------------------------------------------------------------
