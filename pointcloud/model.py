@@ -33,7 +33,16 @@ from attention import CentroidBlock, SelfAttentionBlock, input_checks, knn, near
 from attention._checks import check_points
 from attention.centroid import resolve_num_centroids
 
-__all__ = ["MODELS", "CentroidTransformer", "PointBatchNorm", "create_model", "list_models", "register_model"]
+__all__ = [
+    "MODELS",
+    "CentroidTransformer",
+    "PointBatchNorm",
+    "PointClassifier",
+    "classifier_head",
+    "create_model",
+    "list_models",
+    "register_model",
+]
 
 
 def _leaky() -> nn.Module:
@@ -47,7 +56,37 @@ class PointBatchNorm(nn.BatchNorm1d):
         return super().forward(x.transpose(1, 2)).transpose(1, 2)
 
 
-class CentroidTransformer(nn.Module):
+def classifier_head(in_dim: int, hidden: Sequence[int], act: Callable[[], nn.Module], drop: float) -> nn.Sequential:
+    """Hidden layers of a classification head: Linear + BatchNorm1d + activation + dropout per layer."""
+    layers: list[nn.Module] = []
+    for h in hidden:
+        layers += [nn.Linear(in_dim, h, bias=False), nn.BatchNorm1d(h), act(), nn.Dropout(drop)]
+        in_dim = h
+    return nn.Sequential(*layers)
+
+
+class PointClassifier(nn.Module):
+    """The model surface shared by the point-cloud classifiers: subclasses set ``num_classes``, ``head`` (the final
+    Linear) and implement ``forward_features`` and ``forward_head``."""
+
+    num_classes: int
+    head: nn.Module
+
+    def no_weight_decay(self) -> set[str]:
+        return set()
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int) -> None:
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.head.in_features, num_classes) if num_classes > 0 else nn.Identity()
+
+    def forward(self, points: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(points))
+
+
+class CentroidTransformer(PointClassifier):
     """SA -> CA -> SA -> CA point-cloud classifier with multi-scale fusion.
 
     Args:
@@ -130,23 +169,8 @@ class CentroidTransformer(nn.Module):
         # of a batch made eval accuracy swing between epochs (87% -> 11% -> 62% on the synthetic set), and without
         # BatchNorm in the per-point layers the network did not learn at all (measured, 5 epochs at chance).
         self.fuse = nn.Sequential(nn.Linear(sum(widths), fuse_dim, bias=False), PointBatchNorm(fuse_dim), act())
-        layers: list[nn.Module] = []
-        prev = self.num_features
-        for h in head_dims:
-            layers += [nn.Linear(prev, h, bias=False), nn.BatchNorm1d(h), act(), nn.Dropout(drop)]
-            prev = h
-        self.head_hidden = nn.Sequential(*layers)
-        self.head = nn.Linear(prev, num_classes)
-
-    def no_weight_decay(self) -> set[str]:
-        return set()
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int) -> None:
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.head.in_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.head_hidden = classifier_head(self.num_features, head_dims, act, drop)
+        self.head = nn.Linear(head_dims[-1] if head_dims else self.num_features, num_classes)
 
     def stage_sizes(self, num_points: int) -> tuple[int, int]:
         """(N1, N2): the centroid counts of the two centroid blocks for clouds of ``num_points`` points."""
@@ -189,9 +213,6 @@ class CentroidTransformer(nn.Module):
         x = torch.cat([x.amax(dim=1), x.mean(dim=1)], dim=-1)  # (B, 2 * fuse_dim)
         x = self.head_hidden(x)
         return x if pre_logits else self.head(x)
-
-    def forward(self, points: Tensor) -> Tensor:
-        return self.forward_head(self.forward_features(points))
 
 
 # --------------------------------------------------------------------------------------------------------------------

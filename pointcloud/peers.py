@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from attention import farthest_point_sample, gather, input_checks, knn
 from attention._checks import check_points, input_checks_enabled
 
-from .model import register_model
+from .model import PointClassifier, classifier_head, register_model
 
 __all__ = ["DGCNN", "PointNet2SSG", "SetAbstraction", "knn_edge_index"]
 
@@ -107,15 +107,6 @@ def _mlp(dims: Sequence[int], act: type[nn.Module], **act_kwargs) -> nn.Sequenti
     return nn.Sequential(*layers)
 
 
-def _head(in_dim: int, hidden: Sequence[int], act: type[nn.Module], drop: float, **act_kwargs) -> nn.Sequential:
-    """Hidden layers of the classification head: Linear + BatchNorm1d + activation + dropout per layer."""
-    layers: list[nn.Module] = []
-    for h in hidden:
-        layers += [nn.Linear(in_dim, h, bias=False), nn.BatchNorm1d(h), act(**act_kwargs), nn.Dropout(drop)]
-        in_dim = h
-    return nn.Sequential(*layers)
-
-
 class SetAbstraction(nn.Module):
     """PointNet++ set abstraction: FPS centres, grouping by (radius-masked) k-NN, PointNetConv with max pooling.
 
@@ -174,7 +165,7 @@ class SetAbstraction(nn.Module):
 # --------------------------------------------------------------------------------------------------------------------
 
 
-class DGCNN(nn.Module):
+class DGCNN(PointClassifier):
     """Dynamic graph CNN: EdgeConv layers on k-NN graphs recomputed in feature space, max + mean pooled head.
 
     Args:
@@ -218,18 +209,8 @@ class DGCNN(nn.Module):
             [EdgeConv(_mlp([2 * a, b], nn.LeakyReLU, **leaky), aggr="max") for a, b in itertools.pairwise(dims)]
         )
         self.embed = _mlp([sum(conv_dims), emb_dim], nn.LeakyReLU, **leaky)
-        self.head_hidden = _head(self.num_features, head_dims, nn.LeakyReLU, drop, **leaky)
+        self.head_hidden = classifier_head(self.num_features, head_dims, lambda: nn.LeakyReLU(**leaky), drop)
         self.head = nn.Linear(head_dims[-1] if head_dims else self.num_features, num_classes)
-
-    def no_weight_decay(self) -> set[str]:
-        return set()
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int) -> None:
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.head.in_features, num_classes) if num_classes > 0 else nn.Identity()
 
     def forward_features(self, points: Tensor) -> Tensor:
         """Per-point features ``(B, N, emb_dim)`` of a batch of clouds ``(B, N, in_channels)``."""
@@ -253,11 +234,8 @@ class DGCNN(nn.Module):
         x = self.head_hidden(x)
         return x if pre_logits else self.head(x)
 
-    def forward(self, points: Tensor) -> Tensor:
-        return self.forward_head(self.forward_features(points))
 
-
-class PointNet2SSG(nn.Module):
+class PointNet2SSG(PointClassifier):
     """PointNet++ single-scale-grouping classifier: two set abstractions, a global one, a 3-layer head.
 
     Args:
@@ -305,18 +283,8 @@ class PointNet2SSG(nn.Module):
         self.sa2 = SetAbstraction(mlps[0][-1], mlps[1], num_centroids[1], num_neighbors[1], r[1])
         # Global set abstraction: one group of all remaining centres, MLP on [x, absolute position] (as group_all).
         self.sa3 = _mlp([mlps[1][-1] + 3, *mlps[2]], nn.ReLU)
-        self.head_hidden = _head(self.num_features, head_dims, nn.ReLU, drop)
+        self.head_hidden = classifier_head(self.num_features, head_dims, nn.ReLU, drop)
         self.head = nn.Linear(head_dims[-1] if head_dims else self.num_features, num_classes)
-
-    def no_weight_decay(self) -> set[str]:
-        return set()
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int) -> None:
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.head.in_features, num_classes) if num_classes > 0 else nn.Identity()
 
     def forward_features(self, points: Tensor) -> Tensor:
         """Features ``(B, M2, C)`` of the second-level centres, before the global max pool."""
@@ -335,9 +303,6 @@ class PointNet2SSG(nn.Module):
         """Global max pool of ``(B, M2, C)`` features, then the MLP head."""
         x = self.head_hidden(x.amax(dim=1))  # (B, head_dims[-1])
         return x if pre_logits else self.head(x)
-
-    def forward(self, points: Tensor) -> Tensor:
-        return self.forward_head(self.forward_features(points))
 
 
 # --------------------------------------------------------------------------------------------------------------------
