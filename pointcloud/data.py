@@ -228,6 +228,8 @@ class ModelNet40H5(PointCloudDataset):
         transform: Augmentation ``transform(points, rng)``.
         num_classes: Expected number of classes; must match ``shape_names.txt``.
         seed: Augmentation seed.
+        use_normals: Must be False: this release stores xyz only (accepted so that every ModelNet dataset takes
+            the same arguments).
     """
 
     FOLDER = "modelnet40_ply_hdf5_2048"
@@ -240,7 +242,13 @@ class ModelNet40H5(PointCloudDataset):
         transform: Callable | None = None,
         num_classes: int = 40,
         seed: int = 0,
+        use_normals: bool = False,
     ) -> None:
+        if use_normals:
+            raise ValueError(
+                "modelnet40_ply_hdf5_2048 stores xyz only: use_normals=True needs modelnet40_normal_resampled "
+                "(dataset modelnet40_normal) or meshes prepared with datasets/prepare_modelnet40.py"
+            )
         _check_split(split)
         self.root = _locate(root, self.FOLDER, ["shape_names.txt", f"{split}_files.txt"], "ModelNet40 HDF5", H5_TREE)
         classes = _read_names(self.root / "shape_names.txt")
