@@ -10,9 +10,9 @@ learned similarity gives the update (paper eq. 4-6, in its multi-head, pre-norm 
 
 followed by an MLP with a residual, as in a transformer block. Self-attention is the special case M = N,
 ``u^0 = x``, T = 1. With ``num_neighbors=K`` each centroid attends only to its K nearest inputs in feature space,
-cost O(M K D) and memory O(M K) instead of O(M N): the keys and values are gathered to ``(B, M, K, H, D)`` and the
-``(B, H, M, N)`` score matrix is never built, and the gathered keys and values exist one chunk of centroids at a time
-(forward and backward), so the KNN path's memory is O(M K H) plus a fixed chunk.
+cost O(M K D) and memory O(M K) instead of O(M N): the ``(B, H, M, N)`` score matrix is never built, and the
+neighbours' keys and values are gathered one chunk of centroids at a time (in the forward pass and again in the
+backward pass), so the KNN path's memory is O(M K H) plus a fixed chunk.
 
 Two normalizations of the attention weights:
 
