@@ -206,10 +206,15 @@ def test_chunked_never_materializes_the_full_matrix(chunk_bytes: int) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def test_auto_backend_choice() -> None:
+def test_auto_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     small = torch.zeros(2, 10, 3), torch.zeros(2, 12, 3)
     large = torch.zeros(8, 2048, 3), torch.zeros(8, 2048, 3)
     assert chamfer_mod._resolve_backend("auto", *small) == "dense"
+    big = "knn_cluster" if chamfer_mod.HAS_TORCH_CLUSTER else "chunked"
+    assert chamfer_mod._resolve_backend("auto", *large) == big
+    assert chamfer_mod._resolve_backend("auto", *(x.double() for x in large)) == "chunked"  # exact search for fp64
+    assert chamfer_mod._resolve_backend("auto", torch.zeros(8, 2048, 8), torch.zeros(8, 2048, 8)) == "chunked"
+    monkeypatch.setattr(chamfer_mod, "HAS_TORCH_CLUSTER", False)
     assert chamfer_mod._resolve_backend("auto", *large) == "chunked"
     assert chamfer_mod._resolve_backend("knn_torch", *large) == "knn_torch"
 
