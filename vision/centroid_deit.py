@@ -65,8 +65,8 @@ from attention.centroid import CentroidAttention, DWConv2dInit
 __all__ = [
     "Block",
     "CentroidViT",
-    "GridCentroidBlock",
     "GridCentroidAttention",
+    "GridCentroidBlock",
     "GridDWConvInit",
     "OverlapPatchEmbed",
     "checkpoint_filter_fn",
@@ -178,7 +178,9 @@ class GridCentroidAttention(CentroidAttention):
 
     def __init__(self, dim: int, num_heads: int = 8, drop_path: float = 0.0, **kwargs) -> None:
         if kwargs.get("num_neighbors") is not None or kwargs.get("normalize", "inputs") != "inputs":
-            raise ValueError("GridCentroidAttention is the dense, normalize='inputs' path: drop num_neighbors/normalize")
+            raise ValueError(
+                "GridCentroidAttention is the dense, normalize='inputs' path: drop num_neighbors/normalize"
+            )
         super().__init__(dim, num_heads=num_heads, **kwargs)
         self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
@@ -322,7 +324,7 @@ class CentroidViT(nn.Module):
         self.centroid_index = centroid_index
         self.grad_checkpointing = False
 
-        if patch_stride is None or patch_stride == patch_size and patch_padding == 0:
+        if patch_stride is None or (patch_stride == patch_size and patch_padding == 0):
             self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
             stem_stride = patch_size
         else:
@@ -346,7 +348,9 @@ class CentroidViT(nn.Module):
         reduction = stem_stride
         for i in range(depth):
             if i == centroid_index:
-                blk = GridCentroidBlock(embed_dim, num_heads, grid, num_steps=centroid_steps, drop_path=dpr[i], **common)
+                blk = GridCentroidBlock(
+                    embed_dim, num_heads, grid, num_steps=centroid_steps, drop_path=dpr[i], **common
+                )
                 grid, reduction = blk.out_grid_size, reduction * 2
             else:
                 blk = Block(embed_dim, num_heads, drop_path=dpr[i], attn=self._make_mixer(i, grid), **common)
@@ -354,7 +358,7 @@ class CentroidViT(nn.Module):
             grids.append(grid)
             reductions.append(reduction)
         self.blocks = nn.Sequential(*blocks)
-        self.block_grids: list[tuple[int, int]] = grids  # (h, w) of each block's output tokens
+        self.block_grids = grids  # (h, w) of each block's output tokens
         self.feature_info = [
             dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=r) for i, r in enumerate(reductions)
         ]
