@@ -166,6 +166,10 @@ FAMILIES: dict[str, Family] = {
             "centroid_deit_small_c6_patch16_224": (22.1, 2.9),  # Ours-4
             "centroid_deit_small_c5_overlap_patch16_224": (22.1, 3.6),  # Ours-5
             "centroid_deit_small_c7_overlap_patch16_224": (22.3, 4.7),  # Ours-6
+            "settrans_deit_tiny_patch16_224": (5.9, 1.1),
+            "settrans_deit_small_patch16_224": (22.4, 3.8),
+            "linformer_deit_tiny_patch16_224": (6.3, 1.2),
+            "linformer_deit_small_patch16_224": (22.6, 4.4),
         },
         note="vision/ registers no timm models yet (the package has no modules)",
     ),

@@ -331,6 +331,7 @@ class CentroidViT(nn.Module):
         self.num_prefix_tokens = 1
         self.centroid_index = centroid_index
         self.grad_checkpointing = False
+        self._num_heads, self._qkv_bias = num_heads, qkv_bias  # read by the baselines' _make_mixer
 
         if patch_stride is None or (patch_stride == patch_size and patch_padding == 0):
             self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)

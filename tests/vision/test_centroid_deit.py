@@ -282,3 +282,34 @@ def test_odd_grid_and_kwargs():
         _model(NAMES[0], mixer="fsat")
     with pytest.raises(ValueError, match="centroid_index"):
         _model(NAMES[0], centroid_index=12)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Baselines (vision/baselines.py)
+# --------------------------------------------------------------------------------------------------------------------
+
+BASELINES = [
+    "settrans_deit_tiny_patch16_224",
+    "settrans_deit_small_patch16_224",
+    "linformer_deit_tiny_patch16_224",
+    "linformer_deit_small_patch16_224",
+]
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_baseline_sweep(name):
+    model = _model(name).train()
+    x = _images()
+    out = model(x)
+    assert out.shape == (2, 7) and torch.isfinite(out).all()
+    out.square().mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    model.eval()
+    other = _model(name, seed=1).eval()
+    other.load_state_dict(model.state_dict(), strict=True)
+    assert_close(other(x), model(x), rtol=0, atol=0)
+    assert_close(torch.fx.symbolic_trace(model)(x), model(x))
+    assert_close(torch.jit.script(model)(x), model(x))
+    feats = _model(name, features_only=True, out_indices=(0, 11))(x)
+    assert [f.shape for f in feats] == [(2, model.embed_dim, 4, 4)] * 2
+    assert model.feature_info[11]["reduction"] == 16
