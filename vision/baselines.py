@@ -21,10 +21,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from timm.layers import Attention, trunc_normal_
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 from torch import Tensor, nn
 
-from .centroid_deit import CentroidViT, _cfg, checkpoint_filter_fn
+from .centroid_deit import _SMALL, _TINY, CentroidViT, _cfg, _create_centroid_deit
 
 __all__ = ["InducedSetAttention", "LinformerAttention", "LinformerViT", "SetTransformerViT"]
 
@@ -122,41 +122,33 @@ default_cfgs = generate_default_cfgs(
 )
 
 
-def _create(cls: type[CentroidViT], variant: str, pretrained: bool = False, **kwargs) -> CentroidViT:
-    out_indices = kwargs.pop("out_indices", 3)
-    return build_model_with_cfg(
-        cls,
-        variant,
-        pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
-        **kwargs,
-    )
-
-
-_TINY = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3)
-_SMALL = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6)
-
-
 @register_model
 def settrans_deit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> SetTransformerViT:
     """Set Transformer (ISAB, 64 inducing points) DeiT-tiny."""
-    return _create(SetTransformerViT, "settrans_deit_tiny_patch16_224", pretrained, **dict(_TINY, **kwargs))
+    return _create_centroid_deit(
+        "settrans_deit_tiny_patch16_224", pretrained, model_cls=SetTransformerViT, **dict(_TINY, **kwargs)
+    )
 
 
 @register_model
 def settrans_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> SetTransformerViT:
     """Set Transformer (ISAB, 64 inducing points) DeiT-small."""
-    return _create(SetTransformerViT, "settrans_deit_small_patch16_224", pretrained, **dict(_SMALL, **kwargs))
+    return _create_centroid_deit(
+        "settrans_deit_small_patch16_224", pretrained, model_cls=SetTransformerViT, **dict(_SMALL, **kwargs)
+    )
 
 
 @register_model
 def linformer_deit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> LinformerViT:
     """Linformer (k = 128) DeiT-tiny."""
-    return _create(LinformerViT, "linformer_deit_tiny_patch16_224", pretrained, **dict(_TINY, **kwargs))
+    return _create_centroid_deit(
+        "linformer_deit_tiny_patch16_224", pretrained, model_cls=LinformerViT, **dict(_TINY, **kwargs)
+    )
 
 
 @register_model
 def linformer_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> LinformerViT:
     """Linformer (k = 128) DeiT-small."""
-    return _create(LinformerViT, "linformer_deit_small_patch16_224", pretrained, **dict(_SMALL, **kwargs))
+    return _create_centroid_deit(
+        "linformer_deit_small_patch16_224", pretrained, model_cls=LinformerViT, **dict(_SMALL, **kwargs)
+    )

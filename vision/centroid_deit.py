@@ -594,10 +594,13 @@ default_cfgs = generate_default_cfgs(
 )
 
 
-def _create_centroid_deit(variant: str, pretrained: bool = False, **kwargs) -> CentroidViT:
+def _create_centroid_deit(
+    variant: str, pretrained: bool = False, model_cls: type[CentroidViT] | None = None, **kwargs
+) -> CentroidViT:
+    """timm's builder for :class:`CentroidViT` (or a subclass, e.g. the baselines) with our checkpoint filter."""
     out_indices = kwargs.pop("out_indices", 3)
     return build_model_with_cfg(
-        CentroidViT,
+        model_cls or CentroidViT,
         variant,
         pretrained,
         pretrained_filter_fn=checkpoint_filter_fn,
