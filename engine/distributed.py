@@ -72,8 +72,13 @@ class DistributedContext:
         return gathered
 
     def destroy(self) -> None:
-        """Destroys the process group if this context created one."""
-        if self.is_distributed:
+        """Destroys the process group if this context created one.
+
+        All ranks meet at a barrier first: a rank that tears down gloo while its peer still sends (e.g. while rank 0
+        writes its files) can abort the peer with "terminate called without an active exception" (seen in CI).
+        """
+        if self.is_distributed and dist.is_initialized():
+            dist.barrier()
             dist.destroy_process_group()
 
 
