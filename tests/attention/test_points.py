@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from attention import points
+from attention import CentroidAttention, points
 from attention.points import farthest_point_sample, gather, interpolate, knn, nearest_upsample
 
 FPS_ALT = [
@@ -264,8 +264,16 @@ def test_bad_input_is_named(call, error: type[Exception], match: str) -> None:
         call()
 
 
-@pytest.mark.gpu
 def test_mismatched_devices_are_named() -> None:
+    # The meta device stands in for a second device on a CPU-only machine.
+    with pytest.raises(ValueError, match="query is on meta but ref is on cpu"):
+        knn(torch.rand(2, 4, 3, device="meta"), torch.rand(2, 5, 3), 2)
+    with pytest.raises(ValueError, match="centroids is on meta but x is on cpu"):
+        CentroidAttention(8, 2)(torch.rand(2, 10, 8), torch.rand(2, 4, 8, device="meta"))
+
+
+@pytest.mark.gpu
+def test_mismatched_cuda_devices_are_named() -> None:
     with pytest.raises(ValueError, match="device"):
         knn(torch.rand(2, 4, 3, device="cuda"), torch.rand(2, 5, 3), 2)
 
