@@ -13,6 +13,9 @@ discovery)::
   paper variants ``centroid_deit_{tiny,small}_{c6,c5_overlap,c7_overlap}_patch16_224``.
 * :mod:`vision.baselines`: the paper's baselines on the same skeleton, every block's mixer replaced:
   ``settrans_deit_{tiny,small}_patch16_224`` (ISAB) and ``linformer_deit_{tiny,small}_patch16_224``.
+* :mod:`vision.data`: ImageFolder trees through ``timm.data`` and the embedded synthetic image classes.
+* :mod:`vision.recipe`: DeiT's training recipe on timm's pipeline, run by ``tools/train_deit.py`` (import it
+  explicitly; ``import vision`` only registers the models).
 """
 
 from . import baselines, centroid_deit

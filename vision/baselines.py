@@ -18,6 +18,9 @@ params: 5.86 / 22.35 M vs the paper's 5.9 / 22.4 M) and ``proj_len=128`` (+12 x 
 
 from __future__ import annotations
 
+import logging
+import re
+
 import torch
 import torch.nn.functional as F
 from timm.layers import Attention, trunc_normal_
@@ -25,8 +28,11 @@ from timm.models import generate_default_cfgs, register_model
 from torch import Tensor, nn
 
 from .centroid_deit import _SMALL, _TINY, CentroidViT, _cfg, _create_centroid_deit
+from .centroid_deit import checkpoint_filter_fn as _deit_filter
 
-__all__ = ["InducedSetAttention", "LinformerAttention", "LinformerViT", "SetTransformerViT"]
+__all__ = ["InducedSetAttention", "LinformerAttention", "LinformerViT", "SetTransformerViT", "checkpoint_filter_fn"]
+
+_logger = logging.getLogger(__name__)
 
 
 def _heads(x: Tensor, H: int) -> Tensor:
@@ -112,6 +118,53 @@ class LinformerViT(CentroidViT):
         return LinformerAttention(self.embed_dim, self._num_heads, seq_len, self.proj_len, qkv_bias=self._qkv_bias)
 
 
+def _collapse(keys: list[str]) -> str:
+    """``blocks.0.attn.inducing, blocks.1.attn.inducing, ...`` -> ``blocks.*.attn.inducing (x12)``."""
+    counts: dict[str, int] = {}
+    for key in keys:
+        pattern = re.sub(r"^blocks\.\d+\.", "blocks.*.", key)
+        counts[pattern] = counts.get(pattern, 0) + 1
+    return ", ".join(f"{p} (x{n})" if n > 1 else p for p, n in counts.items())
+
+
+def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: CentroidViT) -> dict[str, Tensor]:
+    """Maps a DeiT state dict (timm's key layout) onto a baseline; parameters DeiT lacks keep the model's init.
+
+    The shared keys go through :func:`vision.centroid_deit.checkpoint_filter_fn` (position embedding resampled,
+    distillation token dropped). A key the model lacks is dropped, and one whose shape differs (e.g. the head for
+    another ``num_classes``) keeps the model's value; both are logged as warnings. The baseline-specific parameters
+    (inducing points, ``norm_h``, Linformer's ``proj_k`` / ``proj_v``) are logged at INFO.
+
+    Returns:
+        A complete state dict for ``model`` (``load_state_dict(..., strict=True)`` succeeds).
+    """
+    mapped = _deit_filter(state_dict, model)
+    target = model.state_dict()
+    dropped = [k for k in mapped if k not in target]
+    mismatched = [k for k in mapped if k in target and mapped[k].shape != target[k].shape]
+    out = {k: v for k, v in mapped.items() if k in target and k not in mismatched}
+    kept = [k for k in target if k not in out]
+    for key in kept:
+        out[key] = target[key]
+    not_loaded = [k for k in kept if k not in mismatched]
+    if not_loaded:
+        _logger.info("%s: not in the DeiT checkpoint, kept at init: %s", type(model).__name__, _collapse(not_loaded))
+    if mismatched:
+        _logger.warning(
+            "%s: shape differs from the checkpoint, kept at init: %s",
+            type(model).__name__,
+            ", ".join(f"{k} {tuple(mapped[k].shape)} vs {tuple(target[k].shape)}" for k in mismatched),
+        )
+    if dropped:
+        _logger.warning("%s: checkpoint keys with no place in the model, dropped: %s", type(model).__name__,
+                        _collapse(dropped))  # fmt: skip
+    return out
+
+
+def _create_baseline(variant: str, pretrained: bool, model_cls: type[CentroidViT], **kwargs) -> CentroidViT:
+    return _create_centroid_deit(variant, pretrained, model_cls=model_cls, filter_fn=checkpoint_filter_fn, **kwargs)
+
+
 default_cfgs = generate_default_cfgs(
     {
         "settrans_deit_tiny_patch16_224": _cfg(),
@@ -125,30 +178,22 @@ default_cfgs = generate_default_cfgs(
 @register_model
 def settrans_deit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> SetTransformerViT:
     """Set Transformer (ISAB, 64 inducing points) DeiT-tiny."""
-    return _create_centroid_deit(
-        "settrans_deit_tiny_patch16_224", pretrained, model_cls=SetTransformerViT, **dict(_TINY, **kwargs)
-    )
+    return _create_baseline("settrans_deit_tiny_patch16_224", pretrained, SetTransformerViT, **dict(_TINY, **kwargs))
 
 
 @register_model
 def settrans_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> SetTransformerViT:
     """Set Transformer (ISAB, 64 inducing points) DeiT-small."""
-    return _create_centroid_deit(
-        "settrans_deit_small_patch16_224", pretrained, model_cls=SetTransformerViT, **dict(_SMALL, **kwargs)
-    )
+    return _create_baseline("settrans_deit_small_patch16_224", pretrained, SetTransformerViT, **dict(_SMALL, **kwargs))
 
 
 @register_model
 def linformer_deit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> LinformerViT:
     """Linformer (k = 128) DeiT-tiny."""
-    return _create_centroid_deit(
-        "linformer_deit_tiny_patch16_224", pretrained, model_cls=LinformerViT, **dict(_TINY, **kwargs)
-    )
+    return _create_baseline("linformer_deit_tiny_patch16_224", pretrained, LinformerViT, **dict(_TINY, **kwargs))
 
 
 @register_model
 def linformer_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> LinformerViT:
     """Linformer (k = 128) DeiT-small."""
-    return _create_centroid_deit(
-        "linformer_deit_small_patch16_224", pretrained, model_cls=LinformerViT, **dict(_SMALL, **kwargs)
-    )
+    return _create_baseline("linformer_deit_small_patch16_224", pretrained, LinformerViT, **dict(_SMALL, **kwargs))

@@ -595,15 +595,20 @@ default_cfgs = generate_default_cfgs(
 
 
 def _create_centroid_deit(
-    variant: str, pretrained: bool = False, model_cls: type[CentroidViT] | None = None, **kwargs
+    variant: str,
+    pretrained: bool = False,
+    model_cls: type[CentroidViT] | None = None,
+    filter_fn: Callable[[dict[str, Tensor], CentroidViT], dict[str, Tensor]] | None = None,
+    **kwargs,
 ) -> CentroidViT:
-    """timm's builder for :class:`CentroidViT` (or a subclass, e.g. the baselines) with our checkpoint filter."""
+    """timm's builder for :class:`CentroidViT` (or a subclass, e.g. the baselines) with a checkpoint filter
+    (default :func:`checkpoint_filter_fn`)."""
     out_indices = kwargs.pop("out_indices", 3)
     return build_model_with_cfg(
         model_cls or CentroidViT,
         variant,
         pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
+        pretrained_filter_fn=filter_fn or checkpoint_filter_fn,
         feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
         **kwargs,
     )

@@ -313,3 +313,34 @@ def test_baseline_sweep(name):
     feats = _model(name, features_only=True, out_indices=(0, 11))(x)
     assert [f.shape for f in feats] == [(2, model.embed_dim, 4, 4)] * 2
     assert model.feature_info[11]["reduction"] == 16
+
+
+@pytest.mark.parametrize("name", ["settrans_deit_tiny_patch16_224", "linformer_deit_tiny_patch16_224"])
+def test_baseline_checkpoint_filter_loads_shared_deit_keys(name, deit_tiny, tmp_path, caplog):
+    from vision.baselines import checkpoint_filter_fn as baseline_filter
+
+    torch.manual_seed(2)
+    model = timm.create_model(name).eval()
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    with caplog.at_level("INFO", logger="vision.baselines"):
+        sd = baseline_filter(deit_tiny.state_dict(), model)
+    model.load_state_dict(sd, strict=True)
+    theirs = deit_tiny.state_dict()
+    own = {"inducing", "norm_h", "proj_k", "proj_v"}
+    for key, value in model.state_dict().items():
+        if any(f".attn.{o}" in key for o in own):
+            assert torch.equal(value, init[key]), key  # not in DeiT: kept at the model's init
+        else:
+            assert torch.equal(value, theirs[key]), key  # patch embed, pos embed, norms, qkv / proj, MLPs, head
+    expected = "blocks.*.attn.inducing (x12)" if "settrans" in name else "blocks.*.attn.proj_k.weight (x12)"
+    assert expected in caplog.text and "kept at init" in caplog.text
+    # Through timm's pretrained path, at another size and class count (head and grid differ from DeiT's)
+    path = tmp_path / "deit_tiny.pth"
+    torch.save(deit_tiny.state_dict(), path)
+    with caplog.at_level("INFO"):
+        other = timm.create_model(
+            name, pretrained=True, img_size=96, num_classes=7, pretrained_cfg_overlay=dict(file=str(path))
+        )
+    assert_close(other.blocks[3].mlp.fc1.weight, deit_tiny.blocks[3].mlp.fc1.weight)
+    assert other.pos_embed.shape == (1, 1 + 36, 192) and other.head.out_features == 7
+    assert torch.isfinite(other(_images(1, 96))).all()

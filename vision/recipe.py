@@ -1,0 +1,548 @@
+"""The DeiT training recipe on timm's pipeline: config, data, model, optimizer, schedule, EMA and evaluation, run by
+:mod:`engine`.
+
+``tools/train_deit.py`` is a thin CLI over :func:`train`. Every part that DeiT's ``main.py`` takes from timm comes from
+timm here too:
+
+* data: ``timm.data.create_transform`` (random resized crop, flip, RandAugment ``rand-m9-mstd0.5-inc1``, random
+  erasing, eval resize + centre crop at ``crop_pct``) on datasets from :mod:`vision.data` (``timm.data.create_dataset``
+  for ImageFolder trees, or the embedded synthetic images); ``timm.data.Mixup`` (mixup + cutmix with label
+  smoothing folded into the soft targets); ``timm.data.distributed_sampler.RepeatAugSampler`` for DeiT's repeated
+  augmentation under DDP;
+* ``timm.optim.create_optimizer_v2`` (AdamW; no weight decay on biases, norms, ``pos_embed`` and ``cls_token``) with
+  DeiT's linear scaling ``lr = lr * global_batch / 512``;
+* ``timm.scheduler.create_scheduler_v2`` (cosine with linear warmup), stepped as timm's ``train.py`` does
+  (``step(epoch + 1)`` after each epoch, ``step_update`` after each update);
+* ``timm.loss``: ``SoftTargetCrossEntropy`` with mixup / cutmix, ``LabelSmoothingCrossEntropy`` without;
+* ``timm.utils.ModelEmaV3`` (DeiT: decay 0.99996 per update, no warmup), evaluated beside the model every epoch.
+
+The engine's :class:`~engine.Trainer` runs the loop (tqdm, ``log.jsonl`` + TensorBoard, atomic ``last.pt`` with
+model, optimizer, scheduler, scaler, EMA and RNG state, ``best.pt`` on the best top-1, exact ``--resume``, AMP on
+CUDA, DDP). ``batch_size`` is the **global** batch (DeiT's per-GPU batch times the number of GPUs), split evenly over
+the ranks; so ``lr * batch_size / lr_base_size`` is DeiT's ``lr * batch_size_per_gpu * world_size / 512``.
+
+Resume determinism: augmentation (timm's transforms draw from Python's, NumPy's and torch's global RNGs) and mixup
+are drawn from RNGs that the Trainer reseeds from ``(seed, epoch, rank)`` at every epoch, DataLoader workers are
+seeded from the loader's generator (also reseeded), and workers are not persistent: a resumed run replays the
+remaining epochs exactly for the same number of ranks and workers.
+
+The dataclass defaults are the main job: a reduced centroid DeiT (64 px, patch 8, width 128, 4 blocks, the centroid
+block at index 2: 64 -> 16 patch tokens) trained for 8 epochs on 7,500 embedded synthetic images with a light version
+of the recipe (random resized crop, flip, colour jitter, label smoothing; no RandAugment, mixup, erasing or EMA, which
+slow a 940-step run down more than they help it), sized for a 2-core CPU in under 5 minutes
+(``configs/vision/synthetic_centroid_tiny.yaml`` spells the same values out; measured figure in the README).
+``configs/vision/deit_imagenet_base.yaml`` holds DeiT's ImageNet recipe that each paper row includes.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import timm
+import torch
+import torch.nn.functional as F
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD, Mixup, create_transform
+from timm.data.distributed_sampler import RepeatAugSampler
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from engine import (
+    DistributedContext,
+    Trainer,
+    atomic_write_text,
+    config_to_dict,
+    count_gmacs,
+    count_params,
+    init_distributed,
+    load_checkpoint,
+    to_jsonable,
+)
+
+from .data import build_dataset, patch_posterize  # importing vision (this package) registered the models in timm
+
+__all__ = ["DeiTConfig", "build_loaders", "build_model", "build_transforms", "evaluate", "train"]
+
+_logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DeiTConfig:
+    """Every knob of a DeiT run (defaults: the CPU main job on the embedded synthetic images)."""
+
+    name: str = "synthetic_centroid_tiny"
+    # model: any timm name (ours are registered by `import vision`); knobs left null keep the registered value
+    model: str = "centroid_deit_tiny_c6_patch16_224"
+    img_size: int = 64
+    patch_size: int | None = 8
+    embed_dim: int | None = 128
+    depth: int | None = 4
+    num_heads: int | None = 4
+    mlp_ratio: float | None = 2.0
+    centroid_index: int | None = 2
+    model_kwargs: dict = field(default_factory=dict)  # any other model kwarg, e.g. {num_inducing: 32}
+    drop_rate: float = 0.0
+    drop_path: float = 0.0
+    # data
+    dataset: Literal["synthetic", "imagefolder"] = "synthetic"
+    data_root: str | None = None
+    synthetic_classes: int = 10
+    synthetic_train_per_class: int = 750
+    synthetic_val_per_class: int = 100
+    synthetic_image_size: int = 64
+    workers: int = 0
+    # augmentation (timm.data.create_transform; train split only except crop_pct / interpolation / mean / std)
+    scale: tuple[float, float] = (0.5, 1.0)
+    ratio: tuple[float, float] = (0.75, 1.3333333333333333)
+    hflip: float = 0.5
+    color_jitter: float = 0.3  # ignored by timm when auto_augment is set
+    auto_augment: str | None = None  # DeiT: "rand-m9-mstd0.5-inc1"
+    interpolation: str = "bicubic"
+    reprob: float = 0.0
+    remode: str = "pixel"
+    recount: int = 1
+    crop_pct: float = 0.875
+    mean: tuple[float, float, float] = IMAGENET_DEFAULT_MEAN
+    std: tuple[float, float, float] = IMAGENET_DEFAULT_STD
+    aug_repeats: int = 0  # DeiT's repeated augmentation (3), under DDP only, as in DeiT
+    # mixup / cutmix (timm.data.Mixup); both 0 disables it
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    cutmix_minmax: tuple[float, float] | None = None
+    mixup_prob: float = 1.0
+    mixup_switch_prob: float = 0.5
+    mixup_mode: Literal["batch", "pair", "elem"] = "batch"
+    smoothing: float = 0.1
+    # optimization
+    epochs: int = 8
+    batch_size: int = 64  # global, split over the ranks
+    eval_batch_size: int = 256  # per rank
+    opt: str = "adamw"
+    opt_eps: float = 1e-8
+    opt_betas: tuple[float, float] | None = None
+    momentum: float = 0.9
+    lr: float = 8e-3  # at lr_base_size images per step; the run uses lr * batch_size / lr_base_size (1e-3 here)
+    lr_base_size: int = 512  # 0: no scaling
+    weight_decay: float = 0.05
+    sched: str = "cosine"
+    sched_on_updates: bool = True  # step the schedule per update instead of per epoch (DeiT: per epoch)
+    warmup_epochs: int = 1
+    warmup_lr: float = 1e-6
+    min_lr: float = 1e-5
+    cooldown_epochs: int = 0
+    grad_clip: float | None = None
+    # EMA of the weights (timm.utils.ModelEmaV3), evaluated every epoch beside the model
+    model_ema: bool = False
+    model_ema_decay: float = 0.99996
+    model_ema_warmup: bool = False
+    # runtime
+    amp: bool = True  # CUDA only; ignored on CPU
+    amp_dtype: Literal["bfloat16", "float16"] = "bfloat16"
+    log_every: int = 0
+    seed: int = 0
+
+
+MODEL_KNOBS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "centroid_index")
+
+
+def build_model(cfg: DeiTConfig, num_classes: int) -> nn.Module:
+    """``timm.create_model(cfg.model, ...)`` with the config's knobs; a knob the model does not take is named."""
+    kwargs = {k: getattr(cfg, k) for k in MODEL_KNOBS if getattr(cfg, k) is not None}
+    kwargs.update(cfg.model_kwargs)
+    try:
+        return timm.create_model(
+            cfg.model,
+            num_classes=num_classes,
+            img_size=cfg.img_size,
+            drop_rate=cfg.drop_rate,
+            drop_path_rate=cfg.drop_path,
+            **kwargs,
+        )
+    except TypeError as err:
+        if "unexpected keyword argument" not in str(err):
+            raise
+        raise ValueError(
+            f"model {cfg.model!r} does not take one of the config's model knobs {sorted(kwargs)} ({err}); "
+            "set the knobs it does not use to null"
+        ) from err
+    except RuntimeError as err:
+        if "Unknown model" not in str(err):
+            raise
+        raise ValueError(f"{err}; our models are {timm.list_models('*_deit_*_patch16_224')}") from err
+
+
+def build_transforms(cfg: DeiTConfig) -> tuple[Any, Any]:
+    """timm's train and eval transforms (PIL image -> normalized tensor) for ``cfg``."""
+    train_tf = create_transform(  # patch_posterize: RandAugment at Pillow >= 13 (see vision.data)
+        cfg.img_size,
+        is_training=True,
+        scale=cfg.scale,
+        ratio=cfg.ratio,
+        hflip=cfg.hflip,
+        color_jitter=cfg.color_jitter,
+        auto_augment=cfg.auto_augment,
+        interpolation=cfg.interpolation,
+        re_prob=cfg.reprob,
+        re_mode=cfg.remode,
+        re_count=cfg.recount,
+        mean=cfg.mean,
+        std=cfg.std,
+    )
+    patch_posterize(train_tf)
+    eval_tf = create_transform(
+        cfg.img_size,
+        is_training=False,
+        interpolation=cfg.interpolation,
+        crop_pct=cfg.crop_pct,
+        mean=cfg.mean,
+        std=cfg.std,
+    )
+    return train_tf, eval_tf
+
+
+def build_datasets(cfg: DeiTConfig, data_root: str | None = None, splits: tuple[str, ...] = ("train", "val")):
+    train_tf, eval_tf = build_transforms(cfg)
+    out = {}
+    for split in splits:
+        kwargs: dict[str, Any] = {}
+        if cfg.dataset == "synthetic":
+            per_class = cfg.synthetic_train_per_class if split == "train" else cfg.synthetic_val_per_class
+            kwargs = dict(
+                num_classes=cfg.synthetic_classes,
+                samples_per_class=per_class,
+                image_size=cfg.synthetic_image_size,
+                seed=cfg.seed,
+            )
+        tf = train_tf if split == "train" else eval_tf
+        out[split] = build_dataset(cfg.dataset, split, root=data_root or cfg.data_root, transform=tf, **kwargs)
+    return out
+
+
+def _per_rank_batch(cfg: DeiTConfig, ctx: DistributedContext) -> int:
+    if cfg.batch_size % ctx.world_size:
+        raise ValueError(
+            f"batch_size is the global batch and must divide evenly over {ctx.world_size} ranks, got {cfg.batch_size}"
+        )
+    per_rank = cfg.batch_size // ctx.world_size
+    if _mixup_active(cfg) and per_rank % 2:
+        raise ValueError(f"mixup / cutmix need an even batch per rank, got {per_rank} (batch_size={cfg.batch_size})")
+    return per_rank
+
+
+def build_loaders(cfg: DeiTConfig, ctx: DistributedContext, data_root: str | None = None):
+    """Train loader (shuffled, DDP- or repeated-augmentation-sampled, drop_last) and this rank's shard of val."""
+    sets = build_datasets(cfg, data_root)
+    train_set, val_set = sets["train"], sets["val"]
+    per_rank = _per_rank_batch(cfg, ctx)
+    if per_rank * ctx.world_size > len(train_set):
+        raise ValueError(f"batch_size {cfg.batch_size} exceeds the {len(train_set)} training images")
+    sampler = None
+    if ctx.world_size > 1:
+        if cfg.aug_repeats > 0:
+            sampler = RepeatAugSampler(train_set, ctx.world_size, ctx.rank, shuffle=True, num_repeats=cfg.aug_repeats)
+        else:
+            sampler = DistributedSampler(
+                train_set, ctx.world_size, ctx.rank, shuffle=True, seed=cfg.seed, drop_last=True
+            )
+    elif cfg.aug_repeats > 0:
+        _logger.warning(
+            "aug_repeats=%d is used under DDP only (as in DeiT): ignored in a single process", cfg.aug_repeats
+        )
+    pin = ctx.device.type == "cuda"
+    train_loader = DataLoader(
+        train_set,
+        batch_size=per_rank,
+        shuffle=sampler is None,
+        sampler=sampler,
+        num_workers=cfg.workers,
+        drop_last=True,
+        pin_memory=pin,
+        generator=torch.Generator(),
+    )
+    # Evaluation: contiguous, unpadded shards, so the summed counts are exact.
+    n = len(val_set)
+    shard = range(ctx.rank * n // ctx.world_size, (ctx.rank + 1) * n // ctx.world_size)
+    val_loader = DataLoader(
+        Subset(val_set, shard) if ctx.world_size > 1 else val_set,
+        batch_size=cfg.eval_batch_size,
+        shuffle=False,
+        num_workers=cfg.workers,
+        pin_memory=pin,
+    )
+    return train_loader, val_loader, train_set.num_classes
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, loader: DataLoader, device: torch.device, ctx: DistributedContext | None = None
+) -> dict[str, float]:
+    """Val loss, top-1 and top-5 accuracy (%) over all ranks' shards."""
+    model.eval()
+    totals = torch.zeros(4, dtype=torch.float64, device=device)  # loss sum, top-1 hits, top-5 hits, count
+    for images, targets in loader:
+        images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        logits = model(images).float()
+        top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices  # (B, 5)
+        hits = top == targets[:, None]
+        totals += torch.stack(
+            [
+                F.cross_entropy(logits, targets, reduction="sum").double(),
+                hits[:, 0].sum().double(),
+                hits.any(-1).sum().double(),
+                torch.tensor(float(targets.numel()), dtype=torch.float64, device=device),
+            ]
+        )
+    if ctx is not None:
+        ctx.all_reduce_sum(totals)
+    loss, top1, top5, count = totals.tolist()
+    count = max(count, 1.0)
+    return {"val_loss": loss / count, "top1": 100.0 * top1 / count, "top5": 100.0 * top5 / count}
+
+
+def _mixup_active(cfg: DeiTConfig) -> bool:
+    return cfg.mixup > 0 or cfg.cutmix > 0 or cfg.cutmix_minmax is not None
+
+
+def _mixup(cfg: DeiTConfig, num_classes: int) -> Mixup | None:
+    if not _mixup_active(cfg):
+        return None
+    return Mixup(
+        mixup_alpha=cfg.mixup,
+        cutmix_alpha=cfg.cutmix,
+        cutmix_minmax=cfg.cutmix_minmax,
+        prob=cfg.mixup_prob,
+        switch_prob=cfg.mixup_switch_prob,
+        mode=cfg.mixup_mode,
+        label_smoothing=cfg.smoothing,
+        num_classes=num_classes,
+    )
+
+
+def _criterion(cfg: DeiTConfig, mixup: Mixup | None) -> nn.Module:
+    if mixup is not None:
+        return SoftTargetCrossEntropy()  # smoothing is in the mixed targets
+    if cfg.smoothing > 0:
+        return LabelSmoothingCrossEntropy(smoothing=cfg.smoothing)
+    return nn.CrossEntropyLoss()
+
+
+def _scaled_lr(cfg: DeiTConfig, ctx: DistributedContext) -> float:
+    global_batch = _per_rank_batch(cfg, ctx) * ctx.world_size
+    return cfg.lr * global_batch / cfg.lr_base_size if cfg.lr_base_size > 0 else cfg.lr
+
+
+def _example(cfg: DeiTConfig, device: torch.device) -> torch.Tensor:
+    return torch.randn(1, 3, cfg.img_size, cfg.img_size, generator=torch.Generator().manual_seed(0)).to(device)
+
+
+def _ema_state_to_model(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``ModelEmaV3.state_dict()`` keys are ``module.<name>``; returns the plain model keys."""
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def _replica_digest(*modules: nn.Module) -> str:
+    h = hashlib.sha256()
+    for module in modules:
+        for name, tensor in module.state_dict().items():
+            h.update(name.encode())
+            h.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def check_replicas_in_sync(ctx: DistributedContext, *modules: nn.Module) -> str:
+    """Under DDP, checks that every rank holds bit-identical weights (model and EMA); returns the SHA-256 digest."""
+    digest = _replica_digest(*modules)
+    digests = ctx.all_gather_object(digest)
+    if len(set(digests)) != 1:
+        raise RuntimeError(f"DDP replicas diverged: weight digests per rank {[d[:12] for d in digests]}")
+    if ctx.world_size > 1:
+        _logger.info("DDP: weights identical on all %d ranks (sha256 %s)", ctx.world_size, digest[:16])
+    return digest
+
+
+def train(
+    cfg: DeiTConfig,
+    output_dir: str | Path,
+    *,
+    resume: str | None = None,
+    device: str = "auto",
+    data_root: str | None = None,
+    eval_only: bool = False,
+    checkpoint: str | None = None,
+    progress: bool = True,
+    max_steps_per_epoch: int | None = None,
+) -> dict[str, Any]:
+    """Trains (or evaluates) a DeiT-family model as configured; returns the final metrics.
+
+    Args:
+        cfg: the resolved config.
+        output_dir: the run folder (config.yaml, log.jsonl, tb/, last.pt, best.pt, final_metrics.json).
+        resume: ``None``, ``"auto"`` (the run folder's last.pt if present) or a checkpoint path.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; under torchrun each rank takes its local GPU.
+        data_root: overrides ``cfg.data_root``.
+        eval_only: evaluate ``checkpoint`` (default: the run folder's best.pt) and write eval_metrics.json.
+        checkpoint: the checkpoint to evaluate with ``eval_only`` (a Trainer checkpoint or a plain state dict).
+        progress: show tqdm bars.
+        max_steps_per_epoch: cut epochs short (smoke tests).
+    """
+    ctx = init_distributed(device)
+    out = _train(cfg, Path(output_dir), ctx, resume, data_root, eval_only, checkpoint, progress, max_steps_per_epoch)
+    ctx.destroy()  # on success only: after an error, a barrier here could wait forever for a rank stuck elsewhere
+    return out
+
+
+def _train(
+    cfg: DeiTConfig,
+    output_dir: Path,
+    ctx: DistributedContext,
+    resume: str | None,
+    data_root: str | None,
+    eval_only: bool,
+    checkpoint: str | None,
+    progress: bool,
+    max_steps_per_epoch: int | None,
+) -> dict[str, Any]:
+    torch.manual_seed(cfg.seed)
+    train_loader, val_loader, num_classes = build_loaders(cfg, ctx, data_root)
+    model = build_model(cfg, num_classes).to(ctx.device)
+    params = count_params(model)
+    gmacs = count_gmacs(model, _example(cfg, ctx.device))
+    _logger.info(
+        "model %s: %.3f M params, %.3f GMACs at %d px; %s: %d train / %d val images, %d classes",
+        cfg.model, params / 1e6, gmacs, cfg.img_size, cfg.dataset,
+        len(train_loader.dataset), len(getattr(val_loader.dataset, "dataset", val_loader.dataset)), num_classes,
+    )  # fmt: skip
+    amp = cfg.amp and ctx.device.type == "cuda"
+    amp_dtype = torch.bfloat16 if cfg.amp_dtype == "bfloat16" else torch.float16
+    info = dict(params=params, gmacs=gmacs, model=cfg.model, dataset=cfg.dataset, img_size=cfg.img_size)
+
+    if eval_only:
+        return _evaluate_checkpoint(cfg, model, val_loader, ctx, output_dir, checkpoint, amp, amp_dtype, info)
+
+    ema = ModelEmaV3(model, decay=cfg.model_ema_decay, use_warmup=cfg.model_ema_warmup) if cfg.model_ema else None
+    lr = _scaled_lr(cfg, ctx)
+    opt_kwargs: dict[str, Any] = {"eps": cfg.opt_eps}
+    if cfg.opt_betas is not None:
+        opt_kwargs["betas"] = cfg.opt_betas
+    optimizer = create_optimizer_v2(
+        model, opt=cfg.opt, lr=lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum, **opt_kwargs
+    )
+    updates_per_epoch = len(train_loader)
+    if max_steps_per_epoch is not None:
+        updates_per_epoch = min(updates_per_epoch, max_steps_per_epoch)
+    scheduler, num_epochs = create_scheduler_v2(
+        optimizer,
+        sched=cfg.sched,
+        num_epochs=cfg.epochs,
+        min_lr=cfg.min_lr,
+        warmup_lr=cfg.warmup_lr,
+        warmup_epochs=cfg.warmup_epochs,
+        cooldown_epochs=cfg.cooldown_epochs,
+        step_on_epochs=not cfg.sched_on_updates,
+        updates_per_epoch=updates_per_epoch,
+    )
+    _logger.info(
+        "%s lr %.3g (= %.3g x global batch %d / %d), %s schedule over %d epochs, %s%s",
+        cfg.opt, lr, cfg.lr, cfg.batch_size, cfg.lr_base_size, cfg.sched, num_epochs,
+        "mixup/cutmix" if _mixup_active(cfg) else "no mixup",
+        f", EMA {cfg.model_ema_decay}" if ema is not None else "",
+    )  # fmt: skip
+    mixup = _mixup(cfg, num_classes)
+    criterion = _criterion(cfg, mixup)
+
+    def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):
+        images, targets = batch
+        soft = targets
+        if mixup is not None:
+            images, soft = mixup(images, targets)
+        logits = m(images)
+        loss = criterion(logits.float(), soft)
+        with torch.no_grad():  # train accuracy against the unmixed labels
+            top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+            hits = (top == targets[:, None]).float()
+        return loss, {"top1": 100.0 * hits[:, 0].mean(), "top5": 100.0 * hits.any(-1).float().mean()}
+
+    def eval_fn(m: nn.Module, epoch: int) -> dict[str, float]:
+        metrics = evaluate(m, val_loader, ctx.device, ctx)
+        if ema is not None:
+            ema_metrics = evaluate(ema.module, val_loader, ctx.device, ctx)
+            metrics.update({f"ema_{k}": v for k, v in ema_metrics.items()})
+        return metrics
+
+    trainer = Trainer(
+        model=model,
+        optimizer=optimizer,
+        train_loader=train_loader,
+        loss_fn=loss_fn,
+        evaluate_fn=eval_fn,
+        run_dir=output_dir,
+        epochs=num_epochs,
+        ctx=ctx,
+        scheduler=scheduler,
+        amp=amp,
+        amp_dtype=amp_dtype,
+        grad_clip=cfg.grad_clip,
+        seed=cfg.seed,
+        monitor="top1",
+        monitor_mode="max",
+        config=config_to_dict(cfg),
+        progress=progress,
+        log_every=cfg.log_every,
+        max_steps_per_epoch=max_steps_per_epoch,
+        ema=ema,
+    )
+    final = trainer.fit(resume=resume)
+    check_replicas_in_sync(ctx, trainer.module, *([ema] if ema is not None else []))
+    final.update(lr_scaled=lr, **info)
+    if ctx.is_main:
+        save_json(output_dir / "final_metrics.json", final)
+    ctx.barrier()
+    return final
+
+
+def _evaluate_checkpoint(
+    cfg: DeiTConfig,
+    model: nn.Module,
+    val_loader: DataLoader,
+    ctx: DistributedContext,
+    output_dir: Path,
+    checkpoint: str | None,
+    amp: bool,
+    amp_dtype: torch.dtype,
+    info: dict[str, Any],
+) -> dict[str, Any]:
+    path = Path(checkpoint) if checkpoint else output_dir / "best.pt"
+    state = load_checkpoint(path)
+    try:
+        model.load_state_dict(state["model"] if "model" in state else state)
+    except RuntimeError as err:
+        raise ValueError(
+            f"{path} does not fit the model this config builds ({cfg.model}; {err}); evaluate with the config it was "
+            f"trained with, e.g. --config {path.parent / 'config.yaml'}"
+        ) from err
+    with torch.autocast(ctx.device.type, dtype=amp_dtype) if amp else nullcontext():
+        metrics = evaluate(model, val_loader, ctx.device, ctx)
+        if state.get("ema") is not None:
+            ema_model = copy.deepcopy(model)
+            ema_model.load_state_dict(_ema_state_to_model(state["ema"]))
+            metrics.update({f"ema_{k}": v for k, v in evaluate(ema_model, val_loader, ctx.device, ctx).items()})
+    metrics.update(checkpoint=str(path), epochs=state.get("epoch"), **info)
+    if ctx.is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        save_json(output_dir / "eval_metrics.json", metrics)
+    ctx.barrier()
+    return metrics
+
+
+def save_json(path: Path, obj: dict) -> None:
+    atomic_write_text(path, json.dumps(to_jsonable(obj), indent=2) + "\n")
