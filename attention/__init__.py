@@ -21,6 +21,7 @@ from .centroid import (
     SelfAttentionBlock,
     build_centroid_init,
     centroid_attention,
+    edge_projection,
 )
 from .points import (
     FPS_BACKENDS,
@@ -56,6 +57,7 @@ __all__ = [
     "SelfAttentionBlock",
     "build_centroid_init",
     "centroid_attention",
+    "edge_projection",
     "farthest_point_sample",
     "gather",
     "input_checks",
