@@ -152,9 +152,7 @@ class _VandermondeMix(torch.autograd.Function):
         return gq, gk, gv, None, None, None
 
 
-def vandermonde_mix(
-    q: Tensor, k: Tensor, v: Tensor, freq: float, chunk: int | None = None, d_group: int = 8
-) -> Tensor:
+def vandermonde_mix(q: Tensor, k: Tensor, v: Tensor, freq: float, chunk: int | None = None, d_group: int = 8) -> Tensor:
     """``y_i = sum_j (sum_d cos(2 pi freq q_id j) - cos(2 pi freq k_jd i)) v_j`` in real arithmetic, chunked.
 
     Args:
@@ -238,9 +236,7 @@ def _causal_scan(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor, inclusive: bool
     return y.reshape(B, H, n * T, Dv)[:, :, :L]
 
 
-def quasiseparable_mix(
-    q: Tensor, k: Tensor, v: Tensor, log_fwd: Tensor, log_bwd: Tensor, chunk: int = 64
-) -> Tensor:
+def quasiseparable_mix(q: Tensor, k: Tensor, v: Tensor, log_fwd: Tensor, log_bwd: Tensor, chunk: int = 64) -> Tensor:
     """Hydra's bidirectional quasiseparable mixer ``y = M v`` with (before any scaling of q)::
 
         m_ij = (q_i . k_j) prod_{t=j+1}^{i} a_t      i >= j   (forward scan, the diagonal included)

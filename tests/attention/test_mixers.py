@@ -29,7 +29,7 @@ def test_efficient_path_matches_dense_matrix(name: str, data_dependent: bool) ->
     params = [p for p in m.parameters() if p.requires_grad]
     g1 = torch.autograd.grad((out * w).sum(), [x, *params], allow_unused=True)
     g2 = torch.autograd.grad((ref * w).sum(), [x, *params], allow_unused=True)
-    for (a, b), p in zip(zip(g1, g2), [x, *params]):
+    for a, b in zip(g1, g2):
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(a, b)
@@ -95,7 +95,7 @@ class _LargestTensor(TorchDispatchMode):
         super().__init__()
         self.largest = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
