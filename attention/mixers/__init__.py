@@ -15,6 +15,7 @@ from functools import partial
 from torch import nn
 
 from ..fsat import FourierAttention, FourierSparseAttention
+from .block import MixerBlock
 from .functional import cauchy_mix, quasiseparable_mix, toeplitz_mix, vandermonde_mix
 from .structured import (
     MATRIX_MIXERS,
@@ -34,6 +35,7 @@ __all__ = [
     "CauchyMatrix",
     "LowRankMatrix",
     "MatrixMixer",
+    "MixerBlock",
     "QuasiseparableMatrix",
     "SoftmaxMatrix",
     "ToeplitzMatrix",

@@ -272,14 +272,15 @@ class MatrixMixer(nn.Module):
         G = self.matrix.num_gates
         if data_dependent:
             self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-            self.gate = nn.Linear(dim, H * G) if G else None
+            # gates start near sigmoid(3) = 0.95 (a decay that reaches a few dozen tokens); the bias is a parameter
+            # of its own so that model-wide Linear inits (timm's zero biases) keep it
+            self.gate = nn.Linear(dim, H * G, bias=False) if G else None
+            self.gate_bias = nn.Parameter(torch.full((H * G,), 3.0)) if G else None
         else:
             self.v = nn.Linear(dim, dim, bias=qkv_bias)
             self.q_param = nn.Parameter(torch.randn(1, H, max_len, D))  # (1, H, L_max, D)
             self.k_param = nn.Parameter(torch.randn(1, H, max_len, D))
-            self.gate_param = nn.Parameter(torch.zeros(1, H, max_len, G)) if G else None
-        if G:  # gates start near sigmoid(3) = 0.95: a decay that reaches a few dozen tokens
-            nn.init.constant_(self.gate.bias if data_dependent else self.gate_param, 3.0)
+            self.gate_param = nn.Parameter(torch.full((1, H, max_len, G), 3.0)) if G else None
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
@@ -292,7 +293,9 @@ class MatrixMixer(nn.Module):
         H, D = self.num_heads, self.head_dim
         if self.data_dependent:
             q, k, v = self.qkv(x).view(B, L, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, L, D) each
-            g = self.gate(x).view(B, L, H, -1).transpose(1, 2) if self.gate is not None else None  # (B, H, L, G)
+            g = None
+            if self.gate is not None:
+                g = (self.gate(x) + self.gate_bias).view(B, L, H, -1).transpose(1, 2)  # (B, H, L, G)
             return q, k, v, g
         if L > self.max_len:
             raise ValueError(f"sequence length L={L} exceeds max_len={self.max_len} of the non-data-dependent twin")
