@@ -132,7 +132,7 @@ def sparse_edge_attention(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Te
 
     Key j of head h owns E edges ``j -> idx[b, h, j, e]`` (a query position; ``< 0`` marks an absent edge). For query
     i, ``o_i = sum_{e -> i} softmax_{e -> i}(q_i . k_j / sqrt(D)) * conf_e * v_j``; a query no edge reaches gets 0.
-    Gather / scatter over a flat ``(B H L)`` axis: O(L E D) time and memory.
+    Gather / scatter over a flat ``(B H L)`` axis: O(L E D) time, O(L E + L D) memory (chunked blocks).
 
     Args:
         q, k, v: ``(B, H, L, D)``.
@@ -149,23 +149,90 @@ def sparse_edge_attention(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Te
     if input_checks_enabled() and idx.numel() and int(idx.max()) >= L:
         raise ValueError(f"idx must hold query positions < L = {L} (or < 0 for no edge), got max {int(idx.max())}")
     acc = torch.promote_types(q.dtype, torch.float32)  # softmax in float32 (or float64) even for bf16 inputs
-    valid = idx >= 0  # (B, H, L, E)
+    N = B * H * L
+    valid = (idx >= 0).reshape(N, E)
     base = torch.arange(B * H, device=q.device).view(B, H, 1, 1) * L
-    flat = (base + idx.clamp_min(0)).reshape(-1)  # (B H L E,) into the flat (B H L) query axis
-    q_e = q.reshape(B * H * L, D).index_select(0, flat).view(B, H, L, E, D)  # query of each edge
-    scores = (q_e * k.unsqueeze(3)).sum(-1).to(acc) / math.sqrt(D)  # (B, H, L, E)
+    flat = (base + idx.clamp_min(0)).reshape(-1)  # (N E,): the query row of every edge in the flat (B H L) axis
+    chunk = max(1, _EDGE_CHUNK_BYTES // max(1, E * D * q.element_size()))
+    q2, k2, v2 = q.reshape(N, D), k.reshape(N, D), v.reshape(N, D)  # row r = key r's (b, h, j)
+    scores = _EdgeDot.apply(q2, k2, flat, chunk).to(acc) / math.sqrt(D)  # (N, E)
     scores = scores.masked_fill(~valid, float("-inf"))
     # Stable softmax over the edges of each query: subtract the per-query max (a constant: no gradient needed).
-    mx = torch.full((B * H * L,), float("-inf"), device=q.device, dtype=acc).scatter_reduce(
+    mx = torch.full((N,), float("-inf"), device=q.device, dtype=acc).scatter_reduce(
         0, flat, scores.detach().reshape(-1), reduce="amax", include_self=True
     )
     mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
-    ex = torch.exp(scores - mx.index_select(0, flat).view(B, H, L, E))  # 0 on absent edges
-    denom = torch.zeros(B * H * L, device=q.device, dtype=acc).index_add(0, flat, ex.reshape(-1))
-    w = ex / denom.index_select(0, flat).view(B, H, L, E).clamp_min(1e-30) * conf.to(acc)  # (B, H, L, E)
-    msg = (w.to(v.dtype).unsqueeze(-1) * v.unsqueeze(3)).reshape(B * H * L * E, D)  # weighted value of each edge
-    out = torch.zeros(B * H * L, D, device=q.device, dtype=v.dtype).index_add(0, flat, msg)
-    return out.view(B, H, L, D)
+    ex = torch.exp(scores - mx.index_select(0, flat).view(N, E))  # 0 on absent edges
+    denom = torch.zeros(N, device=q.device, dtype=acc).index_add(0, flat, ex.reshape(-1))
+    w = ex / denom.index_select(0, flat).view(N, E).clamp_min(1e-30) * conf.reshape(N, E).to(acc)  # (N, E)
+    return _EdgeScatter.apply(w.to(v.dtype), v2, flat, chunk).view(B, H, L, D)
+
+
+_EDGE_CHUNK_BYTES = 16 * 2**20  # scratch of the gathered (rows, E, D) blocks
+
+
+class _EdgeDot(torch.autograd.Function):
+    """``s[r, e] = q[flat[r E + e]] . k[r]``, gathering the queries of one chunk of key rows at a time (forward and
+    backward), so no ``(N, E, D)`` tensor is kept."""
+
+    @staticmethod
+    def forward(ctx, q2: Tensor, k2: Tensor, flat: Tensor, chunk: int) -> Tensor:
+        N, D = k2.shape
+        E = flat.numel() // max(N, 1)
+        out = q2.new_empty(N, E)
+        for r0 in range(0, N, chunk):
+            r1 = min(N, r0 + chunk)
+            qe = q2.index_select(0, flat[r0 * E : r1 * E]).view(r1 - r0, E, D)
+            out[r0:r1] = (qe @ k2[r0:r1].unsqueeze(-1)).squeeze(-1)
+        ctx.save_for_backward(q2, k2, flat)
+        ctx.chunk, ctx.E = chunk, E
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> tuple[Tensor | None, ...]:
+        q2, k2, flat = ctx.saved_tensors
+        chunk, E = ctx.chunk, ctx.E
+        N, D = k2.shape
+        g = g.to(q2.dtype)
+        gq, gk = torch.zeros_like(q2), torch.empty_like(k2)
+        for r0 in range(0, N, chunk):
+            r1 = min(N, r0 + chunk)
+            fl = flat[r0 * E : r1 * E]
+            qe = q2.index_select(0, fl).view(r1 - r0, E, D)
+            gk[r0:r1] = (g[r0:r1].unsqueeze(1) @ qe).squeeze(1)
+            gq.index_add_(0, fl, (g[r0:r1].unsqueeze(-1) * k2[r0:r1].unsqueeze(1)).reshape(-1, D))
+        return gq, gk, None, None
+
+
+class _EdgeScatter(torch.autograd.Function):
+    """``out[flat[r E + e]] += w[r, e] v[r]`` (index_add), one chunk of key rows at a time (forward and backward)."""
+
+    @staticmethod
+    def forward(ctx, w: Tensor, v2: Tensor, flat: Tensor, chunk: int) -> Tensor:
+        N, D = v2.shape
+        E = w.shape[1]
+        out = torch.zeros_like(v2)
+        for r0 in range(0, N, chunk):
+            r1 = min(N, r0 + chunk)
+            out.index_add_(0, flat[r0 * E : r1 * E], (w[r0:r1].unsqueeze(-1) * v2[r0:r1].unsqueeze(1)).reshape(-1, D))
+        ctx.save_for_backward(w, v2, flat)
+        ctx.chunk = chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, gout: Tensor) -> tuple[Tensor | None, ...]:
+        w, v2, flat = ctx.saved_tensors
+        chunk = ctx.chunk
+        N, D = v2.shape
+        E = w.shape[1]
+        gout = gout.to(v2.dtype)
+        gw, gv = torch.empty_like(w), torch.empty_like(v2)
+        for r0 in range(0, N, chunk):
+            r1 = min(N, r0 + chunk)
+            ge = gout.index_select(0, flat[r0 * E : r1 * E]).view(r1 - r0, E, D)  # output gradient at each edge
+            gw[r0:r1] = (ge @ v2[r0:r1].unsqueeze(-1)).squeeze(-1)
+            gv[r0:r1] = (w[r0:r1].unsqueeze(1) @ ge).squeeze(1)
+        return gw, gv, None, None
 
 
 def sparse_edge_attention_reference(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Tensor) -> Tensor:

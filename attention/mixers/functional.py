@@ -44,8 +44,8 @@ def _cauchy_block(a_c: Tensor, b: Tensor, d_group: int) -> Tensor:
     """``m_ij = sum_d 1 / (a_id + b_jd)`` for the rows of ``a_c`` ``(B, H, c, D)``: ``(B, H, c, L)``."""
     m = None
     for d0 in range(0, a_c.shape[-1], d_group):
-        r = (a_c[..., :, None, d0 : d0 + d_group] + b[..., None, :, d0 : d0 + d_group]).reciprocal()  # (B,H,c,L,g)
-        m = r.sum(-1) if m is None else m + r.sum(-1)
+        r = (a_c[..., :, None, d0 : d0 + d_group] + b[..., None, :, d0 : d0 + d_group]).reciprocal_()  # (B,H,c,L,g)
+        m = r.sum(-1) if m is None else m.add_(r.sum(-1))
     return m
 
 
@@ -66,14 +66,16 @@ class _CauchyMix(torch.autograd.Function):
         ga, gb, gv = torch.zeros_like(a), torch.zeros_like(b), torch.zeros_like(v)
         for i0 in range(0, a.shape[2], chunk):
             a_c, gy_c = a[:, :, i0 : i0 + chunk], gy[:, :, i0 : i0 + chunk]
-            gv += _cauchy_block(a_c, b, d_group).transpose(-1, -2) @ gy_c  # (B, H, L, Dv)
-            g = gy_c @ v.transpose(-1, -2)  # (B, H, c, L): dLoss / dm_ij
+            g = (gy_c @ v.transpose(-1, -2)).unsqueeze(-1)  # (B, H, c, L, 1): dLoss / dm_ij
+            m = None
             for d0 in range(0, a.shape[-1], d_group):
                 d1 = d0 + d_group
-                r = (a_c[..., :, None, d0:d1] + b[..., None, :, d0:d1]).reciprocal()  # (B, H, c, L, g)
-                t = g.unsqueeze(-1) * r * r  # d m_ij / d a_id = d m_ij / d b_jd = -r^2
+                r = (a_c[..., :, None, d0:d1] + b[..., None, :, d0:d1]).reciprocal_()  # (B, H, c, L, g)
+                m = r.sum(-1) if m is None else m.add_(r.sum(-1))
+                t = r.square_().mul_(g)  # d m_ij / d a_id = d m_ij / d b_jd = -r^2 (r is not needed after this)
                 ga[:, :, i0 : i0 + chunk, d0:d1] = -t.sum(3)
                 gb[..., d0:d1] -= t.sum(2)
+            gv += m.transpose(-1, -2) @ gy_c  # (B, H, L, Dv)
         return ga, gb, gv, None, None
 
 

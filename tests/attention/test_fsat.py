@@ -66,9 +66,12 @@ def _edges(B: int, H: int, L: int, E: int, seed: int) -> tuple[torch.Tensor, tor
     return idx, conf
 
 
+@pytest.mark.parametrize("rows_per_chunk", [3, None])
 @pytest.mark.parametrize("L", [1, 13])
-def test_sparse_attention_matches_dense_reference(L: int) -> None:
+def test_sparse_attention_matches_dense_reference(L: int, rows_per_chunk: int | None, monkeypatch) -> None:
     B, H, D, E = 2, 3, 5, 6
+    if rows_per_chunk:  # several chunks of key rows in the gather / scatter functions
+        monkeypatch.setattr(fsat, "_EDGE_CHUNK_BYTES", rows_per_chunk * E * D * 8)
     idx, conf = _edges(B, H, L, E, seed=L)
     q, k, v = (torch.randn(B, H, L, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
     conf.requires_grad_(True)
