@@ -22,8 +22,10 @@ autocast (bf16 has 8 mantissa bits: a sum of L products would lose all of them).
       a_e = softmax_{e -> i}( q_i . k_j(e) / sqrt(D) )        o_i = sum_{e -> i} a_e * s_e * v_j(e)
 
   computed with gather / scatter (``index_select``, ``index_add``, ``scatter_reduce(amax)`` for the stable softmax):
-  O(L M D) time and memory, never an ``L x L`` matrix. The gradient reaching the confidences is clamped to
-  (-inf, 0] (paper's gradient truncation, :class:`TruncateGrad`); the index head learns only through them.
+  O(L M D) time, O(L M + L D) memory (two small autograd functions gather the ``(keys, E, D)`` blocks one chunk of
+  keys at a time, in the forward and again in the backward pass), never an ``L x L`` matrix. The gradient reaching
+  the confidences is clamped to (-inf, 0] (paper's gradient truncation, :class:`TruncateGrad`); the index head
+  learns only through them.
   Inference uses the predicted edges only and is deterministic.
 
 Choices the paper leaves open (documented deviations):
