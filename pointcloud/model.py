@@ -34,7 +34,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from attention import CentroidBlock, SelfAttentionBlock, input_checks, knn, nearest_upsample
+from attention import CentroidBlock, MixerBlock, SelfAttentionBlock, build_mixer, input_checks, knn, nearest_upsample
 from attention._checks import check_points
 from attention.centroid import resolve_num_centroids
 
@@ -109,6 +109,12 @@ class CentroidTransformer(PointClassifier):
         fuse_dim: width of the per-point fusion layer (its max and mean pools feed the head).
         head_dims: hidden widths of the 3-layer head.
         drop: dropout in the head.
+        mixer: None (default): the SA blocks attend over each point's K nearest points in xyz. A name from
+            :data:`attention.MIXERS` (``"softmax"``, ``"hydra"``, ``"fsat"``, ...) replaces that KNN attention in both
+            SA blocks by a global sequence mixer over all points of the stage (a :class:`attention.MixerBlock`).
+            Points have no order: Toeplitz, Vandermonde, Hydra and FSAT mix in the order the points arrive (input
+            order, then FPS order); softmax, linear and Cauchy are permutation-equivariant.
+        mixer_kwargs: extra arguments of :func:`attention.build_mixer` (``max_len`` for ``fsat`` and the twins).
 
     Shapes:
         points: ``(B, N, in_channels)``; output logits ``(B, num_classes)``.
@@ -129,6 +135,8 @@ class CentroidTransformer(PointClassifier):
         fuse_dim: int = 512,
         head_dims: Sequence[int] = (512, 256),
         drop: float = 0.5,
+        mixer: str | None = None,
+        mixer_kwargs: dict | None = None,
     ) -> None:
         super().__init__()
         if in_channels < 3:
@@ -153,12 +161,12 @@ class CentroidTransformer(PointClassifier):
         )
         self.blocks = nn.ModuleList(
             [
-                SelfAttentionBlock(widths[0], num_neighbors=num_neighbors, **block()),
+                self._sa_block(widths[0], num_neighbors, mixer, mixer_kwargs, block()),
                 CentroidBlock(
                     widths[1], init, init_kwargs(num_centroids[0]), num_neighbors=num_neighbors,
                     num_steps=num_steps, **block(),
                 ),
-                SelfAttentionBlock(widths[2], num_neighbors=num_neighbors, **block()),
+                self._sa_block(widths[2], num_neighbors, mixer, mixer_kwargs, block()),
                 CentroidBlock(
                     widths[3], init, init_kwargs(num_centroids[1]), num_neighbors=num_neighbors,
                     num_steps=num_steps, **block(),
@@ -176,6 +184,14 @@ class CentroidTransformer(PointClassifier):
         self.fuse = nn.Sequential(nn.Linear(sum(widths), fuse_dim, bias=False), PointBatchNorm(fuse_dim), act())
         self.head_hidden = classifier_head(self.num_features, head_dims, act, drop)
         self.head = nn.Linear(head_dims[-1] if head_dims else self.num_features, num_classes)
+
+    @staticmethod
+    def _sa_block(dim: int, num_neighbors: int, mixer: str | None, mixer_kwargs: dict | None, kw: dict) -> nn.Module:
+        """An SA block: KNN self-attention, or a global :class:`MixerBlock` with the named sequence mixer."""
+        if mixer is None:
+            return SelfAttentionBlock(dim, num_neighbors=num_neighbors, **kw)
+        mixer_module = build_mixer(mixer, dim, num_heads=kw["num_heads"], **(mixer_kwargs or {}))
+        return MixerBlock(dim, mixer_module, mlp_ratio=kw["mlp_ratio"], act_layer=kw["act_layer"])
 
     def stage_sizes(self, num_points: int) -> tuple[int, int]:
         """(N1, N2): the centroid counts of the two centroid blocks for clouds of ``num_points`` points."""
@@ -207,6 +223,8 @@ class CentroidTransformer(PointClassifier):
                 if isinstance(block, SelfAttentionBlock):
                     _, nbr = knn(cur_pos, cur_pos, self.num_neighbors)  # (B, n, K) in xyz
                     x = block(x, neighbor_idx=nbr)
+                elif isinstance(block, MixerBlock):
+                    x = block(x)  # global sequence mixer over the stage's points
                 else:
                     x, cur_pos, _ = block(x, pos=cur_pos)
                 # Back to the N input points by nearest neighbour in xyz.

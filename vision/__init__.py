@@ -13,9 +13,12 @@ discovery)::
   paper variants ``centroid_deit_{tiny,small}_{c6,c5_overlap,c7_overlap}_patch16_224``.
 * :mod:`vision.baselines`: the paper's baselines on the same skeleton, every block's mixer replaced:
   ``settrans_deit_{tiny,small}_patch16_224`` (ISAB) and ``linformer_deit_{tiny,small}_patch16_224``.
+* :mod:`vision.mixer_deit`: DeiTs whose every block uses a sequence mixer of :mod:`attention.mixers`:
+  ``{fsat,fat,hydra,cauchy,vandermonde,toeplitz}_deit_{tiny,small}_patch16_224``. The centroid DeiTs also take
+  ``mixer=<name>`` (e.g. ``timm.create_model("centroid_deit_tiny_c6_patch16_224", mixer="cauchy")``).
 """
 
-from . import baselines, centroid_deit
+from . import baselines, centroid_deit, mixer_deit
 from .centroid_deit import CentroidViT, checkpoint_filter_fn
 
-__all__ = ["CentroidViT", "baselines", "centroid_deit", "checkpoint_filter_fn"]
+__all__ = ["CentroidViT", "baselines", "centroid_deit", "checkpoint_filter_fn", "mixer_deit"]
