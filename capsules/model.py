@@ -31,6 +31,10 @@ Where we deviate from the reference code, and why:
   ``sqrt(|s|^2 + eps)``.
 * **Latent sizes by keyword.** The reference script passes the latent capsule count as the latent vector size and
   builds 12 x 12 latent capsules when asked for 12 x 128; here both are separate keyword arguments.
+* **Primary capsules without the (B, 16 P, N) tensor.** The max over points of BatchNorm(Conv1d) is computed from
+  the arg-max points and the features' mean and covariance (:func:`fused_conv_bn_max`): the same values and
+  gradients as Conv1d -> BatchNorm1d -> max (kept as ``primary_backend="torch"`` and tested against it), without
+  the network's largest activation (1 GB at B = 8, 2048 points, 1024 x 16 capsules).
 * **Batched branches.** The 16 primary branches are one Conv1d(128 -> 16 P) (same weights, the branches are
   channel slices) and the H decoder heads are grouped convolutions (``groups=H``), each group exactly one head's
   PointGenCon; BatchNorm is per channel in both cases, so this is the reference's computation without Python loops
@@ -55,7 +59,9 @@ from attention._checks import check_points
 from attention.centroid import LinearInit
 
 __all__ = [
+    "FUSED_CHUNK_BYTES",
     "LATENT_LAYERS",
+    "PRIMARY_BACKENDS",
     "MODELS",
     "CapsuleDecoder",
     "CentroidCapsules",
@@ -64,6 +70,7 @@ __all__ = [
     "PrimaryCapsules",
     "create_model",
     "dynamic_routing",
+    "fused_conv_bn_max",
     "list_models",
     "register_model",
     "squash",
@@ -108,6 +115,58 @@ def dynamic_routing(u_hat: Tensor, num_iterations: int = 3) -> Tensor:
     return v
 
 
+PRIMARY_BACKENDS = ("fused", "torch")
+
+# Tile budget of the arg-max search in fused_conv_bn_max, in bytes.
+FUSED_CHUNK_BYTES = 32 * 2**20
+
+
+def fused_conv_bn_max(x: Tensor, conv: nn.Conv1d, bn: nn.BatchNorm1d, chunk_bytes: int = FUSED_CHUNK_BYTES) -> Tensor:
+    """``bn(conv(x)).amax(-1)`` for a kernel-1 Conv1d, without keeping the ``(B, C, N)`` output for backward.
+
+    BatchNorm is a per-channel affine map ``a_c y + b_c`` with ``a_c = gamma_c / sqrt(var_c + eps)``, so its max over
+    the points is taken at the arg-max of ``y_c`` where ``a_c >= 0`` and at the arg-min where ``a_c < 0``. The batch
+    statistics of ``y = W f + w0`` follow from those of the features f: ``mean = W mu_f + w0``,
+    ``var = diag(W Sigma_f W^T)`` (biased, as BatchNorm normalizes with). So: (1) mu_f and Sigma_f (Cin x Cin),
+    differentiable; (2) the arg-max/min over N of ``sign(a_c) (W f)_c`` without autograd, in channel tiles of at most
+    ``chunk_bytes``; (3) ``y`` recomputed with autograd at the selected points only, ``(B, C, Cin)`` gathered
+    features. Running statistics are updated as ``nn.BatchNorm1d`` does (unbiased variance). Gradients equal the
+    reference's: the gradient of a max flows to its arg-max (ties aside).
+
+    Shapes:
+        x: ``(B, Cin, N)``; output: ``(B, C)``.
+    """
+    B, Cin, N = x.shape
+    weight, bias = conv.weight[:, :, 0], conv.bias  # (C, Cin), (C,)
+    C = weight.shape[0]
+    if bn.training or not bn.track_running_stats:
+        flat = x.transpose(1, 2).reshape(B * N, Cin)  # (B N, Cin)
+        mu = flat.mean(0)
+        centred = flat - mu
+        cov = centred.T @ centred / (B * N)  # (Cin, Cin)
+        mean = weight @ mu + bias
+        var = ((weight @ cov) * weight).sum(1).clamp_min(0.0)  # (C,) biased
+        if bn.training and bn.track_running_stats:
+            with torch.no_grad():
+                bn.num_batches_tracked.add_(1)
+                momentum = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
+                n = B * N
+                bn.running_mean.lerp_(mean.detach().to(bn.running_mean.dtype), momentum)
+                unbiased = var.detach() * (n / max(n - 1, 1))
+                bn.running_var.lerp_(unbiased.to(bn.running_var.dtype), momentum)
+    else:
+        mean, var = bn.running_mean, bn.running_var
+    scale = bn.weight / torch.sqrt(var + bn.eps)  # (C,)
+    with torch.no_grad():
+        signed = torch.where(bn.weight >= 0, 1.0, -1.0).to(weight.dtype)[:, None] * weight  # (C, Cin)
+        xd = x.detach().to(weight.dtype)
+        step = max(1, chunk_bytes // max(1, B * N * xd.element_size()))
+        idx = torch.cat([torch.einsum("ci,bin->bcn", signed[c : c + step], xd).argmax(-1) for c in range(0, C, step)], 1)
+    picked = torch.gather(x.transpose(1, 2), 1, idx[..., None].expand(B, C, Cin))  # (B, C, Cin)
+    y = torch.einsum("bci,ci->bc", picked, weight) + bias  # (B, C): conv output at the selected points
+    return (y - mean) * scale + bn.bias
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Layers
 # --------------------------------------------------------------------------------------------------------------------
@@ -116,15 +175,22 @@ def dynamic_routing(u_hat: Tensor, num_iterations: int = 3) -> Tensor:
 class PrimaryCapsules(nn.Module):
     """Per-point encoder and primary capsules: Conv1d 3 -> 64 -> 128 (BN, ReLU), K branches Conv1d(128 -> P) + BN.
 
-    Branch k's Conv1d is the channel slice ``[k P, (k + 1) P)`` of one Conv1d(128 -> K P).
+    Branch k's Conv1d is the channel slice ``[k P, (k + 1) P)`` of one Conv1d(128 -> K P). The branches' output
+    ``(B, K P, N)`` is the largest tensor of the whole network (1 GB at the base size, B = 8, N = 2048), and only its
+    max over the points is used. ``backend="fused"`` never keeps it (see :func:`fused_conv_bn_max`); ``"torch"`` is
+    the plain Conv1d -> BatchNorm1d -> amax reference. Both give the same values, gradients and BN running stats.
 
     Shapes:
         points: ``(B, N, 3)``; output: ``(B, P, K)`` squashed capsules.
     """
 
-    def __init__(self, num_capsules: int = 512, capsule_dim: int = 16, in_channels: int = 3) -> None:
+    def __init__(
+        self, num_capsules: int = 512, capsule_dim: int = 16, in_channels: int = 3, backend: str = "fused"
+    ) -> None:
         super().__init__()
-        self.num_capsules, self.capsule_dim = num_capsules, capsule_dim
+        if backend not in PRIMARY_BACKENDS:
+            raise ValueError(f"unknown primary-capsule backend {backend!r}; choose one of {PRIMARY_BACKENDS}")
+        self.num_capsules, self.capsule_dim, self.backend = num_capsules, capsule_dim, backend
         self.conv1 = nn.Conv1d(in_channels, 64, 1)
         self.bn1 = nn.BatchNorm1d(64)
         self.conv2 = nn.Conv1d(64, 128, 1)
@@ -136,7 +202,10 @@ class PrimaryCapsules(nn.Module):
         B, N, _ = points.shape
         x = F.relu(self.bn1(self.conv1(points.transpose(1, 2))))  # (B, 64, N)
         x = F.relu(self.bn2(self.conv2(x)))  # (B, 128, N)
-        x = self.caps_bn(self.caps_conv(x)).amax(-1)  # (B, K * P): max over points
+        if self.backend == "fused":
+            x = fused_conv_bn_max(x, self.caps_conv, self.caps_bn)  # (B, K * P)
+        else:
+            x = self.caps_bn(self.caps_conv(x)).amax(-1)  # (B, K * P): max over points
         x = x.view(B, self.capsule_dim, self.num_capsules).transpose(1, 2)  # (B, P, K)
         return squash(x)
 
@@ -278,6 +347,8 @@ class PointCapsNet(nn.Module):
         num_heads: attention heads (centroid only).
         mlp_ratio: MLP width of the centroid block (centroid only).
         grid_seed: seed of the fixed eval-mode decoder grid.
+        primary_backend: ``"fused"`` (memory-lean) or ``"torch"`` (reference) primary capsules
+            (:class:`PrimaryCapsules`); same values and gradients.
 
     Shapes:
         points: ``(B, N, 3)`` (any N >= 1); output: ``(B, num_points, 3)``; :meth:`encode`: ``(B, M, D)``;
@@ -296,6 +367,7 @@ class PointCapsNet(nn.Module):
         num_heads: int = 4,
         mlp_ratio: float = 4.0,
         grid_seed: int = 0,
+        primary_backend: str = "fused",
     ) -> None:
         super().__init__()
         if latent not in LATENT_LAYERS:
@@ -306,7 +378,7 @@ class PointCapsNet(nn.Module):
                 raise ValueError(f"{name} must be a positive int, got {value}")
         self.latent_type = latent
         self.num_latent, self.latent_dim, self.num_points = num_latent, latent_dim, num_points
-        self.primary = PrimaryCapsules(num_primary, primary_dim)
+        self.primary = PrimaryCapsules(num_primary, primary_dim, backend=primary_backend)
         common = {"num_inputs": num_primary, "input_dim": primary_dim, "num_latent": num_latent,
                   "latent_dim": latent_dim, "num_iterations": num_iterations}  # fmt: skip
         if latent == "centroid":
