@@ -61,8 +61,8 @@ from attention.centroid import LinearInit
 __all__ = [
     "FUSED_CHUNK_BYTES",
     "LATENT_LAYERS",
-    "PRIMARY_BACKENDS",
     "MODELS",
+    "PRIMARY_BACKENDS",
     "CapsuleDecoder",
     "CentroidCapsules",
     "DynamicRouting",
@@ -161,7 +161,8 @@ def fused_conv_bn_max(x: Tensor, conv: nn.Conv1d, bn: nn.BatchNorm1d, chunk_byte
         signed = torch.where(bn.weight >= 0, 1.0, -1.0).to(weight.dtype)[:, None] * weight  # (C, Cin)
         xd = x.detach().to(weight.dtype)
         step = max(1, chunk_bytes // max(1, B * N * xd.element_size()))
-        idx = torch.cat([torch.einsum("ci,bin->bcn", signed[c : c + step], xd).argmax(-1) for c in range(0, C, step)], 1)
+        tiles = [torch.einsum("ci,bin->bcn", signed[c : c + step], xd).argmax(-1) for c in range(0, C, step)]
+        idx = torch.cat(tiles, 1)  # (B, C): the point where each channel's BatchNorm output is largest
     picked = torch.gather(x.transpose(1, 2), 1, idx[..., None].expand(B, C, Cin))  # (B, C, Cin)
     y = torch.einsum("bci,ci->bc", picked, weight) + bias  # (B, C): conv output at the selected points
     return (y - mean) * scale + bn.bias
