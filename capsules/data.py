@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from os import PathLike
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -171,11 +172,11 @@ class ShapeNetPart(PartDataset):
         seed: Seed of the resampling.
     """
 
-    FOLDERS = {
+    FOLDERS: ClassVar[dict[str, str]] = {
         "v0": "shapenetcore_partanno_segmentation_benchmark_v0",
         "normal": "shapenetcore_partanno_segmentation_benchmark_v0_normal",
     }
-    TREES = {"v0": SHAPENET_PART_TREE, "normal": SHAPENET_PART_NORMAL_TREE}
+    TREES: ClassVar[dict[str, str]] = {"v0": SHAPENET_PART_TREE, "normal": SHAPENET_PART_NORMAL_TREE}
 
     def __init__(
         self,

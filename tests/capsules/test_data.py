@@ -12,8 +12,11 @@ import torch
 from capsules.data import ShapeNetCore13, ShapeNetPart, SyntheticParts, build_dataset, resample
 
 SYNSETS = {"Airplane": "02691156", "Chair": "03001627"}
-IDS = {"train": ["1021a0914a7207aff927ed529ad90a11", "10155655850468db78d106ce0a280f87"], "val": ["1a04e3eab45ca15dd86060f189eb133"],
-       "test": ["1a6f615e8b1b5ae4dbbc9440457e303e"]}  # fmt: skip
+IDS = {
+    "train": ["1021a0914a7207aff927ed529ad90a11", "10155655850468db78d106ce0a280f87"],
+    "val": ["1a04e3eab45ca15dd86060f189eb133"],
+    "test": ["1a6f615e8b1b5ae4dbbc9440457e303e"],
+}
 
 
 def _write_split_files(folder: Path) -> dict[str, list[tuple[str, str]]]:
