@@ -136,6 +136,10 @@ def fused_conv_bn_max(x: Tensor, conv: nn.Conv1d, bn: nn.BatchNorm1d, chunk_byte
     Shapes:
         x: ``(B, Cin, N)``; output: ``(B, C)``.
     """
+    if torch.is_autocast_enabled(x.device.type):
+        # BatchNorm statistics need float32 (autocast runs batch_norm in float32 too); a bf16 covariance would not do.
+        with torch.autocast(x.device.type, enabled=False):
+            return fused_conv_bn_max(x.float(), conv, bn, chunk_bytes)
     B, Cin, N = x.shape
     weight, bias = conv.weight[:, :, 0], conv.bias  # (C, Cin), (C,)
     C = weight.shape[0]
@@ -345,8 +349,8 @@ class PointCapsNet(nn.Module):
         num_points: points of the reconstruction (N_out).
         latent: ``"routing"`` or ``"centroid"`` (:data:`LATENT_LAYERS`).
         num_iterations: routing iterations, or centroid-attention steps T.
-        num_heads: attention heads (centroid only).
-        mlp_ratio: MLP width of the centroid block (centroid only).
+        num_heads: attention heads (centroid only; default 4).
+        mlp_ratio: MLP width of the centroid block (centroid only; default 4).
         grid_seed: seed of the fixed eval-mode decoder grid.
         primary_backend: ``"fused"`` (memory-lean) or ``"torch"`` (reference) primary capsules
             (:class:`PrimaryCapsules`); same values and gradients.
@@ -365,14 +369,16 @@ class PointCapsNet(nn.Module):
         num_points: int = 2048,
         latent: str = "centroid",
         num_iterations: int = 3,
-        num_heads: int = 4,
-        mlp_ratio: float = 4.0,
+        num_heads: int | None = None,
+        mlp_ratio: float | None = None,
         grid_seed: int = 0,
         primary_backend: str = "fused",
     ) -> None:
         super().__init__()
         if latent not in LATENT_LAYERS:
             raise ValueError(f"unknown latent layer {latent!r}; choose one of {sorted(LATENT_LAYERS)}")
+        if latent == "routing" and (num_heads is not None or mlp_ratio is not None):
+            raise ValueError("num_heads and mlp_ratio apply to latent='centroid' only; leave them None for routing")
         for name, value in (("num_primary", num_primary), ("primary_dim", primary_dim), ("num_latent", num_latent),
                             ("latent_dim", latent_dim), ("num_points", num_points)):  # fmt: skip
             if value < 1:
@@ -383,7 +389,7 @@ class PointCapsNet(nn.Module):
         common = {"num_inputs": num_primary, "input_dim": primary_dim, "num_latent": num_latent,
                   "latent_dim": latent_dim, "num_iterations": num_iterations}  # fmt: skip
         if latent == "centroid":
-            self.latent = CentroidCapsules(**common, num_heads=num_heads, mlp_ratio=mlp_ratio)
+            self.latent = CentroidCapsules(**common, num_heads=num_heads or 4, mlp_ratio=mlp_ratio or 4.0)
         else:
             self.latent = DynamicRouting(**common)
         self.decoder = CapsuleDecoder(num_latent, latent_dim, num_points, grid_seed=grid_seed)

@@ -243,6 +243,8 @@ def test_bad_inputs_name_what_was_expected() -> None:
         PointCapsNet(latent="em")
     with pytest.raises(ValueError, match="num_points"):
         PointCapsNet(num_latent=12, num_points=8)
+    with pytest.raises(ValueError, match="centroid' only"):
+        PointCapsNet(latent="routing", num_heads=2)
     with pytest.raises(ValueError, match="divisible"):
         PointCapsNet(latent_dim=30, num_heads=4)
     with pytest.raises(ValueError, match=r"grid must be"):
