@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--budget-gb", type=float, default=12.0, help="memory budget of the max-batch column")
     parser.add_argument("--mem-batches", type=int, nargs=2, default=[4, 16], metavar=("B1", "B2"))
     parser.add_argument("--primary-backend", default="fused", choices=["fused", "torch"],
-                        help="primary capsules: fused (ours) or torch (Conv1d + BN + max, as the reference)")  # fmt: skip
+                        help="primary capsules: fused (ours) or torch (Conv1d + BN + max)")  # fmt: skip
     parser.add_argument("--train-steps", type=int, default=60, help="Adam steps before the Chamfer column")
     parser.add_argument("--chamfer-points", type=int, default=256, help="points per cloud for the Chamfer column")
     parser.add_argument("--train-per-class", type=int, default=16, help="synthetic train shapes per class")
@@ -199,8 +199,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     print(f"# bench_capsules on {args.device}: {describe_machine(args.device)}")
     print(f"# primary capsules: {args.primary_backend}; time: batch {args.batch} x {args.points} points, {args.stat} "
-          f"of {args.repeats} rounds; memory: batches {args.mem_batches}, budget {args.budget_gb} GB; Chamfer: {args.train_steps} steps at "
-          f"{args.chamfer_points} points on synthetic parts; {CHAMFER_DEFINITION}\n")  # fmt: skip
+          f"of {args.repeats} rounds; memory: batches {args.mem_batches}, budget {args.budget_gb} GB; Chamfer: "
+          f"{args.train_steps} steps at {args.chamfer_points} points on synthetic parts; {CHAMFER_DEFINITION}\n")  # fmt: skip
     results, steps = [], []
     args.params = {}
     for name in models:
