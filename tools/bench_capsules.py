@@ -98,7 +98,8 @@ def child(payload: dict) -> dict:
     """One (model, batch) peak-memory measurement, run in a fresh process by :func:`measure_memory`."""
     device = torch.device(payload["device"])
     torch.manual_seed(0)
-    model = create_model(payload["model"], num_points=payload["points"], primary_backend=payload["primary"]).to(device)
+    kwargs = {"num_points": payload["points"], "primary_backend": payload["primary"], **payload["kwargs"]}
+    model = create_model(payload["model"], **kwargs).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     _step_fn(model, opt, unit_sphere_clouds(2, payload["points"], seed=1).to(device))()  # Adam states exist now
     clouds = unit_sphere_clouds(payload["batch"], payload["points"], seed=2).to(device)
@@ -123,7 +124,7 @@ def measure_memory(name: str, args: argparse.Namespace) -> dict:
     """Step memory at two batch sizes in isolated processes; slope = bytes per sample; max batch in the budget."""
     b1, b2 = args.mem_batches
     payloads = [{"model": name, "batch": b, "points": args.points, "device": args.device,
-                 "primary": args.primary_backend} for b in (b1, b2)]  # fmt: skip
+                 "primary": args.primary_backend, "kwargs": args.model_kwargs} for b in (b1, b2)]  # fmt: skip
     runs = [run_isolated(__file__, p) for p in payloads]
     errors = [r["error"] for r in runs if "error" in r]
     if errors:
@@ -140,7 +141,8 @@ def train_chamfer(name: str, args: argparse.Namespace, train: SyntheticParts, te
     """Chamfer and part purity on the test shapes after ``--train-steps`` Adam steps from the same seed and order."""
     torch.manual_seed(0)
     device = torch.device(args.device)
-    model = create_model(name, num_points=args.chamfer_points, primary_backend=args.primary_backend).to(device)
+    kwargs = {"num_points": args.chamfer_points, "primary_backend": args.primary_backend, **args.model_kwargs}
+    model = create_model(name, **kwargs).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     xs = torch.stack([train[i][0] for i in range(len(train))])
     order = np.random.default_rng(0).permutation(np.tile(np.arange(len(train)), args.train_steps * 8 // len(train) + 1))
@@ -178,6 +180,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--train-per-class", type=int, default=16, help="synthetic train shapes per class")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--model-kwargs", type=json.loads, default={},
+                        help='JSON overrides for every model, e.g. \'{"num_primary": 32}\' (smoke tests)')  # fmt: skip
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -206,7 +210,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args.params = {}
     for name in models:
         torch.manual_seed(0)
-        model = create_model(name, num_points=args.points, primary_backend=args.primary_backend).to(device)
+        model = create_model(name, num_points=args.points, primary_backend=args.primary_backend, **args.model_kwargs)
+        model = model.to(device)
         args.params[name] = count_params(model)
         opt = torch.optim.Adam(model.parameters(), lr=1e-4)
         steps.append(_step_fn(model, opt, unit_sphere_clouds(args.batch, args.points, seed=3).to(device)))
