@@ -52,7 +52,6 @@ from benchutil import (
 )
 
 from capsules import CHAMFER_DEFINITION, chamfer_distance, create_model, list_models
-from capsules.data import SyntheticParts
 from capsules.metrics import capsule_purity
 from engine import atomic_write_text, count_params
 
@@ -137,7 +136,7 @@ def measure_memory(name: str, args: argparse.Namespace) -> dict:
             "mem_static_mb": static / 2**20, "max_batch": max(max_batch, 0)}  # fmt: skip
 
 
-def train_chamfer(name: str, args: argparse.Namespace, train: SyntheticParts, test: SyntheticParts) -> dict:
+def train_chamfer(name: str, args: argparse.Namespace, train, test) -> dict:
     """Chamfer and part purity on the test shapes after ``--train-steps`` Adam steps from the same seed and order."""
     torch.manual_seed(0)
     device = torch.device(args.device)
@@ -228,6 +227,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             sync(device)
             rounds[i].append((time.perf_counter() - t0) * 1e3)
     del steps
+    from capsules.data import SyntheticParts  # here: the memory children need not import the data stack
+
     classes = ("table", "chair", "airplane", "lamp", "mug")
     train = SyntheticParts("train", args.chamfer_points, classes, samples_per_class=args.train_per_class, seed=0)
     test = SyntheticParts("test", args.chamfer_points, classes, samples_per_class=4, seed=0)
