@@ -5,8 +5,13 @@ attention (primary capsules as inputs, latent capsules as centroids), trained wi
 input cloud and its reconstruction.
 
 * :mod:`capsules.model`: :class:`PointCapsNet` (routing and centroid variants), the registry (``create_model``,
-  ``list_models``).
+  ``list_models``): ``pointcaps_{routing,centroid}_{small,base}``.
 * :mod:`capsules.chamfer`: :func:`chamfer_distance` and its pinned definition :data:`CHAMFER_DEFINITION`.
+* :mod:`capsules.data`: ShapeNet Part (both released layouts), ShapeNet Core13 point files, embedded synthetic part
+  shapes; ``(points, part labels)`` per shape.
+* :mod:`capsules.metrics`: part purity of the latent capsules' patches.
+* :mod:`capsules.recipe`: the training recipe behind ``tools/train_capsules.py``.
+* :mod:`capsules.visualize`: Open3D part-decomposition views (``tools/visualize_capsules.py``).
 """
 
 from .chamfer import (
