@@ -53,6 +53,7 @@ def test_smoke_run_writes_a_complete_run_folder(tmp_path: Path) -> None:
     assert final["chamfer_definition"] == CHAMFER_DEFINITION
     assert final["params"] > 0 and final["epochs"] == 2 and final["chamfer"] == final["test_chamfer"] > 0
     assert 0 < final["part_purity"] <= 1 and final["first_epoch_test_chamfer"] == lines[0]["test_chamfer"]
+    assert 0 < final["part_purity_chance"] <= 1
     assert metrics["chamfer"] == final["chamfer"]
     # --eval-only on best.pt reproduces the evaluation of the best epoch (eval mode is deterministic)
     ev = train_capsules.main(["--eval-only", "--output-dir", str(tmp_path), *TINY])
