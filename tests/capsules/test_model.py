@@ -297,3 +297,26 @@ def test_fused_primary_capsules_tile_the_search() -> None:
     torch.testing.assert_close(tiled, whole)
     bn.eval()
     torch.testing.assert_close(fused_conv_bn_max(x, conv, bn, chunk_bytes=1), bn(conv(x)).amax(-1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(capsules.MODELS))
+def test_cuda_fused_equals_reference_and_bf16_autocast_is_finite(name: str) -> None:
+    torch.manual_seed(0)
+    ref = _tiny(name).cuda()
+    fused = _tiny(name).cuda()
+    ref.primary.backend = "torch"
+    fused.load_state_dict(ref.state_dict())
+    points = torch.rand(4, 101, 3, device="cuda")
+    grid = torch.rand(4, ref.decoder.num_heads, 2, ref.num_latent, device="cuda")
+    out_ref = ref.decode(ref.encode(points), grid)
+    out = fused.decode(fused.encode(points), grid)
+    torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-4)
+    out.square().sum().backward()
+    out_ref.square().sum().backward()
+    for (pname, a), b in zip(ref.named_parameters(), fused.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-3, atol=1e-4, msg=lambda m, pname=pname: f"{pname}: {m}")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = fused(points)
+    assert torch.isfinite(out.float()).all()
+    out.float().sum().backward()
