@@ -15,6 +15,7 @@ import bench_capsules  # noqa: E402
 SMALL = ["pointcaps_routing_small", "pointcaps_centroid_small"]
 
 
+@pytest.mark.slow  # four fresh processes for the memory column: about 30 s on an idle 2-core machine
 def test_tiny_bench(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
     kwargs = '{"num_primary": 24, "num_latent": 4, "latent_dim": 16}'
