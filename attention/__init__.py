@@ -3,6 +3,9 @@
 * :mod:`attention.points`: farthest point sampling, k nearest neighbours, gather and interpolation, with a plain
   PyTorch reference and optional fast backends (torch-cluster, pytorch3d, Triton).
 * :mod:`attention.centroid`: centroid attention (dense or over K nearest inputs, T steps), its inits and blocks.
+* :mod:`attention.fsat`: FSAT (Fourier sparse attention) and FAT over the FFT-pooled hidden-state cross.
+* :mod:`attention.mixers`: structured matrix mixers (softmax, linear, Toeplitz, Cauchy, Vandermonde, Hydra) and
+  their non-data-dependent twins, with FSAT / FAT, in one registry (:data:`MIXERS`, :func:`build_mixer`).
 """
 
 from ._checks import input_checks, set_input_checks
@@ -21,6 +24,33 @@ from .centroid import (
     SelfAttentionBlock,
     build_centroid_init,
     centroid_attention,
+    edge_projection,
+)
+from .fsat import (
+    FEATURE_MAPS,
+    FourierAttention,
+    FourierCross,
+    FourierSparseAttention,
+    fold_cross,
+    pooled_cross,
+    sparse_edge_attention,
+)
+from .mixers import (
+    MATRIX_MIXERS,
+    MIXERS,
+    CauchyMatrix,
+    LowRankMatrix,
+    MatrixMixer,
+    MixerBlock,
+    QuasiseparableMatrix,
+    SoftmaxMatrix,
+    ToeplitzMatrix,
+    VandermondeMatrix,
+    build_mixer,
+    cauchy_mix,
+    quasiseparable_mix,
+    toeplitz_mix,
+    vandermonde_mix,
 )
 from .points import (
     FPS_BACKENDS,
@@ -38,30 +68,53 @@ from .points import (
 
 __all__ = [
     "CENTROID_INITS",
+    "FEATURE_MAPS",
     "FPS_BACKENDS",
     "HAS_PYTORCH3D",
     "HAS_TORCH_CLUSTER",
     "HAS_TRITON",
     "KNN_BACKENDS",
+    "MATRIX_MIXERS",
+    "MIXERS",
+    "CauchyMatrix",
     "CentroidAttention",
     "CentroidBlock",
     "CentroidOutput",
     "DWConv2dInit",
     "FPSInit",
+    "FourierAttention",
+    "FourierCross",
+    "FourierSparseAttention",
     "KMeansInit",
     "LinearInit",
+    "LowRankMatrix",
+    "MatrixMixer",
     "MeanPoolInit",
+    "MixerBlock",
     "Mlp",
+    "QuasiseparableMatrix",
     "RandomInit",
     "SelfAttentionBlock",
+    "SoftmaxMatrix",
+    "ToeplitzMatrix",
+    "VandermondeMatrix",
     "build_centroid_init",
+    "build_mixer",
+    "cauchy_mix",
     "centroid_attention",
+    "edge_projection",
     "farthest_point_sample",
+    "fold_cross",
     "gather",
     "input_checks",
     "interpolate",
     "knn",
     "lengths_to_mask",
     "nearest_upsample",
+    "pooled_cross",
+    "quasiseparable_mix",
     "set_input_checks",
+    "sparse_edge_attention",
+    "toeplitz_mix",
+    "vandermonde_mix",
 ]

@@ -24,11 +24,19 @@ Two normalizations of the attention weights:
 
 Deviations from the paper: the same projections are shared by all T steps (the unrolled steps descend one
 objective); KNN neighbours are recomputed at every step from the current centroids (the paper leaves it open).
+
+Cost accounting: with K neighbours, the keys and values are projected once per input and then gathered per
+(centroid, neighbour) edge. Gathering the inputs first and projecting per edge computes the same function with K times
+the projection MACs; :func:`edge_projection` switches :class:`CentroidAttention` to that evaluation, which is how
+MAC counts of KNN attention that project per edge come about (it is tested equal to the default path, and
+``tools/model_stats.py`` uses it to set our point model next to the paper's GMACs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -54,6 +62,7 @@ __all__ = [
     "SelfAttentionBlock",
     "build_centroid_init",
     "centroid_attention",
+    "edge_projection",
     "resolve_num_centroids",
 ]
 
@@ -169,10 +178,18 @@ def centroid_attention(
         # Gather keys and values of each centroid's neighbours, (B, M, K, H, D) each, and let autograd keep them.
         kn = gather(k.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
         vn = gather(v.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
-        scores = torch.einsum("bhmd,bmkhd->bhmk", q, kn) * scale  # (B, H, M, K)
-    else:
-        rows = _chunk_rows(B, M, K, H, D, q.element_size(), chunk_bytes)
-        scores = _GatherDot.apply(q.transpose(1, 2), k.transpose(1, 2), idx, rows).permute(0, 3, 1, 2) * scale
+        return _edge_attention(q, kn, vn, idx, N, mask=mask, normalize=normalize, dropout_p=dropout_p, eps=eps)
+    rows = _chunk_rows(B, M, K, H, D, q.element_size(), chunk_bytes)
+    scores = _GatherDot.apply(q.transpose(1, 2), k.transpose(1, 2), idx, rows).permute(0, 3, 1, 2) * scale
+    attn = _knn_weights(scores, idx, N, mask, normalize, dropout_p, eps)  # (B, H, M, K)
+    out = _GatherWeightedSum.apply(attn.permute(0, 2, 3, 1), v.transpose(1, 2), idx, rows)  # (B, M, H, D)
+    return out.transpose(1, 2)
+
+
+def _knn_weights(
+    scores: Tensor, idx: Tensor, N: int, mask: Tensor | None, normalize: str, dropout_p: float, eps: float
+) -> Tensor:
+    """Attention weights ``(B, H, M, K)`` from the scaled scores of each centroid's K neighbours."""
     valid = None if mask is None else gather(mask, idx)  # (B, M, K)
     if normalize == "inputs":
         if valid is not None:
@@ -181,11 +198,47 @@ def centroid_attention(
     else:
         attn = _sparse_softmax_over_centroids(scores, idx, N, valid)
         attn = attn / (attn.sum(-1, keepdim=True) + eps)
-    attn = F.dropout(attn, dropout_p, training=dropout_p > 0)  # (B, H, M, K)
-    if reference:
-        return torch.einsum("bhmk,bmkhd->bhmd", attn, vn)
-    out = _GatherWeightedSum.apply(attn.permute(0, 2, 3, 1), v.transpose(1, 2), idx, rows)  # (B, M, H, D)
-    return out.transpose(1, 2)
+    return F.dropout(attn, dropout_p, training=dropout_p > 0)
+
+
+def _edge_attention(
+    q: Tensor,
+    kn: Tensor,
+    vn: Tensor,
+    idx: Tensor,
+    N: int,
+    *,
+    mask: Tensor | None,
+    normalize: str,
+    dropout_p: float,
+    eps: float,
+) -> Tensor:
+    """KNN attention over keys and values given per edge: q ``(B, H, M, D)``, kn and vn ``(B, M, K, H, D)``, idx
+    ``(B, M, K)`` into the N inputs; returns ``(B, H, M, D)``. The plain reference of the chunked KNN path."""
+    scores = torch.einsum("bhmd,bmkhd->bhmk", q, kn) * q.shape[-1] ** -0.5  # (B, H, M, K)
+    attn = _knn_weights(scores, idx, N, mask, normalize, dropout_p, eps)
+    return torch.einsum("bhmk,bmkhd->bhmd", attn, vn)
+
+
+_EDGE_PROJECTION = False
+
+
+@contextlib.contextmanager
+def edge_projection(enabled: bool = True) -> Iterator[None]:
+    """Evaluates the key and value projections of KNN centroid attention per (centroid, neighbour) edge.
+
+    Inside the context, :class:`CentroidAttention` with neighbours gathers the normalized inputs ``(B, M, K, C)``
+    and projects them, instead of projecting the N inputs once and gathering keys and values. The outputs are the
+    same up to rounding; the cost is K times the key/value projection MACs and the memory of the gathered inputs.
+    It exists for MAC accounting (KNN attention code that projects per edge reports those counts) and as a second
+    reference in tests; never use it for training.
+    """
+    global _EDGE_PROJECTION
+    previous, _EDGE_PROJECTION = _EDGE_PROJECTION, bool(enabled)
+    try:
+        yield
+    finally:
+        _EDGE_PROJECTION = previous
 
 
 # Memory budget of the gathered keys (or values) of one chunk of centroids in the KNN path, in bytes.
@@ -392,8 +445,10 @@ class CentroidAttention(nn.Module):
                 _check_neighbor_idx(neighbor_idx, "neighbor_idx", B, M, N, x.device)
         H, D = self.num_heads, self.head_dim
         xn = self.norm_kv(x)
-        k, v = self.kv(xn).view(B, N, 2, H, D).unbind(2)  # (B, N, H, D) each
-        k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, D)
+        per_edge = _EDGE_PROJECTION and (neighbor_idx is not None or self.num_neighbors is not None)
+        if not per_edge:
+            k, v = self.kv(xn).view(B, N, 2, H, D).unbind(2)  # (B, N, H, D) each
+            k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, D)
         dropout_p = self.attn_drop if self.training else 0.0
         u = centroids
         for _ in range(self.num_steps):
@@ -403,7 +458,13 @@ class CentroidAttention(nn.Module):
                     _, idx = knn(u.detach(), x.detach(), self.num_neighbors, mask=mask, backend=self.knn_backend)
             un = xn if (u is x and self.norm_q is self.norm_kv) else self.norm_q(u)
             q = self.q(un).view(B, M, H, D).transpose(1, 2)  # (B, H, M, D)
-            out = centroid_attention(q, k, v, idx, mask=mask, normalize=self.normalize, dropout_p=dropout_p)
+            if per_edge:  # see edge_projection(): same function, K times the projection MACs
+                kn, vn = self.kv(gather(xn, idx)).view(B, M, -1, 2, H, D).unbind(3)  # (B, M, K, H, D) each
+                out = _edge_attention(
+                    q, kn, vn, idx, N, mask=mask, normalize=self.normalize, dropout_p=dropout_p, eps=1e-6
+                )
+            else:
+                out = centroid_attention(q, k, v, idx, mask=mask, normalize=self.normalize, dropout_p=dropout_p)
             u = u + self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, M, C)))
         return u
 

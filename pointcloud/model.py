@@ -13,8 +13,13 @@ The network (paper Fig. 3), with N input points::
     concatenated (64 + 128 + 128 + 512 = 832 channels) and fused by a per-point linear layer, then max- and
     average-pooled; the two pooled vectors go through a 3-layer MLP head. LeakyReLU(0.2) everywhere.
 
-The paper's text lost N1, N2 and K; they are constructor knobs (``num_centroids``, ``num_neighbors``). Width changes
-happen in a linear layer in front of each block whose width differs from the previous one.
+The paper's text lost N1, N2 and K; they are constructor knobs (``num_centroids``, ``num_neighbors``). The defaults,
+N1 = N / 2, N2 = N1 / 2 (512 and 256 centroids at N = 1024) and K = 24, are chosen to match the paper's 4.1 M params
+and 5.4 GMACs: 3.57 M params, and 5.39 GMACs when the key/value projections of the KNN attention are evaluated per
+(centroid, neighbour) edge, the only reading under which N1, N2 and K set the count (``tools/model_stats.py`` explains
+it and prints both counts). Our implementation projects each point once and gathers keys and values, the same
+function at 1.49 GMACs. Width changes happen in a linear layer in front of each block whose width differs from the
+previous one.
 
 Ablation twins (paper Table 3): ``num_steps=0`` keeps the centroid blocks' init (FPS, random or k-means
 downsampling) and their MLP but drops the attention step.
@@ -29,7 +34,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from attention import CentroidBlock, SelfAttentionBlock, input_checks, knn, nearest_upsample
+from attention import CentroidBlock, MixerBlock, SelfAttentionBlock, build_mixer, input_checks, knn, nearest_upsample
 from attention._checks import check_points
 from attention.centroid import resolve_num_centroids
 
@@ -94,7 +99,7 @@ class CentroidTransformer(PointClassifier):
         in_channels: 3 (xyz) or 6 (xyz + normals); the first 3 channels are positions.
         widths: channels of the four blocks.
         num_centroids: (N1, N2), centroids after the first and second centroid block: ints, or fractions of each
-            block's input (floats in (0, 1]; the default (0.5, 0.25) gives 512 and 128 centroids at N = 1024).
+            block's input (floats in (0, 1]; the default (0.5, 0.5) gives 512 and 256 centroids at N = 1024).
         num_neighbors: K of every block (xyz KNN in SA blocks, feature-space KNN in CA blocks).
         num_heads: attention heads.
         num_steps: T, centroid-attention steps; 0 gives the downsampling-only ablation twin.
@@ -104,6 +109,12 @@ class CentroidTransformer(PointClassifier):
         fuse_dim: width of the per-point fusion layer (its max and mean pools feed the head).
         head_dims: hidden widths of the 3-layer head.
         drop: dropout in the head.
+        mixer: None (default): the SA blocks attend over each point's K nearest points in xyz. A name from
+            :data:`attention.MIXERS` (``"softmax"``, ``"hydra"``, ``"fsat"``, ...) replaces that KNN attention in both
+            SA blocks by a global sequence mixer over all points of the stage (a :class:`attention.MixerBlock`).
+            Points have no order: Toeplitz, Vandermonde, Hydra and FSAT mix in the order the points arrive (input
+            order, then FPS order); softmax, linear and Cauchy are permutation-equivariant.
+        mixer_kwargs: extra arguments of :func:`attention.build_mixer` (``max_len`` for ``fsat`` and the twins).
 
     Shapes:
         points: ``(B, N, in_channels)``; output logits ``(B, num_classes)``.
@@ -114,8 +125,8 @@ class CentroidTransformer(PointClassifier):
         num_classes: int = 40,
         in_channels: int = 3,
         widths: Sequence[int] = (64, 128, 128, 512),
-        num_centroids: Sequence[int | float] = (0.5, 0.25),
-        num_neighbors: int = 16,
+        num_centroids: Sequence[int | float] = (0.5, 0.5),
+        num_neighbors: int = 24,
         num_heads: int = 4,
         num_steps: int = 1,
         init: str = "fps",
@@ -124,6 +135,8 @@ class CentroidTransformer(PointClassifier):
         fuse_dim: int = 512,
         head_dims: Sequence[int] = (512, 256),
         drop: float = 0.5,
+        mixer: str | None = None,
+        mixer_kwargs: dict | None = None,
     ) -> None:
         super().__init__()
         if in_channels < 3:
@@ -148,12 +161,12 @@ class CentroidTransformer(PointClassifier):
         )
         self.blocks = nn.ModuleList(
             [
-                SelfAttentionBlock(widths[0], num_neighbors=num_neighbors, **block()),
+                self._sa_block(widths[0], num_neighbors, mixer, mixer_kwargs, block()),
                 CentroidBlock(
                     widths[1], init, init_kwargs(num_centroids[0]), num_neighbors=num_neighbors,
                     num_steps=num_steps, **block(),
                 ),
-                SelfAttentionBlock(widths[2], num_neighbors=num_neighbors, **block()),
+                self._sa_block(widths[2], num_neighbors, mixer, mixer_kwargs, block()),
                 CentroidBlock(
                     widths[3], init, init_kwargs(num_centroids[1]), num_neighbors=num_neighbors,
                     num_steps=num_steps, **block(),
@@ -171,6 +184,14 @@ class CentroidTransformer(PointClassifier):
         self.fuse = nn.Sequential(nn.Linear(sum(widths), fuse_dim, bias=False), PointBatchNorm(fuse_dim), act())
         self.head_hidden = classifier_head(self.num_features, head_dims, act, drop)
         self.head = nn.Linear(head_dims[-1] if head_dims else self.num_features, num_classes)
+
+    @staticmethod
+    def _sa_block(dim: int, num_neighbors: int, mixer: str | None, mixer_kwargs: dict | None, kw: dict) -> nn.Module:
+        """An SA block: KNN self-attention, or a global :class:`MixerBlock` with the named sequence mixer."""
+        if mixer is None:
+            return SelfAttentionBlock(dim, num_neighbors=num_neighbors, **kw)
+        mixer_module = build_mixer(mixer, dim, num_heads=kw["num_heads"], **(mixer_kwargs or {}))
+        return MixerBlock(dim, mixer_module, mlp_ratio=kw["mlp_ratio"], act_layer=kw["act_layer"])
 
     def stage_sizes(self, num_points: int) -> tuple[int, int]:
         """(N1, N2): the centroid counts of the two centroid blocks for clouds of ``num_points`` points."""
@@ -202,6 +223,8 @@ class CentroidTransformer(PointClassifier):
                 if isinstance(block, SelfAttentionBlock):
                     _, nbr = knn(cur_pos, cur_pos, self.num_neighbors)  # (B, n, K) in xyz
                     x = block(x, neighbor_idx=nbr)
+                elif isinstance(block, MixerBlock):
+                    x = block(x)  # global sequence mixer over the stage's points
                 else:
                     x, cur_pos, _ = block(x, pos=cur_pos)
                 # Back to the N input points by nearest neighbour in xyz.

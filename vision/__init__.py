@@ -16,9 +16,13 @@ discovery)::
 * :mod:`vision.data`: ImageFolder trees through ``timm.data`` and the embedded synthetic image classes.
 * :mod:`vision.recipe`: DeiT's training recipe on timm's pipeline, run by ``tools/train_deit.py`` (import it
   explicitly; ``import vision`` only registers the models).
+
+* :mod:`vision.mixer_deit`: DeiTs whose every block uses a sequence mixer of :mod:`attention.mixers`:
+  ``{fsat,fat,hydra,cauchy,vandermonde,toeplitz}_deit_{tiny,small}_patch16_224``. The centroid DeiTs also take
+  ``mixer=<name>`` (e.g. ``timm.create_model("centroid_deit_tiny_c6_patch16_224", mixer="cauchy")``).
 """
 
-from . import baselines, centroid_deit
+from . import baselines, centroid_deit, mixer_deit
 from .centroid_deit import CentroidViT, checkpoint_filter_fn
 
-__all__ = ["CentroidViT", "baselines", "centroid_deit", "checkpoint_filter_fn"]
+__all__ = ["CentroidViT", "baselines", "centroid_deit", "checkpoint_filter_fn", "mixer_deit"]

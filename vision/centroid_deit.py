@@ -69,6 +69,7 @@ from timm.models._manipulate import checkpoint
 from torch import Tensor, nn
 
 from attention.centroid import CentroidAttention, DWConv2dInit
+from attention.mixers import MIXERS, build_mixer
 
 __all__ = [
     "Block",
@@ -285,7 +286,9 @@ class CentroidViT(nn.Module):
             qkv_bias, drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate: as timm's ViT.
         centroid_index: index of the centroid block (``None``: a plain DeiT, used by the baselines).
         centroid_steps: T of the centroid block.
-        mixer: reserved for swapping the token mixer later; only ``None`` is accepted now.
+        mixer: None (multi-head self-attention), or a name from :data:`attention.MIXERS` (``"cauchy"``, ``"fsat"``,
+            ...): every ordinary block's self-attention becomes that sequence mixer (the centroid block stays);
+            mixers that need ``max_len`` get the block's token count (class token + grid).
 
     Shapes:
         x: ``(B, in_chans, H, W)``; ``forward_features``: ``(B, 1 + L, C)`` with L = N or N/4 (after the centroid
@@ -318,8 +321,8 @@ class CentroidViT(nn.Module):
         act_layer: type[nn.Module] = nn.GELU,
     ) -> None:
         super().__init__()
-        if mixer is not None:
-            raise ValueError(f"mixer is reserved for a later release; only mixer=None is supported, got {mixer!r}")
+        if mixer is not None and mixer not in MIXERS:
+            raise ValueError(f"unknown mixer {mixer!r}; choose one of {sorted(MIXERS)} (None: multi-head attention)")
         if global_pool not in ("token", "avg", ""):
             raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
         if centroid_index is not None and not 0 <= centroid_index < depth:
@@ -332,6 +335,7 @@ class CentroidViT(nn.Module):
         self.centroid_index = centroid_index
         self.grad_checkpointing = False
         self._num_heads, self._qkv_bias = num_heads, qkv_bias  # read by the baselines' _make_mixer
+        self.mixer = mixer
 
         if patch_stride is None or (patch_stride == patch_size and patch_padding == 0):
             self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
@@ -378,7 +382,10 @@ class CentroidViT(nn.Module):
 
     def _make_mixer(self, index: int, grid: tuple[int, int]) -> nn.Module | None:
         """Token mixer of ordinary block ``index`` on a ``grid`` of patch tokens; None = multi-head self-attention."""
-        return None
+        if self.mixer is None:
+            return None
+        seq_len = self.num_prefix_tokens + grid[0] * grid[1]
+        return build_mixer(self.mixer, self.embed_dim, self._num_heads, max_len=seq_len, qkv_bias=self._qkv_bias)
 
     def init_weights(self) -> None:
         """timm's ViT init: trunc-normal(0.02) linear weights and position embedding; convs keep their own init."""

@@ -34,8 +34,9 @@ label  name            object
 Nuisances, all random per image: object position, size (radius 40-65% of the half-width), rotation, a mild
 anisotropic stretch, foreground and background colour (any hue; only a minimum luminance contrast is enforced, since
 RandAugment's ``Invert`` and ``Solarize`` change colours anyway), a background gradient, 0-2 thin clutter lines and
-Gaussian pixel noise. Texture period, ring and arm thickness and star depth vary too. Confusable pairs keep it from being trivial: disk /
-ring / target, square / checker patch, star / cross at low resolution, any solid shape / a coarse texture patch.
+Gaussian pixel noise. Texture period, ring and arm thickness and star depth vary too. Confusable pairs keep it from
+being trivial: disk / ring / target, square / checker patch, star / cross at low resolution, any solid shape / a
+coarse texture patch.
 All classes are invariant to rotation and flips, so the standard augmentations never change the label.
 
 **Data root.** For ``imagefolder``: the ``root`` argument, else ``$CENTROID_DATA``, else ``./datasets``; either the

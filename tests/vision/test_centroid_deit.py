@@ -278,8 +278,8 @@ def test_odd_grid_and_kwargs():
     model = _model(NAMES[0], img_size=80, drop_path_rate=0.1).eval()  # 5 x 5 -> 3 x 3
     assert model.block_grids[model.centroid_index] == (3, 3)
     assert model.forward_features(_images(1, 80)).shape == (1, 1 + 9, 192)
-    with pytest.raises(ValueError, match="mixer"):
-        _model(NAMES[0], mixer="fsat")
+    with pytest.raises(ValueError, match="unknown mixer 'nope'"):
+        _model(NAMES[0], mixer="nope")
     with pytest.raises(ValueError, match="centroid_index"):
         _model(NAMES[0], centroid_index=12)
 

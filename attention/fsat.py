@@ -1,0 +1,465 @@
+"""FSAT and FAT: Fourier (sparse) attention over a pooled hidden-state cross.
+
+Zhuang, Zhang and Tu, "Long-range Sequence Modeling with Predictable Sparse Attention", ACL 2022 (FSAT, FAT).
+
+The math (paper section 3), for a sequence ``X = x_0 .. x_{L-1}`` of width C and two feature maps f1, f2::
+
+    C0[k] = sum_{i + j = k} f1(x_i) * f2(x_j)                k = 0 .. 2L-2      (pooled cross, elementwise product)
+          = IRFFT( RFFT(f1(X), n) * RFFT(f2(X), n) )[k]       n >= 2L-1          (a linear, zero-padded convolution)
+    C[i]  = LayerNorm( C0[2i] + C0[2i+1] - f1(x_i) * f2(x_i) )                   (central-token symmetry fold)
+
+Row i of C joins the antidiagonals 2i and 2i+1 of the ``L x L`` cross matrix ``f1(x_i) * f2(x_j)`` (``C0[2L-1]``
+does not exist and counts as zero), minus the i-i term. Cost O(L C log L); the FFT runs in float32 even under
+autocast (bf16 has 8 mantissa bits: a sum of L products would lose all of them).
+
+* **FAT** (:class:`FourierAttention`): multi-head attention with queries from X and keys / values from C.
+* **FSAT** (:class:`FourierSparseAttention`): for every key j and head h, a sigmoid head predicts M dominant query
+  positions ``I_bar = sigmoid(C W_I + b) * L_max``; the edges ``j -> floor(I_bar)`` (joined, in training, by M
+  uniformly random query positions) carry a confidence ``s = N(index | I_bar, sigma^2 = L_max)`` (the Gaussian
+  density; a random edge is scored against the prediction it is paired with). Each query i attends over the edges
+  pointing to it::
+
+      a_e = softmax_{e -> i}( q_i . k_j(e) / sqrt(D) )        o_i = sum_{e -> i} a_e * s_e * v_j(e)
+
+  computed with gather / scatter (``index_select``, ``index_add``, ``scatter_reduce(amax)`` for the stable softmax):
+  O(L M D) time, O(L M + L D) memory (two small autograd functions gather the ``(keys, E, D)`` blocks one chunk of
+  keys at a time, in the forward and again in the backward pass), never an ``L x L`` matrix. The gradient reaching
+  the confidences is clamped to (-inf, 0] (paper's gradient truncation, :class:`TruncateGrad`); the index head
+  learns only through them.
+  Inference uses the predicted edges only and is deterministic.
+
+Choices the paper leaves open (documented deviations):
+
+* **Queries that no edge reaches** get a zero attention output (so ``proj`` gives its bias only, and in a residual
+  block the token passes through unchanged). Duplicate edges (a random index equal to a predicted one) are kept as
+  separate edges: each enters the softmax and the sum once.
+* **Sequences shorter than L_max**: ``I_bar`` is scaled by L_max as in the paper (sequences are padded to L_max
+  there); predicted indices ``>= L`` point past the sequence and are dropped. Set ``max_len`` to the length you run.
+* Feature maps: a two-layer MLP (width C, GELU) by default; ``feature_map="conv"`` is a depth-wise Conv1d along the
+  sequence (the paper's Text variant).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ._checks import input_checks_enabled
+
+__all__ = [
+    "FEATURE_MAPS",
+    "ConvFeatureMap",
+    "FourierAttention",
+    "FourierCross",
+    "FourierSparseAttention",
+    "MlpFeatureMap",
+    "TruncateGrad",
+    "fold_cross",
+    "pooled_cross",
+    "pooled_cross_reference",
+    "sparse_edge_attention",
+    "sparse_edge_attention_reference",
+]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Functional ops and their references
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _check_seq(x: Tensor, name: str) -> None:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape (B, L, C), got {type(x).__name__}")
+    if x.dim() != 3:
+        raise ValueError(f"{name} must be (B, L, C), got a {x.dim()}-d tensor of shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating point tensor, got {x.dtype}")
+    if x.shape[1] < 1:
+        raise ValueError(f"{name} must hold at least one token, got shape {tuple(x.shape)}")
+
+
+def pooled_cross(a: Tensor, b: Tensor) -> Tensor:
+    """``C0[k] = sum_{i+j=k} a_i * b_j`` by a zero-padded real FFT along the sequence, in float32.
+
+    Args:
+        a: ``(B, L, C)``, f1(X).
+        b: ``(B, L, C)``, f2(X).
+
+    Returns:
+        ``(B, 2L-1, C)`` float32.
+    """
+    _check_seq(a, "a")
+    if a.shape != b.shape:
+        raise ValueError(f"a and b must have the same shape (B, L, C), got {tuple(a.shape)} and {tuple(b.shape)}")
+    L = a.shape[1]
+    n = 1 << (2 * L - 2).bit_length()  # a power of two >= 2L-1: linear, not circular, convolution
+    with torch.autocast(device_type=a.device.type, enabled=False):
+        fa = torch.fft.rfft(a.float(), n=n, dim=1)  # (B, n/2+1, C) complex64
+        fb = torch.fft.rfft(b.float(), n=n, dim=1)
+        return torch.fft.irfft(fa * fb, n=n, dim=1)[:, : 2 * L - 1]  # (B, 2L-1, C)
+
+
+def pooled_cross_reference(a: Tensor, b: Tensor) -> Tensor:
+    """O(L^2 C) reference of :func:`pooled_cross`: adds ``a_i * b_j`` into row ``i + j`` for every pair."""
+    B, L, C = a.shape
+    out = a.new_zeros(B, 2 * L - 1, C, dtype=torch.float32)
+    for i in range(L):
+        out[:, i : i + L] += a[:, i : i + 1].float() * b.float()  # row i + j for j = 0 .. L-1
+    return out
+
+
+def fold_cross(c0: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """Central-token-symmetry fold ``C[i] = C0[2i] + C0[2i+1] - a_i * b_i`` (before the LayerNorm).
+
+    Args:
+        c0: ``(B, 2L-1, C)`` pooled cross.
+        a, b: ``(B, L, C)`` the two feature maps (for the i-i term).
+
+    Returns:
+        ``(B, L, C)`` in ``c0``'s dtype.
+    """
+    B, L, C = a.shape
+    if c0.shape != (B, 2 * L - 1, C):
+        raise ValueError(f"c0 must be (B, 2L-1, C) = {(B, 2 * L - 1, C)}, got {tuple(c0.shape)}")
+    even = c0[:, 0::2]  # (B, L, C): antidiagonals 0, 2, .., 2L-2
+    odd = F.pad(c0[:, 1::2], (0, 0, 0, 1))  # (B, L, C): 1, 3, .., 2L-3, then a zero row
+    return even + odd - a.to(c0.dtype) * b.to(c0.dtype)
+
+
+def sparse_edge_attention(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Tensor) -> Tensor:
+    """Each query attends over the edges pointing to it: softmax over those edges, times the edge confidences.
+
+    Key j of head h owns E edges ``j -> idx[b, h, j, e]`` (a query position; ``< 0`` marks an absent edge). For query
+    i, ``o_i = sum_{e -> i} softmax_{e -> i}(q_i . k_j / sqrt(D)) * conf_e * v_j``; a query no edge reaches gets 0.
+    Gather / scatter over a flat ``(B H L)`` axis: O(L E D) time, O(L E + L D) memory (chunked blocks).
+
+    Args:
+        q, k, v: ``(B, H, L, D)``.
+        idx: ``(B, H, L, E)`` int64 query positions in ``[0, L)``, or negative for no edge.
+        conf: ``(B, H, L, E)`` edge confidences.
+
+    Returns:
+        ``(B, H, L, D)``.
+    """
+    B, H, L, D = q.shape
+    E = idx.shape[-1]
+    if idx.shape != (B, H, L, E) or conf.shape != idx.shape:
+        raise ValueError(f"idx and conf must be (B, H, L, E) = {(B, H, L, E)}, got {tuple(idx.shape)}, {conf.shape}")
+    if input_checks_enabled() and idx.numel() and int(idx.max()) >= L:
+        raise ValueError(f"idx must hold query positions < L = {L} (or < 0 for no edge), got max {int(idx.max())}")
+    acc = torch.promote_types(q.dtype, torch.float32)  # softmax in float32 (or float64) even for bf16 inputs
+    N = B * H * L
+    valid = (idx >= 0).reshape(N, E)
+    base = torch.arange(B * H, device=q.device).view(B, H, 1, 1) * L
+    flat = (base + idx.clamp_min(0)).reshape(-1)  # (N E,): the query row of every edge in the flat (B H L) axis
+    chunk = max(1, _EDGE_CHUNK_BYTES // max(1, E * D * q.element_size()))
+    q2, k2, v2 = q.reshape(N, D), k.reshape(N, D), v.reshape(N, D)  # row r = key r's (b, h, j)
+    scores = _EdgeDot.apply(q2, k2, flat, chunk).to(acc) / math.sqrt(D)  # (N, E)
+    scores = scores.masked_fill(~valid, float("-inf"))
+    # Stable softmax over the edges of each query: subtract the per-query max (a constant: no gradient needed).
+    mx = torch.full((N,), float("-inf"), device=q.device, dtype=acc).scatter_reduce(
+        0, flat, scores.detach().reshape(-1), reduce="amax", include_self=True
+    )
+    mx = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
+    ex = torch.exp(scores - mx.index_select(0, flat).view(N, E))  # 0 on absent edges
+    denom = torch.zeros(N, device=q.device, dtype=acc).index_add(0, flat, ex.reshape(-1))
+    w = ex / denom.index_select(0, flat).view(N, E).clamp_min(1e-30) * conf.reshape(N, E).to(acc)  # (N, E)
+    return _EdgeScatter.apply(w.to(v.dtype), v2, flat, chunk).view(B, H, L, D)
+
+
+_EDGE_CHUNK_BYTES = 16 * 2**20  # scratch of the gathered (rows, E, D) blocks
+
+
+class _EdgeDot(torch.autograd.Function):
+    """``s[r, e] = q[flat[r E + e]] . k[r]``, gathering the queries of one chunk of key rows at a time (forward and
+    backward), so no ``(N, E, D)`` tensor is kept."""
+
+    @staticmethod
+    def forward(ctx, q2: Tensor, k2: Tensor, flat: Tensor, chunk: int) -> Tensor:
+        N, D = k2.shape
+        E = flat.numel() // max(N, 1)
+        out = q2.new_empty(N, E)
+        for r0 in range(0, N, chunk):
+            r1 = min(N, r0 + chunk)
+            qe = q2.index_select(0, flat[r0 * E : r1 * E]).view(r1 - r0, E, D)
+            out[r0:r1] = (qe @ k2[r0:r1].unsqueeze(-1)).squeeze(-1)
+        ctx.save_for_backward(q2, k2, flat)
+        ctx.chunk, ctx.E = chunk, E
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> tuple[Tensor | None, ...]:
+        q2, k2, flat = ctx.saved_tensors
+        chunk, E = ctx.chunk, ctx.E
+        N, D = k2.shape
+        g = g.to(q2.dtype)
+        gq, gk = torch.zeros_like(q2), torch.empty_like(k2)
+        for r0 in range(0, N, chunk):
+            r1 = min(N, r0 + chunk)
+            fl = flat[r0 * E : r1 * E]
+            qe = q2.index_select(0, fl).view(r1 - r0, E, D)
+            gk[r0:r1] = (g[r0:r1].unsqueeze(1) @ qe).squeeze(1)
+            gq.index_add_(0, fl, (g[r0:r1].unsqueeze(-1) * k2[r0:r1].unsqueeze(1)).reshape(-1, D))
+        return gq, gk, None, None
+
+
+class _EdgeScatter(torch.autograd.Function):
+    """``out[flat[r E + e]] += w[r, e] v[r]`` (index_add), one chunk of key rows at a time (forward and backward)."""
+
+    @staticmethod
+    def forward(ctx, w: Tensor, v2: Tensor, flat: Tensor, chunk: int) -> Tensor:
+        N, D = v2.shape
+        E = w.shape[1]
+        out = torch.zeros_like(v2)
+        for r0 in range(0, N, chunk):
+            r1 = min(N, r0 + chunk)
+            out.index_add_(0, flat[r0 * E : r1 * E], (w[r0:r1].unsqueeze(-1) * v2[r0:r1].unsqueeze(1)).reshape(-1, D))
+        ctx.save_for_backward(w, v2, flat)
+        ctx.chunk = chunk
+        return out
+
+    @staticmethod
+    def backward(ctx, gout: Tensor) -> tuple[Tensor | None, ...]:
+        w, v2, flat = ctx.saved_tensors
+        chunk = ctx.chunk
+        N, D = v2.shape
+        E = w.shape[1]
+        gout = gout.to(v2.dtype)
+        gw, gv = torch.empty_like(w), torch.empty_like(v2)
+        for r0 in range(0, N, chunk):
+            r1 = min(N, r0 + chunk)
+            ge = gout.index_select(0, flat[r0 * E : r1 * E]).view(r1 - r0, E, D)  # output gradient at each edge
+            gw[r0:r1] = (ge @ v2[r0:r1].unsqueeze(-1)).squeeze(-1)
+            gv[r0:r1] = (w[r0:r1].unsqueeze(1) @ ge).squeeze(1)
+        return gw, gv, None, None
+
+
+def sparse_edge_attention_reference(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Tensor) -> Tensor:
+    """Dense masked-attention reference of :func:`sparse_edge_attention` (builds ``(B, H, L, L)``; tests only).
+
+    With ``n_ij`` the number of edges ``j -> i`` and ``S_ij`` the sum of their confidences, the softmax over edges
+    is a softmax over keys with logits ``q_i . k_j / sqrt(D) + log n_ij``, and each edge's share is ``S_ij / n_ij``.
+    """
+    B, H, L, D = q.shape
+    acc = torch.promote_types(q.dtype, torch.float32)
+    valid = idx >= 0
+    qi = idx.clamp_min(0)
+    kj = torch.arange(L, device=q.device).view(1, 1, L, 1).expand_as(idx)
+    count = torch.zeros(B, H, L, L, device=q.device, dtype=acc)  # (B, H, i, j)
+    confs = torch.zeros(B, H, L, L, device=q.device, dtype=acc)
+    b_i = torch.arange(B, device=q.device).view(B, 1, 1, 1).expand_as(idx)
+    h_i = torch.arange(H, device=q.device).view(1, H, 1, 1).expand_as(idx)
+    at = (b_i[valid], h_i[valid], qi[valid], kj[valid])
+    count = count.index_put(at, torch.ones_like(conf[valid]).to(acc), accumulate=True)
+    confs = confs.index_put(at, conf[valid].to(acc), accumulate=True)
+    logits = (q.to(acc) @ k.to(acc).transpose(-1, -2)) / math.sqrt(D) + torch.log(count.clamp_min(1))
+    logits = logits.masked_fill(count == 0, float("-inf"))
+    reached = (count > 0).any(-1, keepdim=True)  # (B, H, L, 1)
+    p = torch.softmax(logits.masked_fill(~reached, 0.0), dim=-1) * reached  # rows without edges: 0
+    w = p * confs / count.clamp_min(1)
+    return (w @ v.to(acc)).to(v.dtype)
+
+
+class TruncateGrad(torch.autograd.Function):
+    """Identity forward; backward clamps the incoming gradient to (-inf, 0] (FSAT's confidence gradient truncation)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad.clamp(max=0.0)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Layers
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class MlpFeatureMap(nn.Module):
+    """Token-wise two-layer MLP ``Linear -> GELU -> Linear`` (width C): the default f1 / f2."""
+
+    def __init__(self, dim: int, kernel_size: int = 3) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class ConvFeatureMap(nn.Module):
+    """Depth-wise Conv1d along the sequence (``kernel_size``, same padding): the paper's Text-variant f1 / f2."""
+
+    def __init__(self, dim: int, kernel_size: int = 3) -> None:
+        super().__init__()
+        if kernel_size % 2 != 1:
+            raise ValueError(f"kernel_size must be odd (same-length output), got {kernel_size}")
+        self.conv = nn.Conv1d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv(x.transpose(1, 2)).transpose(1, 2)  # (B, L, C)
+
+
+FEATURE_MAPS: dict[str, type[nn.Module]] = {"mlp": MlpFeatureMap, "conv": ConvFeatureMap}
+
+
+class FourierCross(nn.Module):
+    """``C = LayerNorm(fold(pooled_cross(f1(X), f2(X))))``: the pooled hidden-state cross of FAT / FSAT.
+
+    Shapes:
+        x: ``(B, L, C)``; output: ``(B, L, C)``.
+    """
+
+    def __init__(self, dim: int, feature_map: str = "mlp", kernel_size: int = 3) -> None:
+        super().__init__()
+        if feature_map not in FEATURE_MAPS:
+            raise ValueError(f"unknown feature_map {feature_map!r}; choose one of {sorted(FEATURE_MAPS)}")
+        self.f1 = FEATURE_MAPS[feature_map](dim, kernel_size=kernel_size)
+        self.f2 = FEATURE_MAPS[feature_map](dim, kernel_size=kernel_size)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        a, b = self.f1(x), self.f2(x)  # (B, L, C)
+        c = fold_cross(pooled_cross(a, b), a, b)  # (B, L, C) float32
+        return self.norm(c.to(a.dtype))  # a's dtype: bf16 under autocast (LayerNorm then runs in float32)
+
+
+def _check_input(x: Tensor, dim: int, max_len: int | None, attn_mask: Tensor | None, supports_mask: bool) -> None:
+    _check_seq(x, "x")
+    if x.shape[-1] != dim:
+        raise ValueError(f"x must be (B, L, {dim}), got shape {tuple(x.shape)}")
+    if max_len is not None and x.shape[1] > max_len:
+        raise ValueError(f"sequence length L={x.shape[1]} exceeds max_len={max_len}: build the layer with a larger one")
+    if attn_mask is not None and not supports_mask:
+        raise ValueError("FourierSparseAttention takes no attn_mask (its edges are predicted): pass attn_mask=None")
+
+
+class FourierAttention(nn.Module):
+    """FAT: multi-head attention with queries from X and keys / values from the pooled cross C.
+
+    Args:
+        dim: width C.
+        num_heads: heads H (C divisible by H).
+        feature_map: ``"mlp"`` or ``"conv"`` (see :data:`FEATURE_MAPS`).
+        qkv_bias: bias of the q / kv projections.
+        attn_drop, proj_drop: dropout on the attention weights / the output.
+
+    Shapes:
+        x: ``(B, L, C)``; attn_mask: anything ``scaled_dot_product_attention`` broadcasts to ``(B, H, L, L)``;
+        output: ``(B, L, C)``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        feature_map: str = "mlp",
+        qkv_bias: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        kernel_size: int = 3,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.cross = FourierCross(dim, feature_map, kernel_size)
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+        self.attn_drop = attn_drop
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
+        _check_input(x, self.dim, None, attn_mask, supports_mask=True)
+        B, L, C = x.shape
+        H, D = self.num_heads, self.head_dim
+        c = self.cross(x)  # (B, L, C)
+        q = self.q(x).view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
+        k, v = self.kv(c).view(B, L, 2, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, L, D) each
+        p = self.attn_drop if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p)  # (B, H, L, D)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, L, C)))
+
+
+class FourierSparseAttention(nn.Module):
+    """FSAT: predictable sparse attention over edges predicted from the pooled cross (see the module docstring).
+
+    Args:
+        dim: width C.
+        num_heads: heads H.
+        max_len: L_max; scales the predicted indices and the Gaussian's variance; longer inputs are errors.
+        num_edges: M, predicted query positions per key and head.
+        num_random: random query positions per key and head added in training (default: M; 0 for none).
+        feature_map: ``"mlp"`` or ``"conv"``.
+        qkv_bias: bias of the q / kv projections.
+        proj_drop: dropout on the output.
+
+    Shapes:
+        x: ``(B, L, C)`` with L <= max_len; output: ``(B, L, C)``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        max_len: int = 1024,
+        num_edges: int = 4,
+        num_random: int | None = None,
+        feature_map: str = "mlp",
+        qkv_bias: bool = False,
+        proj_drop: float = 0.0,
+        kernel_size: int = 3,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
+        if max_len < 1 or num_edges < 1:
+            raise ValueError(f"max_len and num_edges must be >= 1, got {max_len} and {num_edges}")
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.max_len, self.num_edges = max_len, num_edges
+        self.num_random = num_edges if num_random is None else num_random
+        self.cross = FourierCross(dim, feature_map, kernel_size)
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+        self.index_head = nn.Linear(dim, num_heads * num_edges)  # W_I, b
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def extra_repr(self) -> str:
+        return f"max_len={self.max_len}, num_edges={self.num_edges}, num_random={self.num_random}"
+
+    def edges(self, c: Tensor) -> tuple[Tensor, Tensor]:
+        """Edges of every key: ``(idx, conf)``, each ``(B, H, L, E)`` (E = M, plus M random ones in training)."""
+        B, L, _ = c.shape
+        H, M, L_max = self.num_heads, self.num_edges, self.max_len
+        acc = torch.promote_types(c.dtype, torch.float32)  # indices in float32: bf16 cannot count to L_max
+        with torch.autocast(device_type=c.device.type, enabled=False):
+            w, b = self.index_head.weight.to(acc), self.index_head.bias.to(acc)
+            i_bar = torch.sigmoid(F.linear(c.to(acc), w, b)) * L_max  # (B, L, H M)
+        i_bar = i_bar.view(B, L, H, M).transpose(1, 2)  # (B, H, L, M) predicted query positions of key j
+        idx = i_bar.detach().floor().long().clamp_max(L_max - 1)
+        mean = i_bar
+        if self.training and self.num_random > 0:
+            rand = torch.randint(0, L, (B, H, L, self.num_random), device=c.device)
+            pair = torch.arange(self.num_random, device=c.device) % M  # the prediction each random edge is scored by
+            idx, mean = torch.cat([idx, rand], -1), torch.cat([i_bar, i_bar[..., pair]], -1)  # (B, H, L, E)
+        var = float(L_max)
+        conf = torch.exp(-((idx.to(acc) - mean) ** 2) / (2 * var)) / math.sqrt(2 * math.pi * var)
+        idx = torch.where(idx < L, idx, torch.full_like(idx, -1))  # past the sequence: dropped
+        return idx, TruncateGrad.apply(conf)
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
+        _check_input(x, self.dim, self.max_len, attn_mask, supports_mask=False)
+        B, L, C = x.shape
+        H, D = self.num_heads, self.head_dim
+        c = self.cross(x)  # (B, L, C)
+        q = self.q(x).view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
+        k, v = self.kv(c).view(B, L, 2, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, L, D) each
+        idx, conf = self.edges(c)
+        out = sparse_edge_attention(q, k, v, idx, conf)  # (B, H, L, D)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, L, C).to(x.dtype)))

@@ -1,0 +1,91 @@
+"""Sequence mixers with one surface, ``mixer(x, attn_mask=None) -> (B, L, C)``, built by name from :data:`MIXERS`.
+
+* the structured matrix mixers of :mod:`attention.mixers.structured` (softmax, linear, toeplitz, cauchy,
+  vandermonde, quasiseparable / hydra) and their non-data-dependent twins (``<name>_static``, need ``max_len``);
+* FSAT and FAT from :mod:`attention.fsat` (FSAT needs ``max_len``).
+
+``build_mixer("cauchy", dim=192, num_heads=3)`` is what the models' ``mixer=`` keyword calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+from torch import nn
+
+from ..fsat import FourierAttention, FourierSparseAttention
+from .block import MixerBlock
+from .functional import cauchy_mix, quasiseparable_mix, toeplitz_mix, vandermonde_mix
+from .structured import (
+    MATRIX_MIXERS,
+    CauchyMatrix,
+    LowRankMatrix,
+    MatrixMixer,
+    QuasiseparableMatrix,
+    SoftmaxMatrix,
+    ToeplitzMatrix,
+    VandermondeMatrix,
+    apply_matrix,
+)
+
+__all__ = [
+    "MATRIX_MIXERS",
+    "MIXERS",
+    "CauchyMatrix",
+    "LowRankMatrix",
+    "MatrixMixer",
+    "MixerBlock",
+    "QuasiseparableMatrix",
+    "SoftmaxMatrix",
+    "ToeplitzMatrix",
+    "VandermondeMatrix",
+    "apply_matrix",
+    "build_mixer",
+    "cauchy_mix",
+    "quasiseparable_mix",
+    "toeplitz_mix",
+    "vandermonde_mix",
+]
+
+MIXERS: dict[str, Callable[..., nn.Module]] = {
+    "softmax": partial(MatrixMixer, matrix="softmax"),
+    "linear": partial(MatrixMixer, matrix="linear"),
+    "toeplitz": partial(MatrixMixer, matrix="toeplitz"),
+    "cauchy": partial(MatrixMixer, matrix="cauchy"),
+    "vandermonde": partial(MatrixMixer, matrix="vandermonde"),
+    "quasiseparable": partial(MatrixMixer, matrix="quasiseparable"),
+    "hydra": partial(MatrixMixer, matrix="quasiseparable"),
+    "softmax_static": partial(MatrixMixer, matrix="softmax", data_dependent=False),
+    "linear_static": partial(MatrixMixer, matrix="linear", data_dependent=False),
+    "toeplitz_static": partial(MatrixMixer, matrix="toeplitz", data_dependent=False),
+    "cauchy_static": partial(MatrixMixer, matrix="cauchy", data_dependent=False),
+    "vandermonde_static": partial(MatrixMixer, matrix="vandermonde", data_dependent=False),
+    "quasiseparable_static": partial(MatrixMixer, matrix="quasiseparable", data_dependent=False),
+    "fsat": FourierSparseAttention,
+    "fat": FourierAttention,
+}
+
+_NEEDS_MAX_LEN = {"fsat", *(name for name in MIXERS if name.endswith("_static"))}
+
+
+def build_mixer(
+    name: str, dim: int, num_heads: int = 8, max_len: int | None = None, qkv_bias: bool = False, **kwargs
+) -> nn.Module:
+    """Builds the mixer ``name`` (a key of :data:`MIXERS`) of width ``dim``.
+
+    Args:
+        name: mixer name.
+        dim: width C.
+        num_heads: heads H.
+        max_len: the longest sequence; required by ``fsat`` and the ``*_static`` twins, ignored by the others.
+        qkv_bias: bias of the input projections.
+        **kwargs: mixer-specific options (e.g. ``num_edges`` for FSAT, ``chunk_size`` for cauchy).
+    """
+    if name not in MIXERS:
+        raise ValueError(f"unknown mixer {name!r}; choose one of {sorted(MIXERS)}")
+    if name in _NEEDS_MAX_LEN:
+        if max_len is None:
+            raise ValueError(f"mixer {name!r} needs max_len (the longest sequence it will see)")
+        kwargs["max_len"] = max_len
+    return MIXERS[name](dim, num_heads=num_heads, qkv_bias=qkv_bias, **kwargs)

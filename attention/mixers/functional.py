@@ -1,0 +1,261 @@
+"""Efficient products ``Y = M V`` with structured matrices ``M`` that are never materialized (beyond a chunk).
+
+Every op here has a dense twin in :mod:`attention.mixers.structured` (``materialize``) that the tests compare it
+against, outputs and gradients. All ops are plain PyTorch and run on CPU and CUDA; tensors are ``(B, H, L, D)``.
+
+* :func:`cauchy_mix` / :func:`vandermonde_mix`: the matrix entry is a sum over D terms, so materializing it costs
+  ``B H L L D``. Here a custom autograd function walks query rows in chunks of ``chunk`` rows and the D terms in
+  groups of ``d_group``, in the forward pass and again (recomputing) in the backward pass: peak extra memory
+  ``B H chunk L (d_group + 2)`` values, O(B H chunk L). The chunk is picked from a byte budget unless given. This
+  chunked path is also the CUDA path (no Triton kernel yet: see the README).
+* :func:`toeplitz_mix`: FFT convolution with a kernel of length 2L-1, O(L log L).
+* :func:`quasiseparable_mix`: Hydra's bidirectional quasiseparable matrix as two chunked selective scans (SSD form):
+  O(L T D) for chunk length T, O(L / T) sequential steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["cauchy_mix", "chunk_rows", "quasiseparable_mix", "toeplitz_mix", "vandermonde_mix"]
+
+DEFAULT_BUDGET_BYTES = 64 * 2**20  # per-chunk scratch of the Cauchy / Vandermonde paths
+
+
+def chunk_rows(B: int, H: int, L: int, d_group: int, itemsize: int, budget: int = DEFAULT_BUDGET_BYTES) -> int:
+    """Query rows per chunk so that ``B H rows L (d_group + 2)`` scratch values fit in ``budget`` bytes."""
+    return max(1, min(L, budget // max(1, B * H * L * (d_group + 2) * itemsize)))
+
+
+def _acc(t: Tensor) -> torch.dtype:
+    return torch.promote_types(t.dtype, torch.float32)  # float32 math for bf16 / fp16 inputs
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Cauchy: y_i = sum_j sum_d v_j / (a_id + b_jd)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _cauchy_block(a_c: Tensor, b: Tensor, d_group: int) -> Tensor:
+    """``m_ij = sum_d 1 / (a_id + b_jd)`` for the rows of ``a_c`` ``(B, H, c, D)``: ``(B, H, c, L)``."""
+    m = None
+    for d0 in range(0, a_c.shape[-1], d_group):
+        r = (a_c[..., :, None, d0 : d0 + d_group] + b[..., None, :, d0 : d0 + d_group]).reciprocal_()  # (B,H,c,L,g)
+        m = r.sum(-1) if m is None else m.add_(r.sum(-1))
+    return m
+
+
+class _CauchyMix(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor, v: Tensor, chunk: int, d_group: int) -> Tensor:
+        ctx.save_for_backward(a, b, v)
+        ctx.chunk, ctx.d_group = chunk, d_group
+        y = torch.empty_like(v)
+        for i0 in range(0, a.shape[2], chunk):
+            y[:, :, i0 : i0 + chunk] = _cauchy_block(a[:, :, i0 : i0 + chunk], b, d_group) @ v  # (B, H, c, Dv)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy: Tensor) -> tuple[Tensor | None, ...]:
+        a, b, v = ctx.saved_tensors
+        chunk, d_group = ctx.chunk, ctx.d_group
+        ga, gb, gv = torch.zeros_like(a), torch.zeros_like(b), torch.zeros_like(v)
+        for i0 in range(0, a.shape[2], chunk):
+            a_c, gy_c = a[:, :, i0 : i0 + chunk], gy[:, :, i0 : i0 + chunk]
+            g = (gy_c @ v.transpose(-1, -2)).unsqueeze(-1)  # (B, H, c, L, 1): dLoss / dm_ij
+            m = None
+            for d0 in range(0, a.shape[-1], d_group):
+                d1 = d0 + d_group
+                r = (a_c[..., :, None, d0:d1] + b[..., None, :, d0:d1]).reciprocal_()  # (B, H, c, L, g)
+                m = r.sum(-1) if m is None else m.add_(r.sum(-1))
+                t = r.square_().mul_(g)  # d m_ij / d a_id = d m_ij / d b_jd = -r^2 (r is not needed after this)
+                ga[:, :, i0 : i0 + chunk, d0:d1] = -t.sum(3)
+                gb[..., d0:d1] -= t.sum(2)
+            gv += m.transpose(-1, -2) @ gy_c  # (B, H, L, Dv)
+        return ga, gb, gv, None, None
+
+
+def cauchy_mix(a: Tensor, b: Tensor, v: Tensor, chunk: int | None = None, d_group: int = 8) -> Tensor:
+    """``y_i = sum_j (sum_d 1 / (a_id + b_jd)) v_j`` without building the ``(B, H, L, L, D)`` tensor.
+
+    The caller keeps ``a_id + b_jd`` away from zero (the structured mixer makes both positive).
+
+    Args:
+        a: ``(B, H, L, D)`` row terms.
+        b: ``(B, H, L, D)`` column terms.
+        v: ``(B, H, L, Dv)``.
+        chunk: query rows per chunk (default: from a 64 MiB scratch budget).
+        d_group: D terms summed per step.
+
+    Returns:
+        ``(B, H, L, Dv)`` in ``v``'s dtype (computed in float32 for half-precision inputs).
+    """
+    B, H, L, D = a.shape
+    acc = _acc(v)
+    d_group = max(1, min(d_group, D))
+    chunk = chunk or chunk_rows(B, H, L, d_group, torch.finfo(acc).bits // 8)
+    with torch.autocast(device_type=v.device.type, enabled=False):
+        y = _CauchyMix.apply(a.to(acc), b.to(acc), v.to(acc), chunk, d_group)
+    return y.to(v.dtype)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Vandermonde: y_i = sum_j (sum_d cos(w q_id j) - cos(w k_jd i)) v_j
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _vandermonde_block(q_c: Tensor, k: Tensor, rows: Tensor, cols: Tensor, w: float, d_group: int) -> Tensor:
+    """``m_ij = sum_d cos(w q_id j) - cos(w k_jd i)`` for rows ``rows`` (q_c ``(B, H, c, D)``): ``(B, H, c, L)``."""
+    m = None
+    for d0 in range(0, q_c.shape[-1], d_group):
+        d1 = d0 + d_group
+        t = torch.cos(w * q_c[..., :, None, d0:d1] * cols[:, None]) - torch.cos(
+            w * k[..., None, :, d0:d1] * rows[:, None, None]
+        )  # (B, H, c, L, g)
+        m = t.sum(-1) if m is None else m + t.sum(-1)
+    return m
+
+
+class _VandermondeMix(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, w: float, chunk: int, d_group: int) -> Tensor:
+        ctx.save_for_backward(q, k, v)
+        ctx.w, ctx.chunk, ctx.d_group = w, chunk, d_group
+        L = q.shape[2]
+        pos = torch.arange(L, device=q.device, dtype=q.dtype)
+        y = torch.empty_like(v)
+        for i0 in range(0, L, chunk):
+            rows = pos[i0 : i0 + chunk]
+            y[:, :, i0 : i0 + chunk] = _vandermonde_block(q[:, :, i0 : i0 + chunk], k, rows, pos, w, d_group) @ v
+        return y
+
+    @staticmethod
+    def backward(ctx, gy: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, v = ctx.saved_tensors
+        w, chunk, d_group = ctx.w, ctx.chunk, ctx.d_group
+        L = q.shape[2]
+        pos = torch.arange(L, device=q.device, dtype=q.dtype)
+        gq, gk, gv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for i0 in range(0, L, chunk):
+            rows, q_c, gy_c = pos[i0 : i0 + chunk], q[:, :, i0 : i0 + chunk], gy[:, :, i0 : i0 + chunk]
+            gv += _vandermonde_block(q_c, k, rows, pos, w, d_group).transpose(-1, -2) @ gy_c
+            g = (gy_c @ v.transpose(-1, -2)).unsqueeze(-1)  # (B, H, c, L, 1): dLoss / dm_ij
+            for d0 in range(0, q.shape[-1], d_group):
+                d1 = d0 + d_group
+                # d/dq_id cos(w q_id j) = -w j sin(w q_id j);  d/dk_jd of -cos(w k_jd i) = w i sin(w k_jd i)
+                jw = w * pos[:, None]  # (L, 1)
+                iw = w * rows[:, None, None]  # (c, 1, 1)
+                gq[:, :, i0 : i0 + chunk, d0:d1] = -(g * jw * torch.sin(q_c[..., :, None, d0:d1] * jw)).sum(3)
+                gk[..., d0:d1] += (g * iw * torch.sin(k[..., None, :, d0:d1] * iw)).sum(2)
+        return gq, gk, gv, None, None, None
+
+
+def vandermonde_mix(q: Tensor, k: Tensor, v: Tensor, freq: float, chunk: int | None = None, d_group: int = 8) -> Tensor:
+    """``y_i = sum_j (sum_d cos(2 pi freq q_id j) - cos(2 pi freq k_jd i)) v_j`` in real arithmetic, chunked.
+
+    Args:
+        q, k: ``(B, H, L, D)``.
+        v: ``(B, H, L, Dv)``.
+        freq: the frequency scale (cycles per position per unit of q / k).
+        chunk, d_group: as :func:`cauchy_mix`.
+
+    Returns:
+        ``(B, H, L, Dv)`` in ``v``'s dtype.
+    """
+    B, H, L, D = q.shape
+    acc = _acc(v)
+    d_group = max(1, min(d_group, D))
+    chunk = chunk or chunk_rows(B, H, L, d_group, torch.finfo(acc).bits // 8)
+    with torch.autocast(device_type=v.device.type, enabled=False):
+        y = _VandermondeMix.apply(q.to(acc), k.to(acc), v.to(acc), 2 * math.pi * freq, chunk, d_group)
+    return y.to(v.dtype)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Toeplitz: y_i = sum_j t_{i-j} v_j, per channel, by FFT
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def toeplitz_mix(kernel: Tensor, v: Tensor) -> Tensor:
+    """``y_i = sum_j t_{i-j} v_j`` per channel, by a zero-padded FFT convolution (float32 under autocast).
+
+    Args:
+        kernel: ``(B, H, 2L-1, D)``; row ``s + L - 1`` holds ``t_s`` for offsets ``s = -(L-1) .. L-1``.
+        v: ``(B, H, L, D)``.
+
+    Returns:
+        ``(B, H, L, D)``.
+    """
+    L = v.shape[2]
+    if kernel.shape[2] != 2 * L - 1:
+        raise ValueError(f"kernel must have 2L-1 = {2 * L - 1} offsets on dim 2, got shape {tuple(kernel.shape)}")
+    n = 1 << (3 * L - 3).bit_length()  # >= 3L-2: the full linear convolution fits
+    acc = _acc(v)
+    with torch.autocast(device_type=v.device.type, enabled=False):
+        fk = torch.fft.rfft(kernel.to(acc), n=n, dim=2)
+        fv = torch.fft.rfft(v.to(acc), n=n, dim=2)
+        full = torch.fft.irfft(fk * fv, n=n, dim=2)  # full[m] = sum_j kernel[m - j] v_j
+    return full[:, :, L - 1 : 2 * L - 1].to(v.dtype)  # y_i = full[i + L - 1]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Quasiseparable (Hydra): a forward and a backward selective scan, chunked
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _causal_scan(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor, inclusive: bool, chunk: int) -> Tensor:
+    """``y_i = sum_{j <= i (or < i)} (q_i . k_j) prod_{t=j+1}^{i} a_t v_j``, chunked (SSD form).
+
+    Args:
+        q, k: ``(B, H, L, D)``; v: ``(B, H, L, Dv)``; log_a: ``(B, H, L)`` log decays (<= 0).
+    """
+    B, H, L, D = q.shape
+    Dv = v.shape[-1]
+    T = min(chunk, L)
+    pad = (-L) % T
+    if pad:  # zero keys / values and unit decays after the end change nothing before it
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        log_a = F.pad(log_a, (0, pad))
+    n = (L + pad) // T
+    qc, kc, vc = q.view(B, H, n, T, D), k.view(B, H, n, T, D), v.view(B, H, n, T, Dv)  # (B, H, n, T, .)
+    cs = log_a.view(B, H, n, T).cumsum(-1)  # (B, H, n, T): log prod_{t=start}^{i} a_t
+    ii = torch.arange(T, device=q.device)
+    mask = ii[:, None] >= ii[None, :] if inclusive else ii[:, None] > ii[None, :]  # (T, T)
+    seg = (cs.unsqueeze(-1) - cs.unsqueeze(-2)).masked_fill(~mask, float("-inf")).exp()  # (B, H, n, T, T)
+    y = ((qc @ kc.transpose(-1, -2)) * seg) @ vc  # intra-chunk, (B, H, n, T, Dv)
+    # Chunk states: S_c = sum_{j in c} prod_{t=j+1}^{end} a_t k_j v_j^T, carried across chunks with the chunk decay.
+    states = (kc * (cs[..., -1:] - cs).exp().unsqueeze(-1)).transpose(-1, -2) @ vc  # (B, H, n, D, Dv)
+    decay = cs[..., -1].exp()  # (B, H, n)
+    carried = [torch.zeros_like(states[:, :, 0])]
+    for c in range(n - 1):
+        carried.append(decay[:, :, c, None, None] * carried[-1] + states[:, :, c])
+    prev = torch.stack(carried, dim=2)  # (B, H, n, D, Dv): state entering chunk c
+    y = y + cs.exp().unsqueeze(-1) * (qc @ prev)  # inter-chunk
+    return y.reshape(B, H, n * T, Dv)[:, :, :L]
+
+
+def quasiseparable_mix(q: Tensor, k: Tensor, v: Tensor, log_fwd: Tensor, log_bwd: Tensor, chunk: int = 64) -> Tensor:
+    """Hydra's bidirectional quasiseparable mixer ``y = M v`` with (before any scaling of q)::
+
+        m_ij = (q_i . k_j) prod_{t=j+1}^{i} a_t      i >= j   (forward scan, the diagonal included)
+        m_ij = (q_i . k_j) prod_{t=i}^{j-1} b_t      i <  j   (backward scan: the forward one on the flipped sequence)
+
+    Args:
+        q, k: ``(B, H, L, D)``; v: ``(B, H, L, Dv)``.
+        log_fwd, log_bwd: ``(B, H, L)`` log a_t, log b_t (<= 0).
+        chunk: scan chunk length T.
+
+    Returns:
+        ``(B, H, L, Dv)``.
+    """
+    acc = _acc(v)
+    with torch.autocast(device_type=v.device.type, enabled=False):
+        q, k, v, log_fwd, log_bwd = (t.to(acc) for t in (q, k, v, log_fwd, log_bwd))
+        fwd = _causal_scan(q, k, v, log_fwd, inclusive=True, chunk=chunk)
+        flip = lambda t: t.flip(2)  # noqa: E731
+        bwd = flip(_causal_scan(flip(q), flip(k), flip(v), flip(log_bwd), inclusive=False, chunk=chunk))
+    return (fwd + bwd).to(v.dtype)

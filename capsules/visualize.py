@@ -1,0 +1,207 @@
+"""Part decompositions of the capsule autoencoder, as in the paper's figures: one colour per latent capsule.
+
+The reconstruction is coloured by the latent capsule that decoded each point (its patch); the input cloud beside it
+is coloured by the capsule of its nearest decoded point, so the two halves of the picture use the same colours. With
+``highlight`` only the chosen capsules keep their colour and the others are grey (the paper's figures colour a few
+capsules and grey the rest).
+
+Output: a coloured ``.ply`` (:func:`write_ply`), a PNG rendered headless (:func:`render_png`: Open3D's
+``OffscreenRenderer``, which needs Debian's ``libvulkan1 mesa-vulkan-drivers`` or a GPU driver; else the legacy
+``Visualizer`` with a hidden window, which needs an X display such as ``xvfb-run``), or an interactive Open3D window
+(:func:`show`). Open3D is imported only inside these functions.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import logging
+from collections.abc import Sequence
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attention import knn
+
+__all__ = ["GREY", "capsule_palette", "decomposition", "render_png", "show", "write_ply"]
+
+_logger = logging.getLogger(__name__)
+
+GREY = (0.72, 0.72, 0.72)
+
+# Camera placement per up axis: eye offset from the centre, and the axis along which the two clouds sit side by side.
+_VIEWS = {
+    "z": (np.array([1.6, -4.2, 2.4]), np.array([0.0, 0.0, 1.0])),
+    "y": (np.array([1.6, 2.0, 4.2]), np.array([0.0, 1.0, 0.0])),
+}
+
+
+def capsule_palette(num_capsules: int) -> np.ndarray:
+    """``(M, 3)`` distinct saturated colours in [0, 1] (hues spaced by the golden ratio, two brightness levels)."""
+    hues = (np.arange(num_capsules) * 0.618033988749895) % 1.0
+    return np.array(
+        [colorsys.hsv_to_rgb(h, 0.85, 0.95 if i % 2 == 0 else 0.7) for i, h in enumerate(hues)], dtype=np.float64
+    ).reshape(num_capsules, 3)
+
+
+def decomposition(
+    points: np.ndarray,
+    recon: np.ndarray,
+    point_capsule: np.ndarray,
+    num_capsules: int,
+    highlight: Sequence[int] | None = None,
+    up: str = "z",
+    gap: float = 0.6,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Input and reconstruction side by side, coloured by capsule.
+
+    Args:
+        points: input cloud.
+        recon: reconstruction.
+        point_capsule: latent capsule of each reconstructed point.
+        num_capsules: M.
+        highlight: capsules that keep their colour (others grey); None colours all.
+        up: the clouds' up axis, ``"z"`` or ``"y"`` (they are placed side by side along x).
+        gap: space between the two clouds.
+
+    Shapes:
+        points: ``(N, 3)``; recon: ``(R, 3)``; point_capsule: ``(R,)``;
+        output: xyz ``(N + R, 3)`` (input first, shifted left; reconstruction shifted right) and rgb ``(N + R, 3)``.
+    """
+    if up not in _VIEWS:
+        raise ValueError(f"up must be one of {sorted(_VIEWS)}, got {up!r}")
+    points, recon = np.asarray(points, dtype=np.float64), np.asarray(recon, dtype=np.float64)
+    point_capsule = np.asarray(point_capsule, dtype=np.int64)
+    if points.ndim != 2 or points.shape[1] != 3 or recon.ndim != 2 or recon.shape[1] != 3:
+        raise ValueError(f"points and recon must be (N, 3) and (R, 3), got {points.shape} and {recon.shape}")
+    if point_capsule.shape != (len(recon),):
+        raise ValueError(f"point_capsule must be ({len(recon)},), one capsule per reconstructed point")
+    palette = capsule_palette(num_capsules)
+    if highlight is not None:
+        bad = [c for c in highlight if not 0 <= c < num_capsules]
+        if bad:
+            raise ValueError(f"highlight holds capsules {bad} outside [0, {num_capsules})")
+        keep = np.zeros(num_capsules, dtype=bool)
+        keep[list(highlight)] = True
+        palette = np.where(keep[:, None], palette, np.array(GREY))
+    _, idx = knn(torch.from_numpy(points)[None].float(), torch.from_numpy(recon)[None].float(), 1)
+    input_capsule = point_capsule[idx[0, :, 0].numpy()]  # capsule of each input point's nearest decoded point
+    width = max(np.ptp(points[:, 0]), np.ptp(recon[:, 0]))
+    shift = np.array([(width + gap) / 2, 0.0, 0.0])
+    xyz = np.concatenate([points - points.mean(0) - shift, recon - recon.mean(0) + shift])
+    return xyz, np.concatenate([palette[input_capsule], palette[point_capsule]])
+
+
+def _point_cloud(xyz: np.ndarray, rgb: np.ndarray):
+    import open3d as o3d
+
+    cloud = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(xyz, dtype=np.float64)))
+    cloud.colors = o3d.utility.Vector3dVector(np.clip(np.asarray(rgb, dtype=np.float64), 0.0, 1.0))
+    return cloud
+
+
+def write_ply(path: str | PathLike, xyz: np.ndarray, rgb: np.ndarray) -> Path:
+    """Write a coloured point cloud (ASCII .ply, readable by Open3D, MeshLab, CloudCompare)."""
+    import open3d as o3d
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not o3d.io.write_point_cloud(str(path), _point_cloud(xyz, rgb), write_ascii=True):
+        raise OSError(f"Open3D could not write {path}")
+    return path
+
+
+def _camera(xyz: np.ndarray, up: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    offset, up_vec = _VIEWS[up]
+    centre = (xyz.min(0) + xyz.max(0)) / 2
+    extent = float(np.linalg.norm(xyz.max(0) - xyz.min(0)))
+    return centre, centre + offset / np.linalg.norm(offset) * extent * 0.95, up_vec
+
+
+def _render_offscreen(xyz: np.ndarray, rgb: np.ndarray, width: int, height: int, up: str, point_size: float):
+    import open3d as o3d
+
+    rendering = o3d.visualization.rendering
+    renderer = rendering.OffscreenRenderer(width, height)
+    material = rendering.MaterialRecord()
+    material.shader = "defaultUnlit"
+    material.point_size = point_size
+    renderer.scene.set_background([1.0, 1.0, 1.0, 1.0])
+    renderer.scene.view.set_post_processing(False)  # no tone mapping: the palette's colours as they are
+    renderer.scene.add_geometry("capsules", _point_cloud(xyz, rgb), material)
+    centre, eye, up_vec = _camera(xyz, up)
+    renderer.setup_camera(40.0, centre, eye, up_vec)
+    return np.asarray(renderer.render_to_image())
+
+
+def _render_legacy(xyz: np.ndarray, rgb: np.ndarray, width: int, height: int, up: str, point_size: float):
+    import open3d as o3d
+
+    vis = o3d.visualization.Visualizer()
+    if not vis.create_window(visible=False, width=width, height=height):
+        raise RuntimeError("the legacy Open3D Visualizer could not open a window (no X display: use xvfb-run)")
+    try:
+        vis.add_geometry(_point_cloud(xyz, rgb))
+        vis.get_render_option().point_size = point_size
+        centre, eye, up_vec = _camera(xyz, up)
+        ctrl = vis.get_view_control()
+        ctrl.set_lookat(centre)
+        ctrl.set_front((eye - centre) / np.linalg.norm(eye - centre))
+        ctrl.set_up(up_vec)
+        vis.poll_events()
+        vis.update_renderer()
+        image = np.asarray(vis.capture_screen_float_buffer(do_render=True))
+        return (image * 255).astype(np.uint8)
+    finally:
+        vis.destroy_window()
+
+
+def render_png(
+    path: str | PathLike,
+    xyz: np.ndarray,
+    rgb: np.ndarray,
+    width: int = 960,
+    height: int = 480,
+    up: str = "z",
+    point_size: float = 6.0,
+) -> Path:
+    """Render a coloured cloud to a PNG without a display; returns the path.
+
+    Tries Open3D's ``OffscreenRenderer`` (Filament; Vulkan or EGL), then the legacy ``Visualizer`` with a hidden
+    window (needs an X display, e.g. ``xvfb-run``). Raises ``RuntimeError`` naming what to install if both fail.
+    """
+    import open3d as o3d
+
+    errors = []
+    image = None
+    for name, fn in (("OffscreenRenderer", _render_offscreen), ("legacy Visualizer", _render_legacy)):
+        try:
+            image = fn(xyz, rgb, width, height, up, point_size)
+            break
+        except Exception as err:
+            errors.append(f"{name}: {err}")
+            _logger.info("%s failed (%s), trying the next renderer", name, err)
+    if image is None:
+        raise RuntimeError(
+            "no headless Open3D renderer works here (" + "; ".join(errors) + "). Install Debian's libvulkan1 "
+            "mesa-vulkan-drivers (OffscreenRenderer) or run under xvfb-run (legacy Visualizer); tools/bootstrap.sh "
+            "installs them when run as root"
+        )
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not o3d.io.write_image(str(path), o3d.geometry.Image(np.ascontiguousarray(image))):
+        raise OSError(f"Open3D could not write {path}")
+    return path
+
+
+def show(xyz: np.ndarray, rgb: np.ndarray, title: str = "capsule decomposition", point_size: float = 6.0) -> None:
+    """Open an interactive Open3D window (needs a display)."""
+    import open3d as o3d
+
+    vis = o3d.visualization.Visualizer()
+    vis.create_window(window_name=title)
+    vis.add_geometry(_point_cloud(xyz, rgb))
+    vis.get_render_option().point_size = point_size
+    vis.run()
+    vis.destroy_window()

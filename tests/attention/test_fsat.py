@@ -1,0 +1,219 @@
+"""FSAT / FAT: FFT cross == brute force, the fold, sparse attention == dense masked reference, truncation, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attention import fsat
+from attention.fsat import (
+    FourierAttention,
+    FourierCross,
+    FourierSparseAttention,
+    TruncateGrad,
+    fold_cross,
+    pooled_cross,
+    pooled_cross_reference,
+    sparse_edge_attention,
+    sparse_edge_attention_reference,
+)
+
+
+@pytest.mark.parametrize("L", [1, 2, 7, 10, 33])
+def test_pooled_cross_matches_brute_force(L: int) -> None:
+    g = torch.Generator().manual_seed(L)
+    a, b = torch.randn(2, L, 5, generator=g), torch.randn(2, L, 5, generator=g)
+    out = pooled_cross(a, b)
+    assert out.shape == (2, 2 * L - 1, 5) and out.dtype == torch.float32
+    torch.testing.assert_close(out, pooled_cross_reference(a, b), atol=1e-5, rtol=1e-5)
+    # and against the definition written out pair by pair
+    k = min(2 * L - 2, 3)
+    expected = sum(a[:, i] * b[:, k - i] for i in range(max(0, k - L + 1), min(k, L - 1) + 1))
+    torch.testing.assert_close(out[:, k], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_pooled_cross_gradients_match_reference() -> None:
+    a = torch.randn(2, 9, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, 9, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, 17, 4)
+    ga = torch.autograd.grad((pooled_cross(a, b) * w).sum(), (a, b))
+    gr = torch.autograd.grad((pooled_cross_reference(a, b) * w).sum(), (a, b))
+    for x, y in zip(ga, gr):
+        torch.testing.assert_close(x.double(), y.double(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("L", [1, 6, 9])
+def test_fold_matches_definition(L: int) -> None:
+    a, b = torch.randn(2, L, 3), torch.randn(2, L, 3)
+    c = fold_cross(pooled_cross(a, b), a, b)
+    # row i gathers every pair (p, q), p + q in {2i, 2i+1}, except p = q = i
+    expected = torch.zeros(2, L, 3)
+    for p in range(L):
+        for q in range(L):
+            i = (p + q) // 2
+            if not (p == q == i):
+                expected[:, i] += a[:, p] * b[:, q]
+    torch.testing.assert_close(c, expected, atol=1e-5, rtol=1e-5)
+
+
+def _edges(B: int, H: int, L: int, E: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(-1, L, (B, H, L, E), generator=g)  # -1: absent edge; duplicates happen
+    idx[..., 0] = idx[..., 1]  # force duplicate edges
+    if L > 1:
+        idx[0, 0, :, :] = torch.where(idx[0, 0] == 0, torch.ones_like(idx[0, 0]), idx[0, 0])  # query 0 unreached
+    conf = torch.rand(B, H, L, E, generator=g, dtype=torch.float64) + 0.1
+    return idx, conf
+
+
+@pytest.mark.parametrize("rows_per_chunk", [3, None])
+@pytest.mark.parametrize("L", [1, 13])
+def test_sparse_attention_matches_dense_reference(L: int, rows_per_chunk: int | None, monkeypatch) -> None:
+    B, H, D, E = 2, 3, 5, 6
+    if rows_per_chunk:  # several chunks of key rows in the gather / scatter functions
+        monkeypatch.setattr(fsat, "_EDGE_CHUNK_BYTES", rows_per_chunk * E * D * 8)
+    idx, conf = _edges(B, H, L, E, seed=L)
+    q, k, v = (torch.randn(B, H, L, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    conf.requires_grad_(True)
+    w = torch.randn(B, H, L, D, dtype=torch.float64)
+    out = sparse_edge_attention(q, k, v, idx, conf)
+    ref = sparse_edge_attention_reference(q, k, v, idx, conf)
+    torch.testing.assert_close(out, ref)
+    g1 = torch.autograd.grad((out * w).sum(), (q, k, v, conf))
+    g2 = torch.autograd.grad((ref * w).sum(), (q, k, v, conf))
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b)
+    if L > 1:
+        reached = torch.zeros(B, H, L, dtype=torch.bool)
+        for b_, h_, j, e in (idx >= 0).nonzero().tolist():
+            reached[b_, h_, idx[b_, h_, j, e]] = True
+        assert not reached[0, 0, 0]
+        assert torch.equal(out[~reached], torch.zeros_like(out[~reached]))  # documented: unreached queries get 0
+
+
+def test_fsat_module_equals_dense_reference_on_its_edges() -> None:
+    torch.manual_seed(0)
+    m = FourierSparseAttention(24, num_heads=3, max_len=11, num_edges=2).double()
+    x = torch.randn(2, 11, 24, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(5)
+    out = m(x)
+    # the same forward with the dense reference on the same (seeded) random edges
+    torch.manual_seed(5)
+    B, L, C = x.shape
+    c = m.cross(x)
+    q = m.q(x).view(B, L, 3, 8).transpose(1, 2)
+    k, v = m.kv(c).view(B, L, 2, 3, 8).permute(2, 0, 3, 1, 4).unbind(0)
+    idx, conf = m.edges(c)
+    assert idx.shape == (2, 3, 11, 4)  # M predicted + M random in training
+    ref = m.proj(sparse_edge_attention_reference(q, k, v, idx, conf).transpose(1, 2).reshape(B, L, C))
+    torch.testing.assert_close(out, ref)
+    w = torch.randn_like(out)
+    g1 = torch.autograd.grad((out * w).sum(), [x, *m.parameters()], allow_unused=True)
+    g2 = torch.autograd.grad((ref * w).sum(), [x, *m.parameters()], allow_unused=True)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b)
+    assert m.index_head.weight.grad is None and g1[-3] is not None  # the index head learns through the confidences
+
+
+def test_truncate_grad_clamps_to_non_positive() -> None:
+    x = torch.randn(10, requires_grad=True)
+    g = torch.linspace(-1, 1, 10)
+    (TruncateGrad.apply(x) * g).sum().backward()
+    torch.testing.assert_close(x.grad, g.clamp(max=0))
+    assert (x.grad <= 0).all() and (x.grad < 0).any()
+
+
+def test_fsat_index_head_sees_only_the_clamped_confidence_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(1)
+    m = FourierSparseAttention(16, num_heads=2, max_len=9, num_edges=3).eval()
+    c = m.cross(torch.randn(2, 9, 16)).detach()
+    _, conf = m.edges(c)
+    g = torch.randn_like(conf)  # an upstream gradient of both signs
+    got = torch.autograd.grad(conf, m.index_head.weight, g)[0]
+    monkeypatch.setattr(fsat.TruncateGrad, "apply", lambda t: t)
+    _, raw = m.edges(c)
+    want = torch.autograd.grad(raw, m.index_head.weight, g.clamp(max=0), retain_graph=True)[0]
+    unclamped = torch.autograd.grad(raw, m.index_head.weight, g)[0]
+    torch.testing.assert_close(got, want)
+    assert not torch.allclose(got, unclamped)
+
+
+def test_fsat_eval_is_deterministic_and_uses_predicted_edges_only() -> None:
+    torch.manual_seed(2)
+    m = FourierSparseAttention(16, num_heads=2, max_len=12, num_edges=4).eval()
+    x = torch.randn(3, 12, 16)
+    torch.manual_seed(10)
+    a = m(x)
+    torch.manual_seed(11)
+    b = m(x)
+    assert torch.equal(a, b)
+    idx, _ = m.edges(m.cross(x))
+    assert idx.shape == (3, 2, 12, 4)
+    m.train()
+    torch.manual_seed(10)
+    c1 = m(x)
+    torch.manual_seed(11)
+    c2 = m(x)
+    assert not torch.equal(c1, c2)  # random edges in training
+
+
+def test_short_sequences_drop_edges_past_the_end() -> None:
+    torch.manual_seed(3)
+    m = FourierSparseAttention(8, num_heads=1, max_len=50, num_edges=4).eval()
+    with torch.no_grad():
+        m.index_head.bias.fill_(3.0)  # sigmoid ~ 0.95 -> predicted positions ~ 47 > L
+    idx, _ = m.edges(m.cross(torch.randn(1, 10, 8)))
+    assert (idx == -1).all()
+    assert torch.equal(m(torch.randn(1, 10, 8)), m.proj.bias.expand(1, 10, 8))
+
+
+@pytest.mark.parametrize("cls", [FourierSparseAttention, FourierAttention])
+@pytest.mark.parametrize("feature_map", ["mlp", "conv"])
+def test_bf16_autocast_is_finite(cls: type, feature_map: str) -> None:
+    torch.manual_seed(4)
+    kw = {"max_len": 64} if cls is FourierSparseAttention else {}
+    m = cls(32, num_heads=4, feature_map=feature_map, **kw)
+    x = torch.randn(2, 64, 32, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a = m.cross.f1(x)
+        assert pooled_cross(a, a).dtype == torch.float32
+        out = m(x)
+    assert torch.isfinite(out).all()
+    out.float().sum().backward()
+    assert torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
+
+
+def test_fat_is_attention_from_x_to_the_cross() -> None:
+    torch.manual_seed(6)
+    m = FourierAttention(12, num_heads=2).double()
+    x = torch.randn(2, 7, 12, dtype=torch.float64)
+    c = m.cross(x)
+    q = m.q(x).view(2, 7, 2, 6).transpose(1, 2)
+    k, v = m.kv(c).view(2, 7, 2, 2, 6).permute(2, 0, 3, 1, 4).unbind(0)
+    att = torch.softmax(q @ k.transpose(-1, -2) / 6**0.5, -1)
+    torch.testing.assert_close(m(x), m.proj((att @ v).transpose(1, 2).reshape(2, 7, 12)))
+    cross = FourierCross(12)
+    assert cross(x.float()).shape == (2, 7, 12)
+
+
+def test_bad_inputs_raise_clear_errors() -> None:
+    m = FourierSparseAttention(8, num_heads=2, max_len=10)
+    with pytest.raises(ValueError, match="exceeds max_len=10"):
+        m(torch.randn(1, 11, 8))
+    with pytest.raises(ValueError, match=r"must be \(B, L, C\)"):
+        m(torch.randn(11, 8))
+    with pytest.raises(ValueError, match=r"must be \(B, L, 8\)"):
+        m(torch.randn(1, 5, 9))
+    with pytest.raises(ValueError, match="attn_mask"):
+        m(torch.randn(1, 5, 8), attn_mask=torch.ones(5, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="unknown feature_map"):
+        FourierAttention(8, feature_map="fft")
+    with pytest.raises(ValueError, match="divisible"):
+        FourierAttention(10, num_heads=3)
+    with pytest.raises(ValueError, match="same shape"):
+        pooled_cross(torch.randn(1, 4, 2), torch.randn(1, 5, 2))
+    with pytest.raises(ValueError, match="query positions < L"):
+        sparse_edge_attention(
+            *(torch.randn(1, 1, 3, 2) for _ in range(3)), torch.full((1, 1, 3, 1), 3), torch.ones(1, 1, 3, 1)
+        )

@@ -1,0 +1,160 @@
+"""Structured matrix mixers: efficient path == dense matrix (outputs and gradients, odd L), bidirectionality, bf16,
+the registry, and the chunked paths' memory bound."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from attention.mixers import MATRIX_MIXERS, MIXERS, MatrixMixer, build_mixer, cauchy_mix, vandermonde_mix
+
+SMALL_CHUNKS = {"cauchy": {"chunk_size": 4}, "vandermonde": {"chunk_size": 4}, "quasiseparable": {"chunk_size": 4}}
+
+
+def _mixer(name: str, data_dependent: bool, dim: int = 20, heads: int = 2, max_len: int = 16) -> MatrixMixer:
+    torch.manual_seed(0)
+    kw = SMALL_CHUNKS.get(name, {})
+    return MatrixMixer(dim, heads, matrix=name, data_dependent=data_dependent, max_len=max_len, **kw).double()
+
+
+@pytest.mark.parametrize("data_dependent", [True, False])
+@pytest.mark.parametrize("name", sorted(MATRIX_MIXERS))
+def test_efficient_path_matches_dense_matrix(name: str, data_dependent: bool) -> None:
+    m = _mixer(name, data_dependent)
+    x = torch.randn(2, 13, 20, dtype=torch.float64, requires_grad=True)  # odd L, D = 10 (not a multiple of d_group)
+    out, ref = m(x), m.forward_reference(x)
+    torch.testing.assert_close(out, ref)
+    w = torch.randn_like(out)
+    params = [p for p in m.parameters() if p.requires_grad]
+    g1 = torch.autograd.grad((out * w).sum(), [x, *params], allow_unused=True)
+    g2 = torch.autograd.grad((ref * w).sum(), [x, *params], allow_unused=True)
+    for a, b in zip(g1, g2):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b)
+    assert g1[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", sorted(MATRIX_MIXERS))
+def test_every_mixer_is_bidirectional_and_twins_ignore_the_input(name: str) -> None:
+    m = _mixer(name, True)
+    x = torch.randn(1, 9, 20, dtype=torch.float64)
+    x2 = x.clone()
+    x2[:, -1] += 1.0
+    assert not torch.allclose(m(x)[:, 0], m(x2)[:, 0])  # the first output sees the last token
+    x3 = x.clone()
+    x3[:, 0] += 1.0
+    assert not torch.allclose(m(x)[:, -1], m(x3)[:, -1])  # and the last output the first token
+    twin = _mixer(name, False)
+    torch.testing.assert_close(twin.materialize(x), twin.materialize(torch.randn_like(x)))
+
+
+def test_matrices_have_their_structure() -> None:
+    x = torch.randn(1, 7, 20, dtype=torch.float64)
+    t = _mixer("toeplitz", True).materialize(x)  # (B, H, D, L, L)
+    torch.testing.assert_close(t[..., 1:, 1:], t[..., :-1, :-1])  # constant along diagonals
+    q = _mixer("quasiseparable", True)
+    m = q.materialize(x)[0, 0]
+    # off-diagonal blocks of a (semi)separable matrix built from rank-D factors have rank <= D
+    assert torch.linalg.matrix_rank(m[4:, :3]) <= q.head_dim
+    c = _mixer("cauchy", True).materialize(x)
+    assert (c > 0).all()  # positive denominators by construction
+
+
+@pytest.mark.parametrize("name", sorted(MATRIX_MIXERS))
+def test_bf16_autocast_is_finite_and_close(name: str) -> None:
+    torch.manual_seed(1)
+    m = MatrixMixer(32, 4, matrix=name)
+    x = torch.randn(2, 33, 32, requires_grad=True)
+    ref = m(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m(x)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref, atol=0.05 * ref.abs().max().item() + 1e-3, rtol=0.05)
+    out.float().sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+def test_cauchy_denominators_stay_away_from_zero() -> None:
+    m = MatrixMixer(8, 1, matrix="cauchy")
+    with torch.no_grad():
+        m.matrix.c_raw.fill_(-50.0)  # c -> c_min
+    q = torch.full((1, 1, 5, 8), -60.0)  # softplus -> 0: the worst case, denominators -> c_min
+    a, b = m.matrix._terms(q, q)
+    assert float((a.unsqueeze(3) + b.unsqueeze(2)).min().detach()) >= m.matrix.c_min * 0.999
+    assert torch.isfinite(cauchy_mix(a, b, torch.randn(1, 1, 5, 3))).all()
+    with pytest.raises(ValueError, match="c_min must be > 0"):
+        MatrixMixer(8, 1, matrix="cauchy", c_min=0.0)
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any op produces."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("fn", ["cauchy", "vandermonde"])
+def test_chunked_paths_never_build_more_than_a_chunk(fn: str) -> None:
+    B, H, L, D, chunk, d_group = 1, 2, 128, 16, 8, 4
+    q = torch.rand(B, H, L, D, requires_grad=True)
+    k = torch.rand(B, H, L, D, requires_grad=True)
+    v = torch.randn(B, H, L, D, requires_grad=True)
+    with _LargestTensor() as probe:
+        if fn == "cauchy":
+            y = cauchy_mix(q + 1, k, v, chunk=chunk, d_group=d_group)
+        else:
+            y = vandermonde_mix(q, k, v, 0.01, chunk=chunk, d_group=d_group)
+        y.square().sum().backward()
+    assert probe.largest <= B * H * chunk * L * d_group  # vs B H L L D = 64x more here
+    assert probe.largest < B * H * L * L * D / 32
+
+
+def test_softmax_matches_explicit_and_takes_a_mask() -> None:
+    torch.manual_seed(2)
+    m = MatrixMixer(16, 2, matrix="softmax")
+    explicit = MatrixMixer(16, 2, matrix="softmax", sdpa=False)
+    explicit.load_state_dict(m.state_dict())
+    x = torch.randn(2, 11, 16)
+    mask = torch.rand(2, 1, 11, 11) > 0.3
+    mask[..., 0] = True
+    torch.testing.assert_close(m(x, attn_mask=mask), explicit(x, attn_mask=mask), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(m(x), m.forward_reference(x), atol=1e-5, rtol=1e-5)
+
+
+def test_registry_builds_every_mixer_and_names_the_choices() -> None:
+    x = torch.randn(2, 10, 16)
+    for name in MIXERS:
+        mixer = build_mixer(name, 16, num_heads=2, max_len=12)
+        out = mixer(x)
+        assert out.shape == x.shape and torch.isfinite(out).all(), name
+    with pytest.raises(ValueError, match=r"unknown mixer 'nope'; choose one of \['cauchy'"):
+        build_mixer("nope", 16)
+    with pytest.raises(ValueError, match="needs max_len"):
+        build_mixer("fsat", 16)
+    with pytest.raises(ValueError, match="needs max_len"):
+        build_mixer("cauchy_static", 16)
+
+
+def test_bad_inputs_raise_clear_errors() -> None:
+    m = MatrixMixer(16, 2, matrix="toeplitz")
+    with pytest.raises(ValueError, match=r"x must be \(B, L, 16\)"):
+        m(torch.randn(10, 16))
+    with pytest.raises(ValueError, match="softmax matrix only"):
+        m(torch.randn(1, 4, 16), attn_mask=torch.ones(4, 4, dtype=torch.bool))
+    twin = MatrixMixer(16, 2, matrix="cauchy", data_dependent=False, max_len=8)
+    with pytest.raises(ValueError, match="exceeds max_len=8"):
+        twin(torch.randn(1, 9, 16))
+    with pytest.raises(ValueError, match="unknown matrix"):
+        MatrixMixer(16, 2, matrix="hankel")
+    with pytest.raises(ValueError, match="divisible"):
+        MatrixMixer(15, 2)

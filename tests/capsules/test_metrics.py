@@ -1,0 +1,66 @@
+"""Part purity on hand-made decodings: pure capsules, known mixtures, unlabelled points, errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from capsules.metrics import capsule_purity, part_purity
+
+
+def _two_part_shape() -> tuple[torch.Tensor, torch.Tensor]:
+    """Part 0 at x = -1 and part 1 at x = +1, 4 points each."""
+    y = torch.linspace(0, 1, 4)
+    left = torch.stack([-torch.ones(4), y, torch.zeros(4)], 1)
+    right = torch.stack([torch.ones(4), y, torch.zeros(4)], 1)
+    return torch.cat([left, right])[None], torch.tensor([[0] * 4 + [1] * 4])
+
+
+def test_pure_capsules_score_one() -> None:
+    points, parts = _two_part_shape()
+    recon = points + 0.01  # decoded point i sits next to input point i
+    cap = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])  # capsule 0 = part 0, capsule 1 = part 1
+    torch.testing.assert_close(capsule_purity(recon, cap, points, parts), torch.ones(1, 2))
+    assert part_purity(recon, cap, points, parts) == 1.0
+
+
+def test_known_mixtures() -> None:
+    points, parts = _two_part_shape()
+    recon = points + 0.01
+    # capsule 0: 3 points of part 0 and 1 of part 1 -> 3/4; capsule 1: 1 and 1 -> 1/2; capsule 2: part 1 only
+    cap = torch.tensor([0, 0, 0, 1, 0, 2, 2, 1])
+    torch.testing.assert_close(capsule_purity(recon, cap, points, parts), torch.tensor([[0.75, 0.5, 1.0]]))
+    assert part_purity(recon, cap, points, parts) == pytest.approx(0.75)
+    # two shapes average over all capsules of both
+    recon2, points2, parts2 = recon.repeat(2, 1, 1), points.repeat(2, 1, 1), parts.repeat(2, 1)
+    parts2[1] = 0  # the second shape is a single part: purity 1 everywhere
+    assert part_purity(recon2, cap, points2, parts2) == pytest.approx((0.75 + 0.5 + 1 + 1 + 1 + 1) / 6)
+
+
+def test_nearest_input_decides_the_label() -> None:
+    points, parts = _two_part_shape()
+    recon = torch.zeros(1, 3, 3)
+    recon[0, :, 0] = torch.tensor([-0.9, 0.8, 0.9])  # nearest: part 0, part 1, part 1
+    cap = torch.tensor([0, 0, 0])
+    torch.testing.assert_close(capsule_purity(recon, cap, points, parts, num_capsules=2)[0, 0], torch.tensor(2 / 3))
+    assert math.isnan(float(capsule_purity(recon, cap, points, parts, num_capsules=2)[0, 1]))  # no points: NaN
+
+
+def test_unlabelled_points_are_left_out() -> None:
+    points, parts = _two_part_shape()
+    parts = parts.clone()
+    parts[0, 4:] = -1
+    cap = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    out = capsule_purity(points, cap, points, parts)
+    assert out[0, 0] == 1 and math.isnan(float(out[0, 1]))
+    assert math.isnan(part_purity(points, cap, points, torch.full_like(parts, -1)))
+
+
+def test_errors_name_the_expected_shapes() -> None:
+    points, parts = _two_part_shape()
+    with pytest.raises(ValueError, match=r"point_capsule must be \(8,\)"):
+        capsule_purity(points, torch.zeros(5, dtype=torch.long), points, parts)
+    with pytest.raises(ValueError, match=r"parts must be \(B, N\)"):
+        capsule_purity(points, torch.zeros(8, dtype=torch.long), points, parts[:, :3])

@@ -1,0 +1,31 @@
+"""tools/bench_mixers.py at a tiny size: both baselines, ratios, the quadratic-mixer skip and the BHLLD column."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))
+import bench_mixers  # noqa: E402
+
+
+def test_tiny_bench(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    argv = ["--lengths", "48", "--dim", "32", "--heads", "2", "--max-quadratic-len", "40"]
+    rows = bench_mixers.main([*argv, "--mixers", "fsat", "cauchy", "--json", str(path)])
+    assert [r["mixer"] for r in rows] == ["attention-matmul", "attention-sdpa", "fsat", "cauchy"]
+    by = {r["mixer"]: r for r in rows}
+    for base in bench_mixers.BASELINES:
+        assert "error" not in by[base], by[base]
+        assert by[base][f"speedup vs {base}"] == pytest.approx(1.0)
+        assert by[base]["peak_mb"] is None or by[base]["peak_mb"] >= 0
+    assert by["fsat"]["ms"] > 0 and by["fsat"]["speedup vs attention-matmul"] > 0
+    assert "skipped" in by["cauchy"]["error"]
+    assert by["cauchy"]["dense_bhlld_mb"] == pytest.approx(2 * 48 * 48 * 16 * 4 / 2**20)  # B H L L D float32
+    assert json.loads(path.read_text())[0]["mixer"] == "attention-matmul"
+    out = capsys.readouterr().out
+    assert "| L " in out and "fsat" in out and "skipped" in out

@@ -1,0 +1,75 @@
+"""tools/visualize_capsules.py: a non-blank headless PNG and a coloured .ply that reads back; the colouring."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from capsules.visualize import GREY, capsule_palette, decomposition
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))
+import train_capsules  # noqa: E402
+
+TINY = ["--no-progress", "--device", "cpu", "--epochs", "1", "--set", "num_points=64",
+        "synthetic_classes=[table,airplane]", "synthetic_train_per_class=4", "synthetic_test_per_class=2",
+        "batch_size=4"]  # fmt: skip
+
+
+def _open3d():
+    try:
+        import open3d
+    except (ImportError, OSError) as err:  # missing Debian libraries (libusb, libGL): tools/bootstrap.sh installs them
+        pytest.skip(f"open3d does not import here: {err}")
+    return open3d
+
+
+def test_writes_a_non_blank_png_and_a_ply_that_reads_back(tmp_path: Path) -> None:
+    o3d = _open3d()
+    train_capsules.main([*TINY[:5], "--output-dir", str(tmp_path / "run"), *TINY[5:]])
+    out = tmp_path / "viz"
+    code = (
+        "import json, sys, visualize_capsules; "
+        "rows = visualize_capsules.main(sys.argv[1:]); print('ROWS' + json.dumps(rows))"
+    )
+    cmd = [sys.executable, "-c", code, "--checkpoint", str(tmp_path / "run" / "best.pt"), "--index", "0", "2",
+           "--headless", "--output-dir", str(out), "--width", "320", "--height", "200",
+           "--highlight", "0", "3"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tools'}"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.split("ROWS", 1)[1])
+    assert [r["index"] for r in rows] == [0, 2] and all(0 < r["part_purity"] <= 1 for r in rows)
+    image = np.asarray(o3d.io.read_image(rows[0]["png"])).astype(np.float64)
+    assert image.shape[:2] == (200, 320)
+    assert image.std() > 5.0, f"the PNG is blank (pixel std {image.std():.2f})"
+    assert (image < 200).any(axis=-1).mean() > 0.002, "almost no coloured pixels"
+    cloud = o3d.io.read_point_cloud(rows[1]["ply"])
+    colors = np.asarray(cloud.colors)
+    assert len(cloud.points) == 128 and colors.shape == (128, 3)  # input + reconstruction, 64 points each
+    palette = capsule_palette(12)
+    grey = np.all(np.isclose(colors, GREY, atol=1e-2), axis=1)
+    kept = [np.all(np.isclose(colors, palette[c], atol=1e-2), axis=1) for c in (0, 3)]
+    assert (grey | kept[0] | kept[1]).all()  # highlighted capsules keep their colour, the rest is grey
+
+
+def test_decomposition_colours_by_capsule_and_places_side_by_side() -> None:
+    rng = np.random.default_rng(0)
+    points = rng.normal(size=(20, 3))
+    recon = points[:12] + 0.001
+    cap = np.arange(12) % 3
+    xyz, rgb = decomposition(points, recon, cap, num_capsules=3)
+    palette = capsule_palette(3)
+    np.testing.assert_allclose(rgb[20:], palette[cap])
+    np.testing.assert_allclose(rgb[:12], palette[cap])  # each input point takes its nearest decoded point's capsule
+    assert xyz[:20, 0].mean() < xyz[20:, 0].mean()
+    with pytest.raises(ValueError, match="outside"):
+        decomposition(points, recon, cap, num_capsules=3, highlight=[5])
+    with pytest.raises(ValueError, match="point_capsule"):
+        decomposition(points, recon, cap[:5], num_capsules=3)
