@@ -17,11 +17,8 @@ The recipe (timm data / optimizer / scheduler / loss / EMA) is :mod:`vision.reci
 
 from __future__ import annotations
 
-import argparse
-import logging
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
@@ -30,45 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 # (2 threads, load average 10 on 2 cores). Must be set before torch loads; an explicit setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from engine import add_config_args, config_from_args, setup_logging
+from trainutil import run_training_cli
+
 from vision.recipe import DeiTConfig, train
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_args(parser)
-    parser.add_argument("--data-root", default=None, help="dataset root (default: $CENTROID_DATA or ./datasets)")
-    parser.add_argument("--output-dir", default=None, help="run folder (default: runs/deit/<name>)")
-    parser.add_argument("--resume", default=None, help="'auto' (the run folder's last.pt) or a checkpoint path")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    parser.add_argument("--epochs", type=int, default=None, help="override the config's epochs")
-    parser.add_argument("--eval-only", action="store_true", help="evaluate --checkpoint (default: best.pt)")
-    parser.add_argument("--checkpoint", default=None, help="checkpoint for --eval-only")
-    parser.add_argument("--max-steps-per-epoch", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--no-progress", action="store_true", help="no tqdm bars")
-    args = parser.parse_args(argv)
-    cfg = config_from_args(DeiTConfig, args)
-    if args.epochs is not None:
-        cfg = replace(cfg, epochs=args.epochs)
-    output_dir = Path(args.output_dir or Path("runs") / "deit" / cfg.name)
-    rank = int(os.environ.get("RANK", "0"))
-    setup_logging(output_dir, rank=rank)
-    logging.getLogger(__name__).info("run folder: %s", output_dir)
-    metrics = train(
-        cfg,
-        output_dir,
-        resume=args.resume,
-        device=args.device,
-        data_root=args.data_root,
-        eval_only=args.eval_only,
-        checkpoint=args.checkpoint,
-        progress=not args.no_progress,
-        max_steps_per_epoch=args.max_steps_per_epoch,
-    )
-    if rank == 0:
-        summary = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
-        logging.getLogger(__name__).info("final: %s", summary)
-    return metrics
+    return run_training_cli(argv, description=__doc__, config_cls=DeiTConfig, train=train, run_group="deit")
 
 
 if __name__ == "__main__":

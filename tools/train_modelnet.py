@@ -14,54 +14,18 @@ The run folder (default ``runs/modelnet40/<name>``) gets the resolved ``config.y
 
 from __future__ import annotations
 
-import argparse
-import logging
-import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
-from engine import add_config_args, config_from_args, setup_logging
+from trainutil import run_training_cli
+
 from pointcloud.recipe import ModelNetConfig, train
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_args(parser)
-    parser.add_argument("--data-root", default=None, help="dataset root (default: $CENTROID_DATA or ./datasets)")
-    parser.add_argument("--output-dir", default=None, help="run folder (default: runs/modelnet40/<name>)")
-    parser.add_argument("--resume", default=None, help="'auto' (the run folder's last.pt) or a checkpoint path")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    parser.add_argument("--epochs", type=int, default=None, help="override the config's epochs")
-    parser.add_argument("--eval-only", action="store_true", help="evaluate --checkpoint (default: best.pt)")
-    parser.add_argument("--checkpoint", default=None, help="checkpoint for --eval-only")
-    parser.add_argument("--max-steps-per-epoch", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--no-progress", action="store_true", help="no tqdm bars")
-    args = parser.parse_args(argv)
-    cfg = config_from_args(ModelNetConfig, args)
-    if args.epochs is not None:
-        cfg = replace(cfg, epochs=args.epochs)
-    output_dir = Path(args.output_dir or Path("runs") / "modelnet40" / cfg.name)
-    rank = int(os.environ.get("RANK", "0"))
-    setup_logging(output_dir, rank=rank)
-    logging.getLogger(__name__).info("run folder: %s", output_dir)
-    metrics = train(
-        cfg,
-        output_dir,
-        resume=args.resume,
-        device=args.device,
-        data_root=args.data_root,
-        eval_only=args.eval_only,
-        checkpoint=args.checkpoint,
-        progress=not args.no_progress,
-        max_steps_per_epoch=args.max_steps_per_epoch,
-    )
-    if rank == 0:
-        summary = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items())
-        logging.getLogger(__name__).info("final: %s", summary)
-    return metrics
+    return run_training_cli(argv, description=__doc__, config_cls=ModelNetConfig, train=train, run_group="modelnet40")
 
 
 if __name__ == "__main__":
