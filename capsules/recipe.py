@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
@@ -30,6 +29,7 @@ from engine import (
     atomic_write_text,
     config_to_dict,
     count_params,
+    epoch_lr_schedule,
     init_distributed,
     load_checkpoint,
     to_jsonable,
@@ -161,12 +161,9 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, backend
 def _scheduler(cfg: CapsulesConfig, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
     """Per-epoch schedule: cosine to 1% (``cosine``) or step decay by ``lr_gamma`` every ``lr_step`` epochs."""
 
-    def factor(epoch: int) -> float:
-        if cfg.cosine:
-            return 0.01 + 0.99 * 0.5 * (1 + np.cos(np.pi * epoch / max(1, cfg.epochs)))
-        return cfg.lr_gamma ** (epoch // cfg.lr_step)
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return epoch_lr_schedule(
+        optimizer, epochs=cfg.epochs, cosine=cfg.cosine, lr_step=cfg.lr_step, lr_gamma=cfg.lr_gamma
+    )
 
 
 def train(

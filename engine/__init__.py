@@ -28,7 +28,7 @@ from engine.config import (
 from engine.distributed import DistributedContext, init_distributed, resolve_device, unwrap, wrap_ddp
 from engine.logger import RunLogger, TqdmHandler, setup_logging, to_jsonable
 from engine.stats import count_gmacs, count_params
-from engine.trainer import TIMING_KEYS, NonFiniteLossError, Trainer, derive_seed, to_device
+from engine.trainer import TIMING_KEYS, NonFiniteLossError, Trainer, derive_seed, epoch_lr_schedule, to_device
 
 __all__ = [
     "TIMING_KEYS",
@@ -46,6 +46,7 @@ __all__ = [
     "count_gmacs",
     "count_params",
     "derive_seed",
+    "epoch_lr_schedule",
     "get_rng_state",
     "init_distributed",
     "load_checkpoint",

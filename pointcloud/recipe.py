@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -30,6 +29,7 @@ from engine import (
     config_to_dict,
     count_gmacs,
     count_params,
+    epoch_lr_schedule,
     init_distributed,
     load_checkpoint,
     to_jsonable,
@@ -198,15 +198,14 @@ def evaluate(
 def _scheduler(cfg: ModelNetConfig, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
     """Per-epoch schedule: linear warm-up, then cosine to 1% (``cosine``) or the paper's step decay."""
 
-    def factor(epoch: int) -> float:
-        if epoch < cfg.warmup_epochs:
-            return (epoch + 1) / (cfg.warmup_epochs + 1)
-        if cfg.cosine:
-            t = (epoch - cfg.warmup_epochs) / max(1, cfg.epochs - cfg.warmup_epochs)
-            return 0.01 + 0.99 * 0.5 * (1 + np.cos(np.pi * t))
-        return cfg.lr_gamma ** ((epoch - cfg.warmup_epochs) // cfg.lr_step)
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return epoch_lr_schedule(
+        optimizer,
+        epochs=cfg.epochs,
+        cosine=cfg.cosine,
+        lr_step=cfg.lr_step,
+        lr_gamma=cfg.lr_gamma,
+        warmup_epochs=cfg.warmup_epochs,
+    )
 
 
 def train(
