@@ -55,6 +55,7 @@ class CapsulesConfig:
     num_iterations: int | None = None
     num_heads: int | None = None
     mlp_ratio: float | None = None
+    lift_rank: int | None = None
     # data: num_points is both the input cloud and the reconstruction size
     dataset: str = "synthetic_parts"
     data_root: str | None = None
@@ -80,7 +81,7 @@ class CapsulesConfig:
     chamfer_backend: str = "auto"
 
 
-MODEL_KNOBS = ("num_iterations", "num_heads", "mlp_ratio")
+MODEL_KNOBS = ("num_iterations", "num_heads", "mlp_ratio", "lift_rank")
 
 
 def build_model(cfg: CapsulesConfig) -> nn.Module:

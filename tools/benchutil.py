@@ -47,6 +47,32 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def peak_tensor_bytes(fn: Callable[[], object], device: torch.device | str, *track: object) -> int:
+    """Peak bytes of live tensors while ``fn()`` runs: everything ``fn`` allocates plus the tensors of ``track``.
+
+    On CUDA: ``torch.cuda.max_memory_allocated`` after a reset (all tensors on the device, ``track`` ignored). On CPU:
+    PyTorch's ``MemTracker`` (``torch.distributed._tools.mem_tracker``), which counts tensor storages as they are
+    allocated and freed: exact and repeatable, unlike the resident set, which the allocator's caching and other
+    processes blur. ``track`` (modules, optimizers) adds their parameters, gradients, buffers and states, which
+    exist before ``fn`` and would otherwise not be counted.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        sync(device)
+        return torch.cuda.max_memory_allocated(device)
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    if track:
+        tracker.track_external(*track)
+    with tracker:
+        fn()
+    return int(tracker.get_tracker_snapshot("peak")[device]["Total"])
+
+
 def run_isolated(module_file: str, payload: dict) -> dict:
     """Runs ``python module_file --child JSON`` in a fresh process and returns the JSON it prints last.
 

@@ -66,9 +66,12 @@ def _edges(B: int, H: int, L: int, E: int, seed: int) -> tuple[torch.Tensor, tor
     return idx, conf
 
 
-@pytest.mark.parametrize("rows_per_chunk", [3, None])
+@pytest.mark.parametrize("backend, rows_per_chunk", [("gather", 3), ("gather", None), ("csr", None), ("auto", None)])
 @pytest.mark.parametrize("L", [1, 13])
-def test_sparse_attention_matches_dense_reference(L: int, rows_per_chunk: int | None, monkeypatch) -> None:
+def test_sparse_attention_matches_dense_reference(
+    L: int, backend: str, rows_per_chunk: int | None, monkeypatch
+) -> None:
+    """Both edge backends (CSR products; chunked gather / scatter) == the dense masked reference, all gradients."""
     B, H, D, E = 2, 3, 5, 6
     if rows_per_chunk:  # several chunks of key rows in the gather / scatter functions
         monkeypatch.setattr(fsat, "_EDGE_CHUNK_BYTES", rows_per_chunk * E * D * 8)
@@ -76,7 +79,7 @@ def test_sparse_attention_matches_dense_reference(L: int, rows_per_chunk: int | 
     q, k, v = (torch.randn(B, H, L, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
     conf.requires_grad_(True)
     w = torch.randn(B, H, L, D, dtype=torch.float64)
-    out = sparse_edge_attention(q, k, v, idx, conf)
+    out = sparse_edge_attention(q, k, v, idx, conf, backend=backend)
     ref = sparse_edge_attention_reference(q, k, v, idx, conf)
     torch.testing.assert_close(out, ref)
     g1 = torch.autograd.grad((out * w).sum(), (q, k, v, conf))
@@ -91,9 +94,31 @@ def test_sparse_attention_matches_dense_reference(L: int, rows_per_chunk: int | 
         assert torch.equal(out[~reached], torch.zeros_like(out[~reached]))  # documented: unreached queries get 0
 
 
-def test_fsat_module_equals_dense_reference_on_its_edges() -> None:
+def test_sparse_attention_backends_agree_in_float32_and_reject_unknown_names() -> None:
+    B, H, L, D, E = 2, 4, 50, 16, 8
+    idx, conf = _edges(B, H, L, E, seed=3)
+    q, k, v = (torch.randn(B, H, L, D, requires_grad=True) for _ in range(3))
+    outs, grads = [], []
+    for backend in ("csr", "gather"):
+        out = sparse_edge_attention(q, k, v, idx, conf.float(), backend=backend)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.square().sum(), (q, k, v)))
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-4)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 q / k / v: the CSR path computes in float32
+        out = sparse_edge_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), idx, conf.float(), backend="csr")
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+    with pytest.raises(ValueError, match="unknown edge backend 'dense'"):
+        sparse_edge_attention(q, k, v, idx, conf, backend="dense")
+    with pytest.raises(ValueError, match="unknown edge_backend"):
+        FourierSparseAttention(16, num_heads=2, edge_backend="dense")
+
+
+@pytest.mark.parametrize("edge_backend", ["csr", "gather"])
+def test_fsat_module_equals_dense_reference_on_its_edges(edge_backend: str) -> None:
     torch.manual_seed(0)
-    m = FourierSparseAttention(24, num_heads=3, max_len=11, num_edges=2).double()
+    m = FourierSparseAttention(24, num_heads=3, max_len=11, num_edges=2, edge_backend=edge_backend).double()
     x = torch.randn(2, 11, 24, dtype=torch.float64, requires_grad=True)
     torch.manual_seed(5)
     out = m(x)

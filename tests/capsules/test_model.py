@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import capsules
-from capsules.model import CapsuleDecoder, DynamicRouting, PointCapsNet, dynamic_routing, squash
+from capsules.model import CapsuleDecoder, CapsuleLift, DynamicRouting, PointCapsNet, dynamic_routing, squash
 
 # Small versions of each registered model (same code paths, CPU-friendly sizes).
 TINY = {"num_primary": 24, "num_latent": 5, "latent_dim": 16, "num_points": 67, "num_heads": 2}
@@ -179,6 +179,51 @@ def test_routing_layer_uses_w_like_the_reference() -> None:
     x = torch.randn(2, 6, 4, dtype=torch.float64)
     u_hat = torch.squeeze(torch.matmul(layer.weight, x[:, None, :, :, None]), dim=-1)
     torch.testing.assert_close(layer(x), dynamic_routing(u_hat, 3))
+
+
+def test_reference_routing_impl_equals_einsum_values_and_gradients() -> None:
+    """impl="reference" (the batch-expanding matmul) and the default einsum: same u_hat, same gradients."""
+    torch.manual_seed(0)
+    ref = DynamicRouting(num_inputs=7, input_dim=4, num_latent=3, latent_dim=5, impl="reference").double()
+    ours = DynamicRouting(num_inputs=7, input_dim=4, num_latent=3, latent_dim=5).double()
+    ours.load_state_dict(ref.state_dict())
+    x1 = torch.randn(2, 7, 4, dtype=torch.float64, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_(True)
+    w = torch.randn(2, 3, 5, dtype=torch.float64)
+    (ref(x1) * w).sum().backward()
+    (ours(x2) * w).sum().backward()
+    torch.testing.assert_close(x1.grad, x2.grad)
+    torch.testing.assert_close(ref.weight.grad, ours.weight.grad)
+    with pytest.raises(ValueError, match="einsum"):
+        DynamicRouting(num_inputs=7, input_dim=4, num_latent=3, latent_dim=5, impl="loop")
+
+
+def test_capsule_lift_is_one_linear_map_per_capsule() -> None:
+    """z_p = W_p x_p + c_p with W_p = sum_r a_pr B_r, c_p = sum_r a_pr c_r; rank 0 = one shared Linear."""
+    torch.manual_seed(0)
+    P, K, D, R = 6, 4, 5, 3
+    lift = CapsuleLift(P, K, D, rank=R).double()
+    x = torch.randn(2, P, K, dtype=torch.float64)
+    maps = lift.proj.weight.view(D, R, K + 1)  # (D, R, K + 1): B_r = [..., :K], c_r = [..., K]
+    expected = torch.stack(
+        [
+            x[:, p] @ torch.einsum("r,drk->dk", lift.codes[p], maps[..., :K]).T
+            + torch.einsum("r,dr->d", lift.codes[p], maps[..., K])
+            + lift.proj.bias
+            for p in range(P)
+        ],
+        dim=1,
+    )  # (B, P, D)
+    torch.testing.assert_close(lift(x), expected)
+    # The identity matters: permuting the capsules changes each one's map (a shared lift would just permute).
+    perm = torch.randperm(P)
+    assert not torch.allclose(lift(x[:, perm]), lift(x)[:, perm])
+    shared = CapsuleLift(P, K, D, rank=0).double()
+    torch.testing.assert_close(shared(x[:, perm]), shared(x)[:, perm])
+    with pytest.raises(ValueError, match="built for 6 capsules"):
+        lift(x[:, :5])
+    with pytest.raises(ValueError, match="rank must be >= 0"):
+        CapsuleLift(P, K, D, rank=-1)
 
 
 def _point_gen_con(decoder: CapsuleDecoder, h: int, x: torch.Tensor) -> torch.Tensor:

@@ -15,29 +15,41 @@ import bench_capsules  # noqa: E402
 SMALL = ["pointcaps_routing_small", "pointcaps_centroid_small"]
 
 
-@pytest.mark.slow  # four fresh processes for the memory column: about 30 s on an idle 2-core machine
 def test_tiny_bench(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
-    kwargs = '{"num_primary": 24, "num_latent": 4, "latent_dim": 16}'
+    kwargs = '{"num_primary": 24, "num_latent": 8, "latent_dim": 64}'  # W expanded: 0.8 MB per sample
     argv = ["--models", *SMALL, "--points", "48", "--batch", "2", "--repeats", "1", "--warmup", "0",
             "--mem-batches", "2", "3", "--train-steps", "2", "--chamfer-points", "24", "--train-per-class", "2",
             "--budget-gb", "1", "--model-kwargs", kwargs, "--json", str(path)]  # fmt: skip
     results = bench_capsules.main(argv)
-    assert [r["model"] for r in results] == SMALL
+    assert [(r["model"], r["impl"]) for r in results] == [
+        ("pointcaps_routing_small", "einsum"),
+        ("pointcaps_routing_small", "reference"),
+        ("pointcaps_centroid_small", "-"),
+    ]
     for r in results:
         assert r["params_m"] > 0 and r["step_ms"] > 0 and r["mem_mb_per_sample"] > 0 and r["max_batch"] >= 0
-        assert r["chamfer"] > 0 and 0 < r["part_purity"] <= 1 and len(r["mem_step_mb"]) == 2
+        assert len(r["mem_peak_mb"]) == 2 and r["mem_peak_mb"][1] > r["mem_peak_mb"][0]
         assert r["paper_params_m"] == bench_capsules.PAPER[r["model"]][1]
-    routing, centroid = results
-    assert "vs_routing" not in routing
-    assert centroid["vs_routing"]["params"] == pytest.approx(centroid["params_m"] / routing["params_m"])
-    assert centroid["vs_routing"]["chamfer"] == pytest.approx(centroid["chamfer"] / routing["chamfer"])
+    einsum, reference, centroid = results
+    assert einsum["chamfer"] > 0 and 0 < einsum["part_purity"] <= 1 and "chamfer" not in reference
+    assert einsum["params_m"] == reference["params_m"]
+    # The reference impl keeps W expanded over the batch, (B, M, P, D, K) floats per sample: far more per sample.
+    assert reference["mem_mb_per_sample"] > einsum["mem_mb_per_sample"]
+    assert "vs_routing" not in einsum and set(centroid["vs_routing"]) == {"einsum", "reference"}
+    ratios = centroid["vs_routing"]["einsum"]
+    assert ratios["params"] == pytest.approx(centroid["params_m"] / einsum["params_m"])
+    assert ratios["chamfer"] == pytest.approx(centroid["chamfer"] / einsum["chamfer"])
+    assert centroid["vs_routing"]["reference"]["max_batch"] == pytest.approx(
+        centroid["max_batch"] / reference["max_batch"]
+    )
     out = capsys.readouterr().out
-    assert "small: max batch" in out and "Chamfer distance = mean over a" in out
+    assert "small vs einsum routing: max batch" in out and "small vs reference routing" in out
+    assert "Chamfer distance = mean over a" in out
     header = next(line for line in out.splitlines() if line.startswith("| model"))
-    assert "max batch vs routing" in header and "Chamfer @2 steps" in header
+    assert "max batch vs reference routing" in header and "Chamfer @2 steps" in header
     payload = json.loads(path.read_text())
-    assert payload["tool"] == "bench_capsules" and len(payload["verdicts"]) == 1
+    assert payload["tool"] == "bench_capsules" and len(payload["verdicts"]) == 2
 
 
 def test_rejects_unknown_models_and_bad_batches() -> None:
