@@ -14,7 +14,9 @@ two baselines of the same L measured in the same run:
 
 Cauchy and Vandermonde cost O(L^2 D) operations (their matrices are sums over D): on CPU they run up to
 ``--max-quadratic-len``; their ``dense BHLLD MB`` column is what materializing the ``(B, H, L, L, D)`` tensor of the
-public code would take (computed, float32), and ``vs BHLLD`` the ratio of our measured peak to it.
+public code would take (computed, float32), and ``vs BHLLD`` the ratio of our measured peak to it. They are built with
+the default ``backend="auto"``: the chunked PyTorch path on CPU, the Triton kernels of
+``attention/kernels/mixers_triton.py`` with ``--device cuda``.
 """
 
 from __future__ import annotations

@@ -80,7 +80,8 @@ def build_mixer(
         num_heads: heads H.
         max_len: the longest sequence; required by ``fsat`` and the ``*_static`` twins, ignored by the others.
         qkv_bias: bias of the input projections.
-        **kwargs: mixer-specific options (e.g. ``num_edges`` for FSAT, ``chunk_size`` for cauchy).
+        **kwargs: mixer-specific options (e.g. ``num_edges`` for FSAT, ``chunk_size`` and ``backend`` for
+            cauchy).
     """
     if name not in MIXERS:
         raise ValueError(f"unknown mixer {name!r}; choose one of {sorted(MIXERS)}")

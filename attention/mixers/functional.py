@@ -1,13 +1,17 @@
 """Efficient products ``Y = M V`` with structured matrices ``M`` that are never materialized (beyond a chunk).
 
 Every op here has a dense twin in :mod:`attention.mixers.structured` (``materialize``) that the tests compare it
-against, outputs and gradients. All ops are plain PyTorch and run on CPU and CUDA; tensors are ``(B, H, L, D)``.
+against, outputs and gradients. All ops are plain PyTorch and run on CPU and CUDA (Cauchy and Vandermonde also have
+an optional Triton kernel for CUDA); tensors are ``(B, H, L, D)``.
 
 * :func:`cauchy_mix` / :func:`vandermonde_mix`: the matrix entry is a sum over D terms, so materializing it costs
   ``B H L L D``. Here a custom autograd function walks query rows in chunks of ``chunk`` rows and the D terms in
   groups of ``d_group``, in the forward pass and again (recomputing) in the backward pass: peak extra memory
   ``B H chunk L (d_group + 2)`` values, O(B H chunk L). The chunk is picked from a byte budget unless given. This
-  chunked path is also the CUDA path (no Triton kernel yet: see the README).
+  chunked path (``backend="torch"``) is the reference. ``backend="triton"``
+  (:mod:`attention.kernels.mixers_triton`) is a flash-attention-style tiled kernel, forward and backward, that never
+  builds more than a ``(block, block, D)`` tile in registers; ``"auto"`` picks it for CUDA tensors when triton is
+  installed and D, Dv <= 64, and the chunked path otherwise (CPU, float64, larger heads).
 * :func:`toeplitz_mix`: FFT convolution with a kernel of length 2L-1, O(L log L).
 * :func:`quasiseparable_mix`: Hydra's bidirectional quasiseparable matrix as two chunked selective scans (SSD form):
   O(L T D) for chunk length T, O(L / T) sequential steps.
@@ -15,15 +19,61 @@ against, outputs and gradients. All ops are plain PyTorch and run on CPU and CUD
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["cauchy_mix", "chunk_rows", "quasiseparable_mix", "toeplitz_mix", "vandermonde_mix"]
+__all__ = [
+    "HAS_TRITON",
+    "MIX_BACKENDS",
+    "cauchy_mix",
+    "chunk_rows",
+    "quasiseparable_mix",
+    "toeplitz_mix",
+    "vandermonde_mix",
+]
 
 DEFAULT_BUDGET_BYTES = 64 * 2**20  # per-chunk scratch of the Cauchy / Vandermonde paths
+
+# Probed once, without importing it; the kernel module (which imports triton) is imported inside the triton branch.
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+MIX_BACKENDS = ("torch", "triton")  # of cauchy_mix / vandermonde_mix, besides "auto"
+
+
+def _triton_interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")  # it runs CPU tensors
+
+
+def _use_triton(backend: str, x: Tensor, v: Tensor) -> bool:
+    """Resolves ``backend`` of :func:`cauchy_mix` / :func:`vandermonde_mix` for these inputs: True for the kernel."""
+    if backend not in ("auto", *MIX_BACKENDS):
+        raise ValueError(f"unknown backend {backend!r}; choose one of {['auto', *MIX_BACKENDS]}")
+    if backend == "torch":
+        return False
+    if backend == "auto":  # float64 keeps the reference's precision (the kernel computes in float32)
+        if not (HAS_TRITON and x.is_cuda and x.dtype != torch.float64):
+            return False
+    elif not HAS_TRITON:
+        raise ImportError("backend 'triton' is not installed; install triton (it comes with CUDA builds of torch)")
+    elif not (x.is_cuda or _triton_interpreted()):
+        raise ImportError(
+            f"backend 'triton' needs CUDA tensors, got {x.device}; use backend='torch' (or 'auto') on CPU, "
+            "or set TRITON_INTERPRET=1 before importing triton to run the kernel in Triton's interpreter"
+        )
+    from ..kernels.mixers_triton import MAX_HEAD_DIM
+
+    if max(x.shape[-1], v.shape[-1]) <= MAX_HEAD_DIM:
+        return True
+    if backend == "auto":
+        return False
+    raise ValueError(
+        f"backend 'triton' supports head dims D, Dv <= {MAX_HEAD_DIM}, got D={x.shape[-1]}, Dv={v.shape[-1]}; "
+        "use backend='torch' or 'auto'"
+    )
 
 
 def chunk_rows(B: int, H: int, L: int, d_group: int, itemsize: int, budget: int = DEFAULT_BUDGET_BYTES) -> int:
@@ -79,7 +129,9 @@ class _CauchyMix(torch.autograd.Function):
         return ga, gb, gv, None, None
 
 
-def cauchy_mix(a: Tensor, b: Tensor, v: Tensor, chunk: int | None = None, d_group: int = 8) -> Tensor:
+def cauchy_mix(
+    a: Tensor, b: Tensor, v: Tensor, chunk: int | None = None, d_group: int = 8, backend: str = "auto"
+) -> Tensor:
     """``y_i = sum_j (sum_d 1 / (a_id + b_jd)) v_j`` without building the ``(B, H, L, L, D)`` tensor.
 
     The caller keeps ``a_id + b_jd`` away from zero (the structured mixer makes both positive).
@@ -88,13 +140,22 @@ def cauchy_mix(a: Tensor, b: Tensor, v: Tensor, chunk: int | None = None, d_grou
         a: ``(B, H, L, D)`` row terms.
         b: ``(B, H, L, D)`` column terms.
         v: ``(B, H, L, Dv)``.
-        chunk: query rows per chunk (default: from a 64 MiB scratch budget).
-        d_group: D terms summed per step.
+        chunk: query rows per chunk (default: from a 64 MiB scratch budget); chunked path only.
+        d_group: D terms summed per step; chunked path only.
+        backend: ``"torch"`` (the chunked path), ``"triton"`` (CUDA, D and Dv <= 64; CPU tensors only under
+            ``TRITON_INTERPRET=1``) or ``"auto"`` (triton for CUDA tensors when it applies, else torch).
 
     Returns:
-        ``(B, H, L, Dv)`` in ``v``'s dtype (computed in float32 for half-precision inputs).
+        ``(B, H, L, Dv)`` in ``v``'s dtype (computed in float32 for half-precision inputs; the Triton kernel also
+        computes float64 inputs in float32).
     """
     B, H, L, D = a.shape
+    if _use_triton(backend, a, v):
+        from ..kernels.mixers_triton import CauchyMixTriton
+
+        with torch.autocast(device_type=v.device.type, enabled=False):
+            y = CauchyMixTriton.apply(a.float(), b.float(), v.float(), None, None)
+        return y.to(v.dtype)
     acc = _acc(v)
     d_group = max(1, min(d_group, D))
     chunk = chunk or chunk_rows(B, H, L, d_group, torch.finfo(acc).bits // 8)
@@ -154,19 +215,33 @@ class _VandermondeMix(torch.autograd.Function):
         return gq, gk, gv, None, None, None
 
 
-def vandermonde_mix(q: Tensor, k: Tensor, v: Tensor, freq: float, chunk: int | None = None, d_group: int = 8) -> Tensor:
+def vandermonde_mix(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    freq: float,
+    chunk: int | None = None,
+    d_group: int = 8,
+    backend: str = "auto",
+) -> Tensor:
     """``y_i = sum_j (sum_d cos(2 pi freq q_id j) - cos(2 pi freq k_jd i)) v_j`` in real arithmetic, chunked.
 
     Args:
         q, k: ``(B, H, L, D)``.
         v: ``(B, H, L, Dv)``.
         freq: the frequency scale (cycles per position per unit of q / k).
-        chunk, d_group: as :func:`cauchy_mix`.
+        chunk, d_group, backend: as :func:`cauchy_mix`.
 
     Returns:
         ``(B, H, L, Dv)`` in ``v``'s dtype.
     """
     B, H, L, D = q.shape
+    if _use_triton(backend, q, v):
+        from ..kernels.mixers_triton import VandermondeMixTriton
+
+        with torch.autocast(device_type=v.device.type, enabled=False):
+            y = VandermondeMixTriton.apply(q.float(), k.float(), v.float(), 2 * math.pi * freq, None, None)
+        return y.to(v.dtype)
     acc = _acc(v)
     d_group = max(1, min(d_group, D))
     chunk = chunk or chunk_rows(B, H, L, d_group, torch.finfo(acc).bits // 8)

@@ -18,7 +18,9 @@ output sees every position; none offers a causal mode)::
     quasiseparable  m_ij = (q_i . k_j / sqrt(D)) prod_{t=j+1}^{i} a_t (i >= j),  prod_{t=i}^{j-1} b_t (i < j)
     (Hydra)         a_t, b_t = sigmoid of a projection of x_t (two gates per head)   chunked scans, O(L)
 
-The 1/L factors keep outputs O(1) at any length for the mixers without a normalization of their own.
+The 1/L factors keep outputs O(1) at any length for the mixers without a normalization of their own. Cauchy and
+Vandermonde take ``backend=``: on CUDA, ``"auto"`` runs the tiled Triton kernels of
+:mod:`attention.kernels.mixers_triton` (no tile beyond ``(block, block, D)``) instead of the chunked PyTorch path.
 **Non-data-dependent twins** (``data_dependent=False``, the paper's ablation): the same matrix class with q, k (and
 the Hydra gates) replaced by learned parameters sized to ``max_len`` (the first L rows are used): M no longer depends
 on the input; only V does.
@@ -35,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .functional import cauchy_mix, quasiseparable_mix, toeplitz_mix, vandermonde_mix
+from .functional import MIX_BACKENDS, cauchy_mix, quasiseparable_mix, toeplitz_mix, vandermonde_mix
 
 __all__ = [
     "MATRIX_MIXERS",
@@ -48,6 +50,11 @@ __all__ = [
     "VandermondeMatrix",
     "apply_matrix",
 ]
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in ("auto", *MIX_BACKENDS):
+        raise ValueError(f"unknown backend {backend!r}; choose one of {['auto', *MIX_BACKENDS]}")
 
 
 def apply_matrix(m: Tensor, v: Tensor) -> Tensor:
@@ -134,16 +141,26 @@ class CauchyMatrix(nn.Module):
         head_dim: D.
         num_heads: H (one trainable c per head).
         c_min: the smallest allowed denominator.
-        chunk_size: query rows per chunk of the efficient path (default: from a 64 MiB budget).
+        chunk_size: query rows per chunk of the chunked PyTorch path (default: from a 64 MiB budget).
+        backend: ``"auto"`` (the Triton kernel for CUDA tensors when triton is installed, else the chunked path),
+            ``"torch"`` or ``"triton"``: see :func:`attention.mixers.functional.cauchy_mix`.
     """
 
     num_gates = 0
 
-    def __init__(self, head_dim: int, num_heads: int = 1, c_min: float = 0.5, chunk_size: int | None = None) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        num_heads: int = 1,
+        c_min: float = 0.5,
+        chunk_size: int | None = None,
+        backend: str = "auto",
+    ) -> None:
         super().__init__()
         if c_min <= 0:
             raise ValueError(f"c_min must be > 0 (it bounds the denominators away from zero), got {c_min}")
-        self.c_min, self.chunk_size = c_min, chunk_size
+        _check_backend(backend)
+        self.c_min, self.chunk_size, self.backend = c_min, chunk_size, backend
         self.c_raw = nn.Parameter(torch.full((num_heads,), math.log(math.e - 1)))  # softplus -> 1, c = 1 + c_min
 
     def _terms(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
@@ -156,7 +173,7 @@ class CauchyMatrix(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None) -> Tensor:
         a, b = self._terms(q, k)
-        return cauchy_mix(a, b, v / q.shape[2], chunk=self.chunk_size)
+        return cauchy_mix(a, b, v / q.shape[2], chunk=self.chunk_size, backend=self.backend)
 
 
 class VandermondeMatrix(nn.Module):
@@ -165,14 +182,17 @@ class VandermondeMatrix(nn.Module):
     Args:
         head_dim: D.
         freq_scale: cycles across the sequence per unit of q or k.
-        chunk_size: as :class:`CauchyMatrix`.
+        chunk_size, backend: as :class:`CauchyMatrix`.
     """
 
     num_gates = 0
 
-    def __init__(self, head_dim: int, freq_scale: float = 1.0, chunk_size: int | None = None) -> None:
+    def __init__(
+        self, head_dim: int, freq_scale: float = 1.0, chunk_size: int | None = None, backend: str = "auto"
+    ) -> None:
         super().__init__()
-        self.freq_scale, self.chunk_size = freq_scale, chunk_size
+        _check_backend(backend)
+        self.freq_scale, self.chunk_size, self.backend = freq_scale, chunk_size, backend
 
     def materialize(self, q: Tensor, k: Tensor, g: Tensor | None = None) -> Tensor:
         L = q.shape[2]
@@ -183,7 +203,7 @@ class VandermondeMatrix(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None) -> Tensor:
         L = q.shape[2]
-        return vandermonde_mix(q, k, v / L, self.freq_scale / L, chunk=self.chunk_size)
+        return vandermonde_mix(q, k, v / L, self.freq_scale / L, chunk=self.chunk_size, backend=self.backend)
 
 
 class QuasiseparableMatrix(nn.Module):
@@ -239,7 +259,8 @@ class MatrixMixer(nn.Module):
         max_len: the longest sequence of the twin.
         qkv_bias: bias of the input projections.
         proj_drop: dropout on the output.
-        **matrix_kwargs: passed to the matrix class (``chunk_size``, ``c_min``, ``freq_scale``, ``sdpa``).
+        **matrix_kwargs: passed to the matrix class (``chunk_size``, ``c_min``, ``freq_scale``, ``sdpa``, and
+            ``backend`` of cauchy / vandermonde).
 
     Shapes:
         x: ``(B, L, C)``; attn_mask (softmax only): broadcastable to ``(B, H, L, L)``; output: ``(B, L, C)``.
