@@ -19,13 +19,14 @@ an optional Triton kernel for CUDA); tensors are ``(B, H, L, D)``.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ..points import HAS_TRITON
 
 __all__ = [
     "HAS_TRITON",
@@ -39,8 +40,7 @@ __all__ = [
 
 DEFAULT_BUDGET_BYTES = 64 * 2**20  # per-chunk scratch of the Cauchy / Vandermonde paths
 
-# Probed once, without importing it; the kernel module (which imports triton) is imported inside the triton branch.
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+# HAS_TRITON is probed once in attention.points; the kernel module (which imports triton) is imported in the branch.
 MIX_BACKENDS = ("torch", "triton")  # of cauchy_mix / vandermonde_mix, besides "auto"
 
 
