@@ -3,11 +3,11 @@
     python tools/bench_mixers.py --lengths 1024 2048 4096 8192              # CPU (the table in docs/benchmarks.md)
     python tools/bench_mixers.py --device cuda                              # GPU: L up to 16K, every mixer
 
-One layer of each mixer (width 256, 4 heads, batch 1, training mode: FSAT draws its random edges), one training
-step ``mixer(x).sum().backward()`` per measurement (after one warm-up step; with ``--repeats 1`` the peak-memory
-step is the timed one), every configuration in a fresh process (peak memory is the
-growth of the resident set during one step on CPU, ``torch.cuda.max_memory_allocated`` on CUDA). Ratios are against
-two baselines of the same L measured in the same run:
+One layer of each mixer (width 256, 4 heads, batch 1, training mode: FSAT draws its random edges), training steps
+``mixer(x).sum().backward()``, every configuration in a fresh process: after one warm-up step, the peak memory of one
+step (on CPU exact tensor accounting, PyTorch's ``MemTracker``: the bytes of the tensors the step creates, alive at
+its peak; on CUDA ``torch.cuda.max_memory_allocated`` above what was allocated before the step), then the median time
+of ``--repeats`` untracked steps. Ratios are against two baselines of the same L measured in the same run:
 
 * ``attention-matmul``: vanilla softmax attention with explicit matmuls (the ``(B, H, L, L)`` scores materialized),
 * ``attention-sdpa``: ``scaled_dot_product_attention`` (fused kernels where torch has them).
@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
 import torch
-from benchutil import current_rss_bytes, describe_machine, peak_rss_bytes, print_table, run_isolated, time_fn
+from benchutil import describe_machine, peak_tensor_bytes, print_table, run_isolated, time_fn
 
 from attention import build_mixer
 
@@ -60,24 +60,16 @@ def child(cfg: dict) -> None:
         layer.zero_grad(set_to_none=True)
 
     if cfg["warmup"]:
-        step()  # warm-up; then measure the peak of one clean step (timed too)
+        step()  # warm-up
+    # Peak memory of one step: exact tensor accounting on CPU (tensors the step creates: activations, gradients,
+    # temporaries), the allocator's peak above what was allocated before on CUDA.
+    base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     t0 = time.perf_counter()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        step()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        base = current_rss_bytes()
-        before = peak_rss_bytes()
-        step()
-        peak = max(peak_rss_bytes() - base, 0) if peak_rss_bytes() > before else None
+    peak = peak_tensor_bytes(step, device) - base
     ms = (time.perf_counter() - t0) * 1e3
-    if cfg["repeats"] > 1:
+    if cfg["time_separately"]:  # the tracked step carries the tracker's per-op overhead: time clean steps
         ms = time_fn(step, device, repeats=cfg["repeats"], warmup=0)
-    print(json.dumps({"ms": ms, "peak_mb": None if peak is None else peak / 2**20}))
+    print(json.dumps({"ms": ms, "peak_mb": peak / 2**20}))
 
 
 def _ratio(a: float | None, b: float | None) -> float:
@@ -112,8 +104,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 res[name] = {"error": f"skipped (L > --max-quadratic-len {args.max_quadratic_len})"}
                 continue
             # the O(L^2 D) mixers skip the warm-up step on CPU: one step is minutes there, one-time costs negligible
-            warmup = not (name in QUADRATIC and args.device == "cpu")
-            cfg = dict(mixer=name, device=args.device, B=B, L=L, C=C, H=H, repeats=args.repeats, warmup=warmup)
+            # and time the memory step itself (the tracker's per-op overhead is nothing against their few large ops)
+            slow = name in QUADRATIC and args.device == "cpu"
+            cfg = dict(mixer=name, device=args.device, B=B, L=L, C=C, H=H, repeats=args.repeats, warmup=not slow,
+                       time_separately=not slow)  # fmt: skip
             res[name] = run_isolated(__file__, cfg)
             print(f"  L={L} {name}: {res[name]}", file=sys.stderr)
         for name, r in res.items():

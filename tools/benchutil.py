@@ -54,7 +54,7 @@ def peak_tensor_bytes(fn: Callable[[], object], device: torch.device | str, *tra
     PyTorch's ``MemTracker`` (``torch.distributed._tools.mem_tracker``), which counts tensor storages as they are
     allocated and freed: exact and repeatable, unlike the resident set, which the allocator's caching and other
     processes blur. ``track`` (modules, optimizers) adds their parameters, gradients, buffers and states, which
-    exist before ``fn`` and would otherwise not be counted.
+    exist before ``fn`` and would otherwise not be counted. Sparse tensors count as their index and value tensors.
     """
     device = torch.device(device)
     if device.type == "cuda":
@@ -63,13 +63,27 @@ def peak_tensor_bytes(fn: Callable[[], object], device: torch.device | str, *tra
         fn()
         sync(device)
         return torch.cuda.max_memory_allocated(device)
-    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed._tools import mem_tracker
 
-    tracker = MemTracker()
+    dense_storages = mem_tracker.get_untyped_storages
+
+    def storages(t: torch.Tensor) -> set:
+        # The tracker asks every tensor for its storage, which sparse tensors do not have: count their parts.
+        if t.layout == torch.sparse_csr:
+            return set().union(*(dense_storages(p) for p in (t.crow_indices(), t.col_indices(), t.values())))
+        if t.layout == torch.sparse_coo:
+            return set().union(*(dense_storages(p) for p in (t._indices(), t._values())))
+        return dense_storages(t)
+
+    tracker = mem_tracker.MemTracker()
     if track:
         tracker.track_external(*track)
-    with tracker:
-        fn()
+    mem_tracker.get_untyped_storages = storages
+    try:
+        with tracker:
+            fn()
+    finally:
+        mem_tracker.get_untyped_storages = dense_storages
     return int(tracker.get_tracker_snapshot("peak")[device]["Total"])
 
 
