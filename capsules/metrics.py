@@ -22,7 +22,7 @@ from torch import Tensor
 from attention import knn
 from attention._checks import check_points
 
-__all__ = ["capsule_purity", "part_purity"]
+__all__ = ["capsule_purity", "part_purity", "random_patches"]
 
 
 @torch.no_grad()
@@ -60,6 +60,16 @@ def capsule_purity(
     counts = torch.zeros(B, M * L, device=labels.device).scatter_add_(1, flat, valid.float()).view(B, M, L)
     total = counts.sum(-1)
     return torch.where(total > 0, counts.amax(-1) / total.clamp_min(1), torch.full_like(total, float("nan")))
+
+
+def random_patches(point_capsule: Tensor, seed: int = 0) -> Tensor:
+    """The chance level's capsule ids: ``point_capsule`` under a fixed random permutation of the decoded points.
+
+    Scoring a reconstruction with these ids cuts it into random patches of the same sizes as the capsules' patches:
+    the purity a decomposition that ignores the parts would reach (``part_purity_chance``).
+    """
+    perm = torch.randperm(len(point_capsule), generator=torch.Generator().manual_seed(seed))
+    return point_capsule[perm.to(point_capsule.device)]
 
 
 def part_purity(recon: Tensor, point_capsule: Tensor, points: Tensor, parts: Tensor) -> float:

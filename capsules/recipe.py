@@ -37,7 +37,7 @@ from engine import (
 
 from .chamfer import CHAMFER_DEFINITION, chamfer_distance
 from .data import build_dataset
-from .metrics import capsule_purity
+from .metrics import capsule_purity, random_patches
 from .model import create_model
 
 __all__ = ["CapsulesConfig", "build_loaders", "build_model", "evaluate", "train"]
@@ -142,9 +142,7 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, backend
     """
     model.eval()
     chamfer_sum, count = 0.0, 0
-    # Chance level: the same decoded points split into patches at random (a fixed permutation of the capsule ids).
-    perm = torch.randperm(len(model.point_capsule), generator=torch.Generator().manual_seed(0))
-    chance_capsule = model.point_capsule[perm.to(model.point_capsule.device)]
+    chance_capsule = random_patches(model.point_capsule)  # the same decoded points cut into random patches
     sums = {"test_part_purity": [0.0, 0], "test_part_purity_chance": [0.0, 0]}
     for points, parts in loader:
         points, parts = points.to(device), parts.to(device)

@@ -46,7 +46,7 @@ from benchutil import describe_machine, peak_tensor_bytes, print_table, sync, un
 
 from capsules import CHAMFER_DEFINITION, chamfer_distance, create_model, list_models
 from capsules.data import SyntheticParts
-from capsules.metrics import capsule_purity
+from capsules.metrics import capsule_purity, random_patches
 from capsules.model import ROUTING_IMPLS
 from engine import atomic_write_text, count_params
 
@@ -118,8 +118,12 @@ def train_chamfer(name: str, args: argparse.Namespace, train, test) -> dict:
     with torch.no_grad():
         recon = model(points)
         chamfer = float(chamfer_distance(recon, points))
-        purity = capsule_purity(recon, model.point_capsule, points, parts, num_capsules=model.num_latent)
-    return {"chamfer": chamfer, "part_purity": float(purity[~torch.isnan(purity)].mean()), "train_s": elapsed}
+        purity, chance = (
+            capsule_purity(recon, caps, points, parts, num_capsules=model.num_latent)
+            for caps in (model.point_capsule, random_patches(model.point_capsule))
+        )
+    return {"chamfer": chamfer, "part_purity": float(purity[~torch.isnan(purity)].mean()),
+            "part_purity_chance": float(chance[~torch.isnan(chance)].mean()), "train_s": elapsed}  # fmt: skip
 
 
 def _entries(models: list[str], args: argparse.Namespace) -> list[dict]:
@@ -238,14 +242,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     impls = [i for i in args.routing_impls if any(r["impl"] == i for r in results)]
     headers = ["model", "routing impl", "params (M)", "paper params (M)", "train step (ms)", "MB / sample",
                f"max batch ({args.budget_gb:g} GB)", "paper max batch", f"Chamfer @{args.train_steps} steps",
-               "part purity"]  # fmt: skip
+               "part purity", "purity chance"]  # fmt: skip
     for impl in impls:
         headers += [f"{k} vs {impl} routing" for k in ("step", "MB/sample", "max batch")]
     headers += ["params vs routing", "Chamfer vs routing"]
     rows = []
     for r in results:
         row = [r["model"], r["impl"], r["params_m"], r["paper_params_m"], r["step_ms"], r["mem_mb_per_sample"],
-               r["max_batch"], r["paper_max_batch"], r.get("chamfer", "-"), r.get("part_purity", "-")]  # fmt: skip
+               r["max_batch"], r["paper_max_batch"], r.get("chamfer", "-"), r.get("part_purity", "-"),
+               r.get("part_purity_chance", "-")]  # fmt: skip
         vs = r.get("vs_routing", {})
         for impl in impls:
             q = vs.get(impl)

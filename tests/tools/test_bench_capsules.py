@@ -33,6 +33,7 @@ def test_tiny_bench(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
         assert r["paper_params_m"] == bench_capsules.PAPER[r["model"]][1]
     einsum, reference, centroid = results
     assert einsum["chamfer"] > 0 and 0 < einsum["part_purity"] <= 1 and "chamfer" not in reference
+    assert 0 < einsum["part_purity_chance"] <= 1
     assert einsum["params_m"] == reference["params_m"]
     # The reference impl keeps W expanded over the batch, (B, M, P, D, K) floats per sample: far more per sample.
     assert reference["mem_mb_per_sample"] > einsum["mem_mb_per_sample"]
