@@ -176,14 +176,12 @@ def sparse_edge_attention(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Te
     flat = (base + idx.clamp_min(0)).reshape(-1)  # (N E,): the query row of every edge in the flat (B H L) axis
     q2, k2, v2 = q.reshape(N, D), k.reshape(N, D), v.reshape(N, D)  # row r = key r's (b, h, j)
     if backend == "csr":
-        edges = _CsrEdges(flat, N, E)
         q2, k2, v2 = q2.to(acc), k2.to(acc), v2.to(acc)  # torch.sparse has no bf16 / fp16 CPU kernels
-        dot, scatter = (lambda a, b: _CsrEdgeDot.apply(a, b, edges)), (lambda a, b: _CsrEdgeScatter.apply(a, b, edges))
+        Dot, Scatter, edge_args = _CsrEdgeDot, _CsrEdgeScatter, (_CsrEdges(flat, N, E),)
     else:
         chunk = max(1, _EDGE_CHUNK_BYTES // max(1, E * D * q.element_size()))
-        dot = lambda a, b: _EdgeDot.apply(a, b, flat, chunk)  # noqa: E731
-        scatter = lambda a, b: _EdgeScatter.apply(a, b, flat, chunk)  # noqa: E731
-    scores = dot(q2, k2).to(acc) / math.sqrt(D)  # (N, E)
+        Dot, Scatter, edge_args = _EdgeDot, _EdgeScatter, (flat, chunk)
+    scores = Dot.apply(q2, k2, *edge_args).to(acc) / math.sqrt(D)  # (N, E)
     scores = scores.masked_fill(~valid, float("-inf"))
     # Stable softmax over the edges of each query: subtract the per-query max (a constant: no gradient needed).
     mx = torch.full((N,), float("-inf"), device=q.device, dtype=acc).scatter_reduce(
@@ -193,7 +191,7 @@ def sparse_edge_attention(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Te
     ex = torch.exp(scores - mx.index_select(0, flat).view(N, E))  # 0 on absent edges
     denom = torch.zeros(N, device=q.device, dtype=acc).index_add(0, flat, ex.reshape(-1))
     w = ex / denom.index_select(0, flat).view(N, E).clamp_min(1e-30) * conf.reshape(N, E).to(acc)  # (N, E)
-    return scatter(w.to(v2.dtype), v2).view(B, H, L, D).to(v.dtype)
+    return Scatter.apply(w.to(v2.dtype), v2, *edge_args).view(B, H, L, D).to(v.dtype)
 
 
 _EDGE_CHUNK_BYTES = 16 * 2**20  # scratch of the gathered (rows, E, D) blocks (gather backend)

@@ -101,8 +101,6 @@ def train_chamfer(name: str, args: argparse.Namespace, train, test) -> dict:
     torch.manual_seed(0)
     device = torch.device(args.device)
     kwargs = {"num_points": args.chamfer_points, "primary_backend": args.primary_backend, **args.model_kwargs}
-    if "routing" in name:
-        kwargs["routing_impl"] = "einsum"
     model = create_model(name, **kwargs).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     xs = torch.stack([train[i][0] for i in range(len(train))])
