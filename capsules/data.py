@@ -392,7 +392,7 @@ DATASETS: dict[str, Callable[..., PartDataset]] = {
 """Dataset name -> constructor, for configs and CLIs (:func:`build_dataset`)."""
 
 
-def build_dataset(name: str, root: str | PathLike | None = None, split: str = "train", **kwargs) -> PartDataset:
+def build_dataset(name: str, split: str = "train", root: str | PathLike | None = None, **kwargs) -> PartDataset:
     """Build a dataset of :data:`DATASETS` by name (``root`` is ignored by ``synthetic_parts``)."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}")

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +66,7 @@ from torch import Tensor, nn
 from attention import CentroidBlock
 from attention._checks import check_points
 from attention.centroid import LinearInit
+from engine.registry import ModelRegistry
 
 __all__ = [
     "FUSED_CHUNK_BYTES",
@@ -501,24 +501,11 @@ class PointCapsNet(nn.Module):
 # Registry
 # --------------------------------------------------------------------------------------------------------------------
 
-MODELS: dict[str, Callable[..., nn.Module]] = {}
-
-
-def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    MODELS[fn.__name__] = fn
-    return fn
-
-
-def list_models() -> list[str]:
-    return sorted(MODELS)
-
-
-def create_model(name: str, **kwargs) -> nn.Module:
-    """Builds a registered model by name; ``kwargs`` override its defaults (e.g. ``num_points=1024``)."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {list_models()}")
-    return MODELS[name](**kwargs)
-
+_registry = ModelRegistry("point capsule")
+MODELS = _registry.models
+register_model = _registry.register_model
+list_models = _registry.list_models
+create_model = _registry.create_model  # kwargs override a model's defaults (e.g. ``num_points=1024``)
 
 _SMALL = {"num_primary": 512, "primary_dim": 16, "num_latent": 12, "latent_dim": 128, "num_points": 2048}
 _BASE = {"num_primary": 1024, "primary_dim": 16, "num_latent": 64, "latent_dim": 64, "num_points": 2048}

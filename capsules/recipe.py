@@ -1,7 +1,9 @@
 """The point capsule autoencoder's training recipe: config, data, model, Chamfer loss, evaluation, run by :mod:`engine`.
 
-``tools/train_capsules.py`` is a thin CLI over :func:`train`. The config is flat and mirrors :class:`CapsulesConfig`;
-the paper's rows live in ``configs/capsules/``. Model knobs left at ``None`` keep the registered model's defaults.
+``tools/train_capsules.py`` is ``engine.main(CapsulesRecipe)``: :class:`CapsulesRecipe` declares the domain parts and
+:func:`engine.run` does the rest. The config is flat and mirrors :class:`CapsulesConfig`; the paper's rows live in
+``configs/capsules/``. Model knobs left at ``None`` keep the registered model's defaults; ``model_kwargs`` reaches any
+other constructor keyword.
 
 Reference schedule (3D Point Capsule Networks code): Adam, lr 1e-4, batch 8; the paper trains 200 epochs on ShapeNet
 Part (12 capsules) and 300 on ShapeNet Core13 (64 capsules). The defaults here are the main job: the centroid small
@@ -12,35 +14,23 @@ on a 2-core CPU in under 5 minutes. The loss and every reported Chamfer number f
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
-from engine import (
-    DistributedContext,
-    Trainer,
-    atomic_write_text,
-    config_to_dict,
-    count_params,
-    epoch_lr_schedule,
-    init_distributed,
-    load_checkpoint,
-    to_jsonable,
-)
+from engine import Recipe, UsageError, count_params, epoch_lr_schedule
 
 from .chamfer import CHAMFER_DEFINITION, chamfer_distance
 from .data import build_dataset
 from .metrics import capsule_purity, random_patches
-from .model import create_model
+from .model import create_model, list_models
 
-__all__ = ["CapsulesConfig", "build_loaders", "build_model", "evaluate", "train"]
+__all__ = ["CapsulesConfig", "CapsulesRecipe", "build_datasets", "build_model", "evaluate"]
 
 _logger = logging.getLogger(__name__)
 
@@ -56,6 +46,7 @@ class CapsulesConfig:
     num_heads: int | None = None
     mlp_ratio: float | None = None
     lift_rank: int | None = None
+    model_kwargs: dict = field(default_factory=dict)  # any other constructor keyword of the model
     # data: num_points is both the input cloud and the reconstruction size
     dataset: str = "synthetic_parts"
     data_root: str | None = None
@@ -85,13 +76,10 @@ MODEL_KNOBS = ("num_iterations", "num_heads", "mlp_ratio", "lift_rank")
 
 
 def build_model(cfg: CapsulesConfig) -> nn.Module:
+    """``create_model(cfg.model, ...)`` with the config's knobs and ``model_kwargs``; a keyword it lacks is named."""
     kwargs = {k: getattr(cfg, k) for k in MODEL_KNOBS if getattr(cfg, k) is not None}
-    try:
-        return create_model(cfg.model, num_points=cfg.num_points, **kwargs)
-    except TypeError as err:
-        if "unexpected keyword argument" not in str(err):
-            raise
-        raise ValueError(f"model {cfg.model!r} does not take one of {sorted(kwargs)} ({err}); set it to null") from err
+    kwargs.update(cfg.model_kwargs)
+    return create_model(cfg.model, num_points=cfg.num_points, **kwargs)
 
 
 def build_datasets(cfg: CapsulesConfig, data_root: str | None = None):
@@ -107,30 +95,9 @@ def build_datasets(cfg: CapsulesConfig, data_root: str | None = None):
         if not cfg.dataset.startswith("shapenet_part"):
             raise ValueError(f"categories applies to the ShapeNet Part datasets, not {cfg.dataset!r}: set it to null")
         common["categories"] = cfg.categories
-    train_set = build_dataset(cfg.dataset, root, "train", **common, **train_kw)
-    test_set = build_dataset(cfg.dataset, root, cfg.test_split, **common, **test_kw)
+    train_set = build_dataset(cfg.dataset, "train", root, **common, **train_kw)
+    test_set = build_dataset(cfg.dataset, cfg.test_split, root, **common, **test_kw)
     return train_set, test_set
-
-
-def build_loaders(cfg: CapsulesConfig, ctx: DistributedContext, data_root: str | None = None):
-    train_set, test_set = build_datasets(cfg, data_root)
-    if len(train_set) < cfg.batch_size:
-        raise ValueError(f"the train split has {len(train_set)} shapes, fewer than batch_size={cfg.batch_size}")
-    sampler = None
-    if ctx.world_size > 1:
-        sampler = DistributedSampler(train_set, ctx.world_size, ctx.rank, shuffle=True, seed=cfg.seed, drop_last=True)
-    per_rank = max(1, cfg.batch_size // ctx.world_size)
-    train_loader = DataLoader(
-        train_set,
-        batch_size=per_rank,
-        shuffle=sampler is None,
-        sampler=sampler,
-        num_workers=cfg.workers,
-        drop_last=True,  # BatchNorm needs more than one cloud per batch
-        generator=torch.Generator() if sampler is None else None,
-    )
-    test_loader = DataLoader(test_set, batch_size=cfg.eval_batch_size, shuffle=False, num_workers=cfg.workers)
-    return train_loader, test_loader
 
 
 @torch.no_grad()
@@ -165,97 +132,60 @@ def _scheduler(cfg: CapsulesConfig, optimizer: torch.optim.Optimizer) -> torch.o
     )
 
 
-def train(
-    cfg: CapsulesConfig,
-    output_dir: str | Path,
-    *,
-    resume: str | None = None,
-    device: str = "auto",
-    data_root: str | None = None,
-    eval_only: bool = False,
-    checkpoint: str | None = None,
-    progress: bool = True,
-    max_steps_per_epoch: int | None = None,
-) -> dict[str, Any]:
-    """Trains (or evaluates) a capsule autoencoder as configured; returns the final metrics.
+class CapsulesRecipe(Recipe):
+    """The point capsule autoencoder: Chamfer loss (:data:`CHAMFER_DEFINITION`), Adam, per-epoch schedule."""
 
-    Args:
-        cfg: the resolved config.
-        output_dir: the run folder (config.yaml, log.jsonl, tb/, last.pt, best.pt, final_metrics.json).
-        resume: ``None``, ``"auto"`` (the run folder's last.pt if present) or a checkpoint path.
-        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; under torchrun each rank takes its local GPU.
-        data_root: overrides ``cfg.data_root``.
-        eval_only: evaluate ``checkpoint`` (default: the run folder's best.pt) and write eval_metrics.json.
-        checkpoint: the checkpoint to evaluate with ``eval_only``.
-        progress: show tqdm bars.
-        max_steps_per_epoch: cut epochs short (smoke tests).
-    """
-    ctx = init_distributed(device)
-    output_dir = Path(output_dir)
-    torch.manual_seed(cfg.seed)
-    train_loader, test_loader = build_loaders(cfg, ctx, data_root)
-    model = build_model(cfg).to(ctx.device)
-    params = count_params(model)
-    _logger.info(
-        "model %s: %.3f M params, %d points; %s: %d train / %d test shapes; loss: %s",
-        cfg.model, params / 1e6, cfg.num_points, cfg.dataset, len(train_loader.dataset), len(test_loader.dataset),
-        CHAMFER_DEFINITION,
-    )  # fmt: skip
-    summary = {"params": params, "chamfer_definition": CHAMFER_DEFINITION, "model": cfg.model,
-               "dataset": cfg.dataset, "num_points": cfg.num_points}  # fmt: skip
+    group = "capsules"
+    config_cls = CapsulesConfig
+    monitor = "test_chamfer"
+    monitor_mode = "min"
 
-    def eval_fn(m: nn.Module, epoch: int) -> dict[str, float]:
-        return evaluate(m, test_loader, ctx.device, cfg.chamfer_backend)
+    @classmethod
+    def validate(cls, cfg: CapsulesConfig) -> None:
+        problems = []
+        if cfg.model not in list_models():
+            problems.append(f"model {cfg.model!r} is not registered; choose one of {list_models()}")
+        if cfg.num_points < 2:
+            problems.append(f"num_points must be >= 2, got {cfg.num_points}")
+        if cfg.batch_size < 2:
+            problems.append(f"batch_size must be >= 2 (BatchNorm needs two shapes per batch), got {cfg.batch_size}")
+        if problems:
+            raise UsageError("CapsulesConfig: " + "; ".join(problems))
 
-    if eval_only:
-        path = Path(checkpoint) if checkpoint else output_dir / "best.pt"
-        state = load_checkpoint(path)
-        model.load_state_dict(state["model"])
-        metrics = evaluate(model, test_loader, ctx.device, cfg.chamfer_backend)
-        metrics.update(_headline(metrics), checkpoint=str(path), **summary)
-        if ctx.is_main:
-            output_dir.mkdir(parents=True, exist_ok=True)
-            save_json(output_dir / "eval_metrics.json", metrics)
-        return metrics
+    def build_datasets(self):
+        return build_datasets(self.cfg, self.data_root)
 
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    def build_model(self) -> nn.Module:
+        return build_model(self.cfg)
 
-    def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):
+    def summary(self, model: nn.Module) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"params": count_params(model), "chamfer_definition": CHAMFER_DEFINITION, "model": cfg.model,
+                "dataset": cfg.dataset, "num_points": cfg.num_points}  # fmt: skip
+
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.Adam(model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+
+    def build_scheduler(self, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
+        return _scheduler(self.cfg, optimizer), self.cfg.epochs
+
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):
         points, _ = batch
-        recon = m(points)
-        loss = chamfer_distance(recon.float(), points, backend=cfg.chamfer_backend)
+        recon = model(points)
+        loss = chamfer_distance(recon.float(), points, backend=self.cfg.chamfer_backend)
         return loss, {"chamfer": loss.detach()}
 
-    trainer = Trainer(
-        model=model,
-        optimizer=optimizer,
-        train_loader=train_loader,
-        loss_fn=loss_fn,
-        evaluate_fn=eval_fn,
-        run_dir=output_dir,
-        epochs=cfg.epochs,
-        ctx=ctx,
-        scheduler=_scheduler(cfg, optimizer),
-        amp=cfg.amp and ctx.device.type == "cuda",
-        grad_clip=cfg.grad_clip,
-        seed=cfg.seed,
-        monitor="test_chamfer",
-        monitor_mode="min",
-        config=config_to_dict(cfg),
-        progress=progress,
-        max_steps_per_epoch=max_steps_per_epoch,
-    )
-    final = trainer.fit(resume=resume)
-    final.update(_headline(final), **summary)
-    log = output_dir / "log.jsonl"
-    if log.is_file():
-        first = json.loads(log.read_text().splitlines()[0])
-        final["first_epoch_test_chamfer"] = first.get("test_chamfer")
-    if ctx.is_main:
-        save_json(output_dir / "final_metrics.json", final)
-    ctx.barrier()
-    ctx.destroy()
-    return final
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        return evaluate(model, self.eval_loader, self.ctx.device, self.cfg.chamfer_backend)
+
+    def finalize(self, final: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+        records = self.records()
+        first = records[0].get("test_chamfer") if records else None
+        return {**_headline(final), "first_epoch_test_chamfer": first}
+
+    def evaluate_checkpoint(self, model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+        metrics = self.evaluate(model)
+        return {**metrics, **_headline(metrics)}
 
 
 def _headline(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -265,7 +195,3 @@ def _headline(metrics: dict[str, Any]) -> dict[str, Any]:
         "part_purity": metrics.get("test_part_purity"),
         "part_purity_chance": metrics.get("test_part_purity_chance"),
     }
-
-
-def save_json(path: Path, obj: dict) -> None:
-    atomic_write_text(path, json.dumps(to_jsonable(obj), indent=2) + "\n")

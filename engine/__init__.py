@@ -1,15 +1,17 @@
-"""The one training harness shared by the CLIs: config loading, the epoch loop, checkpoints, logging and DDP.
+"""The one training harness shared by the CLIs: config loading, the run orchestration, the epoch loop, checkpoints,
+logging and DDP.
 
-Nothing here is specific to point clouds, capsules or images. A CLI (``tools/train_*.py``) loads its config
-dataclass with :func:`load_config`, calls :func:`setup_logging` and :func:`init_distributed`, builds its model,
-optimizer and loaders, and hands them to :class:`Trainer` with a ``loss_fn`` and an ``evaluate_fn``; the run folder
-then holds ``config.yaml``, ``log.jsonl``, ``tb/``, ``last.pt``, ``best.pt`` and ``final_metrics.json``, and
-``Trainer.fit(resume="auto")`` continues a killed run bit for bit.
+Nothing here is specific to point clouds, capsules or images. A recipe (:class:`Recipe`) declares the domain parts
+(datasets, model, optimizer, loss, evaluation); :func:`run` does the rest, and :func:`main` is the command line every
+training CLI shares (``tools/train_modelnet.py`` is ``engine.main(ModelNetRecipe)``). The run folder holds
+``config.yaml``, ``log.jsonl``, ``tb/``, ``best.pt``, ``last.pt`` and ``final_metrics.json``; ``--resume auto``
+continues a killed run bit for bit. Rules: :mod:`engine.rundir` (folders), :mod:`engine.checkpoint` (trust).
 """
 
 from engine.atomic import atomic_open, atomic_write_text
 from engine.checkpoint import (
     CheckpointError,
+    check_best_agrees,
     get_rng_state,
     load_checkpoint,
     resolve_resume,
@@ -26,35 +28,52 @@ from engine.config import (
     save_config,
 )
 from engine.distributed import DistributedContext, init_distributed, resolve_device, unwrap, wrap_ddp
-from engine.logger import RunLogger, TqdmHandler, setup_logging, to_jsonable
+from engine.errors import UsageError
+from engine.interrupt import Interrupted
+from engine.logger import RunLogger, TqdmHandler, dumps_json, setup_logging, to_jsonable, write_json
+from engine.recipe import Recipe, validate_common
+from engine.registry import ModelRegistry, create_with_kwargs
+from engine.run import RESUME_MUTABLE, RunOptions, config_diff, main, run
 from engine.stats import count_gmacs, count_params
 from engine.trainer import TIMING_KEYS, NonFiniteLossError, Trainer, derive_seed, epoch_lr_schedule, to_device
 
 __all__ = [
+    "RESUME_MUTABLE",
     "TIMING_KEYS",
     "CheckpointError",
     "DistributedContext",
+    "Interrupted",
+    "ModelRegistry",
     "NonFiniteLossError",
+    "Recipe",
     "RunLogger",
+    "RunOptions",
     "TqdmHandler",
     "Trainer",
+    "UsageError",
     "add_config_args",
     "atomic_open",
     "atomic_write_text",
+    "check_best_agrees",
+    "config_diff",
     "config_from_args",
     "config_to_dict",
     "count_gmacs",
     "count_params",
+    "create_with_kwargs",
     "derive_seed",
+    "dumps_json",
     "epoch_lr_schedule",
     "get_rng_state",
     "init_distributed",
     "load_checkpoint",
     "load_config",
     "load_yaml_with_base",
+    "main",
     "parse_overrides",
     "resolve_device",
     "resolve_resume",
+    "run",
     "save_checkpoint",
     "save_config",
     "set_rng_state",
@@ -62,5 +81,7 @@ __all__ = [
     "to_device",
     "to_jsonable",
     "unwrap",
+    "validate_common",
     "wrap_ddp",
+    "write_json",
 ]

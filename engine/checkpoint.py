@@ -1,15 +1,18 @@
-"""Checkpoints: atomic save, load with clear errors, ``--resume auto|PATH`` resolution and RNG state capture.
+"""Checkpoints: atomic save, safe load, ``--resume auto|PATH`` resolution and RNG state capture.
 
-Trust assumption: :func:`load_checkpoint` calls ``torch.load(..., weights_only=False)``, i.e. it unpickles. Our own
-checkpoints hold config dicts, RNG states (Python's ``random`` state is a tuple, NumPy's holds an array) and
-optimizer/scheduler state, which the restricted ``weights_only`` unpickler does not all accept across torch
-versions. Unpickling can run arbitrary code, so only load checkpoints that this toolkit (or someone you trust)
-wrote; for third-party weights use ``torch.load(path, weights_only=True)`` directly.
+Trust rule: every checkpoint the project loads goes through :func:`load_checkpoint`, which calls
+``torch.load(..., weights_only=True)``: only tensors and plain Python containers, numbers and strings are read, and
+nothing in the file can run code. :func:`save_checkpoint` writes our own training state in that form (NumPy RNG states
+and NumPy scalars are converted to tensors and Python numbers first), so nothing the toolkit writes needs more. A file
+that needs the full unpickler (a checkpoint from another tool, or one written before this rule) is refused with a
+:class:`CheckpointError` naming the file; loading it anyway takes the explicit opt-in ``allow_pickle=True`` (the CLIs'
+``--trust-checkpoint``), which unpickles and so may run any code the file holds: use it only for files you trust.
 """
 
 from __future__ import annotations
 
 import logging
+import pickle
 import random
 from pathlib import Path
 from typing import Any
@@ -18,9 +21,11 @@ import numpy as np
 import torch
 
 from engine.atomic import atomic_open
+from engine.interrupt import critical
 
 __all__ = [
     "CheckpointError",
+    "check_best_agrees",
     "get_rng_state",
     "load_checkpoint",
     "resolve_resume",
@@ -35,38 +40,83 @@ class CheckpointError(RuntimeError):
     """A checkpoint file exists but cannot be read (corrupt, truncated, or not a torch checkpoint)."""
 
 
+def _plain(value: Any) -> Any:
+    """``value`` with NumPy arrays as tensors and NumPy scalars as Python numbers (what ``weights_only`` accepts)."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, np.generic):
+        return value.item()
+    if type(value) is dict:  # not OrderedDict: a state_dict keeps its _metadata (and holds tensors only)
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> None:
     """Saves ``state`` with ``torch.save`` atomically: temp file in the same folder, flush + fsync, ``os.replace``.
+
+    NumPy values are converted first, so that :func:`load_checkpoint` reads the file with ``weights_only=True``.
+    SIGINT / SIGTERM are held back until the file is complete (:func:`engine.interrupt.critical`).
 
     Args:
         state: The checkpoint dict.
         path: Destination, e.g. ``runs/<name>/last.pt``. A kill during the write leaves the previous file intact.
+
+    Raises:
+        CheckpointError: The write failed (typically a full disk); the previous file is intact.
     """
     if not isinstance(state, dict):
         raise TypeError(f"checkpoint state must be a dict, got {type(state).__name__}")
-    with atomic_open(path, "wb") as f:
-        torch.save(state, f)
+    path = Path(path)
+    state = _plain(state)
+    with critical():
+        try:
+            with atomic_open(path, "wb") as f:
+                torch.save(state, f)
+        except (OSError, RuntimeError) as e:
+            raise CheckpointError(
+                f"could not write {path} ({type(e).__name__}: {e}); is the disk full? The previous {path.name} is "
+                "intact: free space and continue with --resume auto"
+            ) from e
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device | None = "cpu") -> dict[str, Any]:
-    """Loads a checkpoint written by :func:`save_checkpoint` (unpickles: see the module docstring).
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device | None = "cpu", *, allow_pickle: bool = False
+) -> dict[str, Any]:
+    """Loads a checkpoint with ``torch.load(weights_only=True)`` (see the trust rule in the module docstring).
 
     Args:
         path: The checkpoint file.
         map_location: Where tensors go; ``"cpu"`` by default (RNG states must stay on the CPU).
+        allow_pickle: Load a file that needs the full unpickler. Unpickling can run arbitrary code: only for files
+            you trust (the CLIs' ``--trust-checkpoint``).
 
     Returns:
         The checkpoint dict.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        CheckpointError: The file is corrupt, truncated or does not hold a dict.
+        CheckpointError: The file needs pickle (and ``allow_pickle`` is off), is corrupt or truncated, or does not
+            hold a dict.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=False)
+        state = torch.load(path, map_location=map_location, weights_only=not allow_pickle)
+    except pickle.UnpicklingError as e:
+        if allow_pickle:
+            raise CheckpointError(f"checkpoint {path} is corrupt and cannot be unpickled ({e})") from e
+        detail = str(e).strip().splitlines()
+        reason = next((line for line in detail if "Unsupported global" in line), detail[0] if detail else "")
+        raise CheckpointError(
+            f"checkpoint {path} holds objects that only the full unpickler can load, which can run arbitrary code "
+            f"({reason.strip()}); refused. If you trust the file, load it with --trust-checkpoint "
+            "(engine.load_checkpoint(..., allow_pickle=True))"
+        ) from e
     except Exception as e:
         raise CheckpointError(
             f"checkpoint {path} is corrupt or truncated and cannot be loaded ({type(e).__name__}: {e}); "
@@ -75,6 +125,35 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device | None = 
     if not isinstance(state, dict):
         raise CheckpointError(f"checkpoint {path} is corrupt: expected a dict, got {type(state).__name__}")
     return state
+
+
+def check_best_agrees(last: dict[str, Any], best_path: str | Path, allow_pickle: bool = False) -> None:
+    """Checks that ``best.pt`` is the checkpoint that ``last.pt`` (already loaded as ``last``) calls the best.
+
+    ``best.pt`` is written before the ``last.pt`` that refers to it, so two states are consistent: ``best.pt`` holds
+    ``last``'s ``best_epoch`` and ``best_metric``, or it holds the epoch right after ``last`` (a run stopped between
+    the two writes; resuming replays that epoch and rewrites both). Anything else means the files were mixed.
+
+    Raises:
+        CheckpointError: The two files disagree (the message names both).
+    """
+    best_path = Path(best_path)
+    if not best_path.is_file():
+        if last.get("best_metric") is not None:
+            raise CheckpointError(
+                f"last.pt records best {last.get('monitor')} = {last.get('best_metric')} at epoch "
+                f"{last.get('best_epoch')}, but {best_path} is missing: the run folder is incomplete"
+            )
+        return
+    best = load_checkpoint(best_path, allow_pickle=allow_pickle)
+    same = best.get("epoch") == last.get("best_epoch") and best.get("best_metric") == last.get("best_metric")
+    if same or best.get("epoch") == int(last["epoch"]) + 1:
+        return
+    raise CheckpointError(
+        f"{best_path} (epoch {best.get('epoch')}, best {best.get('monitor')} = {best.get('best_metric')}) is not the "
+        f"best checkpoint that last.pt records (epoch {last.get('best_epoch')}, {last.get('best_metric')}): the run "
+        "folder holds checkpoints of different runs"
+    )
 
 
 def resolve_resume(resume: str | Path | None, run_dir: str | Path | None) -> Path | None:
@@ -115,7 +194,7 @@ def get_rng_state() -> dict[str, Any]:
     """Captures the Python, NumPy, torch CPU and (if CUDA is initialized) current CUDA device RNG states."""
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),  # noqa: NPY002 - the legacy global RNG is what user code draws from
+        "numpy": _numpy_state(),
         "torch": torch.get_rng_state(),
         "cuda": None,
     }
@@ -130,7 +209,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
     if state.get("python") is not None:
         random.setstate(state["python"])
     if state.get("numpy") is not None:
-        np.random.set_state(state["numpy"])  # noqa: NPY002
+        numpy_state = state["numpy"]
+        if isinstance(numpy_state, dict):  # written by _numpy_state
+            numpy_state = (
+                numpy_state["bit_generator"],
+                numpy_state["keys"].numpy().astype(np.uint32),
+                numpy_state["pos"],
+                numpy_state["has_gauss"],
+                numpy_state["cached_gaussian"],
+            )
+        np.random.set_state(numpy_state)  # noqa: NPY002
     if state.get("torch") is not None:
         torch.set_rng_state(state["torch"].cpu())
     if state.get("cuda") is not None:
@@ -138,3 +226,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state(state["cuda"].cpu())
         else:
             logger.warning("checkpoint holds a CUDA RNG state but CUDA is not available: not restored")
+
+
+def _numpy_state() -> dict[str, Any]:
+    """NumPy's legacy global RNG state as tensors and numbers (its ``get_state`` tuple holds an ndarray)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()  # noqa: NPY002 - the global RNG user code draws from
+    return {
+        "bit_generator": str(name),
+        "keys": torch.from_numpy(keys.astype(np.int64)),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached),
+    }

@@ -4,7 +4,8 @@ Precedence, lowest first: the dataclass defaults < the YAML file (and its ``base
 overrides. Every value is checked against the field's annotation, and an unknown key is an error that names the
 file, lists the valid keys and suggests the closest one. A YAML file may name one ``base: other.yaml`` (a path
 relative to the including file); the base may have a base of its own, the including file's keys win, and a cycle
-is an error. ``base`` is therefore a reserved key, not a config field.
+is an error. ``base`` is therefore a reserved key, not a config field. An override may set one entry of a ``dict``
+field with a dotted key: ``--set model_kwargs.mixer=hydra`` (the rest of the dict is kept).
 
 Supported annotations: ``int``, ``float``, ``str``, ``bool``, ``pathlib.Path``, ``Literal[...]``, ``X | None``,
 ``list[X]``, ``tuple[X, ...]``, ``tuple[X, Y]``, ``dict`` and ``Any``. Coercions are deliberately few: an int is
@@ -160,6 +161,13 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
             values[key] = _coerce_field(value, hints[key], key, source, raw=None)
     for key, (value, raw) in parse_overrides(overrides).items():
         source = f"override '{key}={raw}'"
+        head, dot, rest = key.partition(".")
+        if dot and head in names and _is_dict_type(hints[head]):  # model_kwargs.mixer=hydra: one entry of a dict
+            current = values[head] if head in values else _default(cls, head)
+            merged = dict(current or {})
+            _set_path(merged, rest.split("."), value, source)
+            values[head] = merged
+            continue
         _check_known(cls, key, names, source)
         values[key] = _coerce_field(value, hints[key], key, source, raw=raw)
     missing = [
@@ -173,6 +181,30 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
     if missing:
         raise ValueError(f"{cls.__name__}: required keys not set: {', '.join(missing)} (set them in YAML or --set)")
     return cls(**values)
+
+
+def _is_dict_type(tp: Any) -> bool:
+    return tp is dict or get_origin(tp) is dict or any(a is dict or get_origin(a) is dict for a in get_args(tp))
+
+
+def _default(cls: type, name: str) -> Any:
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _set_path(target: dict[str, Any], path: list[str], value: Any, source: str) -> None:
+    for part in path[:-1]:
+        nested = target.setdefault(part, {})
+        if not isinstance(nested, dict):
+            raise ValueError(f"{source}: {part!r} holds {nested!r}, not a mapping")
+        target = nested
+    if not path[-1]:
+        raise ValueError(f"{source}: empty key after '.'")
+    target[path[-1]] = value
 
 
 def _check_known(cls: type, key: str, names: list[str], source: str) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import numbers
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ from tqdm import tqdm
 
 from engine.atomic import atomic_write_text
 
-__all__ = ["RunLogger", "TqdmHandler", "setup_logging", "to_jsonable"]
+__all__ = ["RunLogger", "TqdmHandler", "dumps_json", "setup_logging", "to_jsonable", "write_json"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,32 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     return value
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_none(v) for v in value]
+    return value
+
+
+def dumps_json(obj: Any, indent: int | None = None) -> str:
+    """Strict JSON (RFC 8259) of ``obj``: tensors and NumPy values become numbers, and NaN / +-inf become ``null``.
+
+    Python's ``json`` writes bare ``NaN`` / ``Infinity`` by default, which most other parsers reject; every JSON file
+    and line the toolkit writes (``log.jsonl``, ``final_metrics.json``, ``eval_metrics.json``) goes through here, so a
+    metric that could not be computed (e.g. part purity of an empty patch) reads as ``null``.
+    """
+    return json.dumps(_finite_or_none(to_jsonable(obj)), indent=indent, allow_nan=False)
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    """Writes ``obj`` as indented strict JSON (:func:`dumps_json`) to ``path``, atomically; returns the path."""
+    atomic_write_text(path, dumps_json(obj, indent=2) + "\n")
+    return Path(path)
 
 
 class RunLogger:
@@ -97,7 +124,7 @@ class RunLogger:
         record = to_jsonable(record)
         if self._file is None:
             self._file = open(self.log_path, "a", encoding="utf-8")  # kept open for the run; see close()
-        self._file.write(json.dumps(record) + "\n")
+        self._file.write(dumps_json(record) + "\n")
         self._file.flush()
         if step is None:
             step = record.get("epoch")
@@ -151,12 +178,10 @@ class RunLogger:
         return [json.loads(line) for line in lines if line.strip()]
 
     def write_json(self, name: str, obj: Any) -> Path | None:
-        """Writes ``obj`` as indented JSON to ``run_dir/name`` atomically (e.g. ``final_metrics.json``)."""
+        """Writes ``obj`` as indented strict JSON to ``run_dir/name`` atomically (e.g. ``final_metrics.json``)."""
         if not self.enabled:
             return None
-        path = self.run_dir / name
-        atomic_write_text(path, json.dumps(to_jsonable(obj), indent=2) + "\n")
-        return path
+        return write_json(self.run_dir / name, obj)
 
     def _tb_writer(self) -> Any:
         if not self.tensorboard or self._writer is not None:

@@ -245,31 +245,39 @@ class Trainer:
         self.epoch = 0  # completed epochs = the next epoch to run
         self.global_step = 0
         self.best: float | None = None
+        self.best_epoch: int | None = None  # completed epochs when best.pt was written (its ``epoch``)
+        self.step_in_epoch = 0  # steps done in the epoch in progress (for the interruption message)
         self.last_metrics: dict[str, Any] = {}
         self.train_time_s = 0.0
 
     # ------------------------------------------------------------------ public
 
-    def fit(self, resume: str | Path | None = None) -> dict[str, Any]:
+    def fit(self, resume: str | Path | None = None, state: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Trains up to ``epochs``, optionally resuming first.
 
         Args:
             resume: ``None``/``""`` (fresh), ``"auto"`` (``run_dir/last.pt`` if present) or a checkpoint path.
+            state: A checkpoint already loaded (and checked) by the caller, e.g. :func:`engine.run`; wins over
+                ``resume``.
 
         Returns:
             The final metrics: the last epoch's eval metrics, ``best_<monitor>``, ``epochs`` (completed) and
             ``train_time_s`` (summed over all sessions of the run); also written to ``final_metrics.json``.
         """
         try:
-            path = resolve_resume(resume, self.run_dir)
-            if path is not None:
-                self.load_state_dict(load_checkpoint(path))
-                _logger.info("resumed from %s: %d epoch(s) done, continuing to %d", path, self.epoch, self.epochs)
-            elif self.ctx.is_main and (self.run_dir / "last.pt").is_file():
-                _logger.warning(
-                    "starting fresh in %s, which has a last.pt: it will be overwritten (resume with 'auto')",
-                    self.run_dir,
-                )
+            if state is not None:
+                self.load_state_dict(state)
+                _logger.info("resumed: %d epoch(s) done, continuing to %d", self.epoch, self.epochs)
+            else:
+                path = resolve_resume(resume, self.run_dir)
+                if path is not None:
+                    self.load_state_dict(load_checkpoint(path))
+                    _logger.info("resumed from %s: %d epoch(s) done, continuing to %d", path, self.epoch, self.epochs)
+                elif self.ctx.is_main and (self.run_dir / "last.pt").is_file():  # engine.run refuses this case
+                    _logger.warning(
+                        "starting fresh in %s, which has a last.pt: it will be overwritten (resume with 'auto')",
+                        self.run_dir,
+                    )
             self.logger.truncate_from(self.epoch)
             if self.config is not None and self.ctx.is_main:
                 save_config(self.config, self.run_dir / "config.yaml")
@@ -309,6 +317,7 @@ class Trainer:
             "monitor": self.monitor,
             "monitor_mode": self.monitor_mode,
             "best_metric": self.best,
+            "best_epoch": self.best_epoch,
             "metrics": self.last_metrics,
             "train_time_s": self.train_time_s,
             "config": self.config,
@@ -340,6 +349,7 @@ class Trainer:
             self.monitor_mode
         ):
             self.best = state.get("best_metric")
+            self.best_epoch = state.get("best_epoch")
         else:
             _logger.warning(
                 "checkpoint monitored %s (%s), this run monitors %s (%s): best metric reset",
@@ -349,6 +359,7 @@ class Trainer:
                 self.monitor_mode,
             )
             self.best = None
+            self.best_epoch = None
         if state.get("rng") is not None:
             set_rng_state(state["rng"])
         for key, value in (state.get("extra_state") or {}).items():
@@ -396,6 +407,7 @@ class Trainer:
         improved = _is_num(value) and math.isfinite(value) and self._is_better(float(value))
         if improved:
             self.best = float(value)
+            self.best_epoch = epoch + 1
         self.logger.log(record, step=epoch)
         _logger.info(
             "epoch %d/%d: %s (%.1f s)%s",
@@ -411,9 +423,11 @@ class Trainer:
         self.train_time_s += epoch_s
         if self.ctx.is_main:
             state = self.state_dict()
-            save_checkpoint(state, self.run_dir / "last.pt")
+            # best.pt first: a last.pt on disk never names a best epoch whose weights are not in best.pt (a stop
+            # between the two writes leaves best.pt one epoch ahead, which resume replays; see check_best_agrees).
             if improved:
                 save_checkpoint(state, self.run_dir / "best.pt")
+            save_checkpoint(state, self.run_dir / "last.pt")
         self.ctx.barrier()
 
     def _train_one_epoch(self, epoch: int) -> tuple[dict[str, float], int, float]:
@@ -437,6 +451,7 @@ class Trainer:
             for step, batch in enumerate(loader):
                 if self.max_steps_per_epoch is not None and step >= self.max_steps_per_epoch:
                     break
+                self.step_in_epoch = step
                 batch = to_device(batch, self.device)
                 loss, logs = self._forward(batch)
                 loss_value = float(loss.detach().float().item())

@@ -447,6 +447,30 @@ class ModelNet40Normal(PointCloudDataset):
             np.savez(f, points=np.stack([self._cache[i] for i in range(len(self))]), ids=np.asarray(self.ids))
         os.replace(tmp, path)
 
+    def check_files(self) -> None:
+        """Checks every file cheaply, before training reads it: not empty, a parsable first line of 6 numbers, and a
+        size that can hold ``num_points`` such lines (a truncated file). Files already cached are skipped."""
+        for i, path in enumerate(self.files):
+            if i in self._cache:
+                continue
+            with open(path, "rb") as f:
+                first = f.readline()
+            size = path.stat().st_size
+            fields = first.decode("utf-8", errors="replace").strip().split(",")
+            try:
+                [float(v) for v in fields]
+            except ValueError:
+                fields = []
+            if len(fields) != 6:
+                raise ValueError(
+                    f"{path}, line 1: expected 6 comma-separated numbers ('x,y,z,nx,ny,nz'), got {first[:80]!r}"
+                )
+            if size < self.num_points * len(first) // 2:
+                raise ValueError(
+                    f"{path}: {size} bytes cannot hold num_points={self.num_points} lines of about {len(first)} "
+                    "bytes (truncated file?)"
+                )
+
     def load_points(self, index: int) -> np.ndarray:
         points = self._cache.get(index)
         if points is None:
@@ -655,7 +679,7 @@ DATASETS: dict[str, Callable[..., PointCloudDataset]] = {
 """Dataset name -> constructor, for configs and CLIs (:func:`build_dataset`)."""
 
 
-def build_dataset(name: str, root: str | PathLike | None = None, split: str = "train", **kwargs) -> PointCloudDataset:
+def build_dataset(name: str, split: str = "train", root: str | PathLike | None = None, **kwargs) -> PointCloudDataset:
     """Build a dataset of :data:`DATASETS` by name.
 
     Args:

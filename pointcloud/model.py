@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from attention import CentroidBlock, MixerBlock, SelfAttentionBlock, build_mixer, input_checks, knn, nearest_upsample
 from attention._checks import check_points
 from attention.centroid import resolve_num_centroids
+from engine.registry import ModelRegistry
 
 __all__ = [
     "MODELS",
@@ -242,23 +243,11 @@ class CentroidTransformer(PointClassifier):
 # Registry
 # --------------------------------------------------------------------------------------------------------------------
 
-MODELS: dict[str, Callable[..., nn.Module]] = {}
-
-
-def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    MODELS[fn.__name__] = fn
-    return fn
-
-
-def list_models() -> list[str]:
-    return sorted(MODELS)
-
-
-def create_model(name: str, **kwargs) -> nn.Module:
-    """Builds a registered model by name; ``kwargs`` override its defaults (e.g. ``num_steps=2``)."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; choose one of {list_models()}")
-    return MODELS[name](**kwargs)
+_registry = ModelRegistry("point cloud")
+MODELS = _registry.models
+register_model = _registry.register_model
+list_models = _registry.list_models
+create_model = _registry.create_model  # kwargs override a model's defaults (e.g. ``num_steps=2``)
 
 
 @register_model

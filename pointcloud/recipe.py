@@ -1,8 +1,9 @@
 """The ModelNet40 training recipe: config, data, model, optimizer and evaluation, run by :mod:`engine`.
 
-``tools/train_modelnet.py`` is a thin CLI over :func:`train`. The config is flat and mirrors
-:class:`ModelNetConfig`; YAML rows live in ``configs/pointcloud/``. Model knobs left at ``None`` keep the registered
-model's own default (so the ablation twins keep their ``init`` and ``num_steps=0``).
+``tools/train_modelnet.py`` is ``engine.main(ModelNetRecipe)``: :class:`ModelNetRecipe` declares the domain parts and
+:func:`engine.run` does the rest. The config is flat and mirrors :class:`ModelNetConfig`; YAML rows live in
+``configs/pointcloud/``. Model knobs left at ``None`` keep the registered model's own default (so the ablation twins
+keep their ``init`` and ``num_steps=0``); ``model_kwargs`` reaches any other constructor keyword (``mixer: hydra``).
 
 Paper schedule (section 3.2): Adam, step decay every 20 epochs, 250 epochs. The defaults here are the main job: the
 paper model on the embedded synthetic shapes at 256 points (so 128 and 64 centroids, and K = 16 neighbours), 10
@@ -11,32 +12,19 @@ epochs, sized to run on a 2-core CPU in under 5 minutes (measured figures in the
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
-from engine import (
-    DistributedContext,
-    Trainer,
-    atomic_write_text,
-    config_to_dict,
-    count_gmacs,
-    count_params,
-    epoch_lr_schedule,
-    init_distributed,
-    load_checkpoint,
-    to_jsonable,
-)
+from engine import Recipe, UsageError, count_gmacs, count_params, epoch_lr_schedule
 
 from .data import build_dataset
-from .model import create_model
+from .model import create_model, list_models
 from .transforms import (
     Compose,
     Jitter,
@@ -48,7 +36,7 @@ from .transforms import (
     vote_logits,
 )
 
-__all__ = ["ModelNetConfig", "build_loaders", "build_model", "evaluate", "train"]
+__all__ = ["ModelNetConfig", "ModelNetRecipe", "build_datasets", "build_model", "evaluate"]
 
 _logger = logging.getLogger(__name__)
 
@@ -69,6 +57,7 @@ class ModelNetConfig:
     mlp_ratio: float | None = None
     fuse_dim: int | None = None
     drop: float | None = None
+    model_kwargs: dict = field(default_factory=dict)  # any other constructor keyword, e.g. {mixer: hydra}
     # data
     dataset: str = "synthetic"
     data_root: str | None = None
@@ -108,17 +97,11 @@ MODEL_KNOBS = ("num_centroids", "num_neighbors", "num_heads", "num_steps", "mlp_
 
 
 def build_model(cfg: ModelNetConfig, num_classes: int) -> nn.Module:
+    """``create_model(cfg.model, ...)`` with the config's knobs and ``model_kwargs``; a keyword it lacks is named."""
     kwargs = {k: getattr(cfg, k) for k in MODEL_KNOBS if getattr(cfg, k) is not None}
+    kwargs.update(cfg.model_kwargs)
     in_channels = 6 if cfg.use_normals else 3
-    try:
-        return create_model(cfg.model, num_classes=num_classes, in_channels=in_channels, **kwargs)
-    except TypeError as err:
-        if "unexpected keyword argument" not in str(err):
-            raise
-        raise ValueError(
-            f"model {cfg.model!r} does not take one of the config's model knobs {sorted(kwargs)} ({err}); "
-            "set the knobs it does not use to null"
-        ) from err
+    return create_model(cfg.model, num_classes=num_classes, in_channels=in_channels, **kwargs)
 
 
 def _train_transform(cfg: ModelNetConfig) -> Compose:
@@ -145,28 +128,9 @@ def build_datasets(cfg: ModelNetConfig, data_root: str | None = None):
         common["num_classes"] = cfg.synthetic_classes
         train_kw["samples_per_class"] = cfg.synthetic_train_per_class
         test_kw["samples_per_class"] = cfg.synthetic_test_per_class
-    train_set = build_dataset(cfg.dataset, root, "train", **common, **train_kw)
-    test_set = build_dataset(cfg.dataset, root, "test", **common, **test_kw)
+    train_set = build_dataset(cfg.dataset, "train", root, **common, **train_kw)
+    test_set = build_dataset(cfg.dataset, "test", root, **common, **test_kw)
     return train_set, test_set
-
-
-def build_loaders(cfg: ModelNetConfig, ctx: DistributedContext, data_root: str | None = None):
-    train_set, test_set = build_datasets(cfg, data_root)
-    sampler = None
-    if ctx.world_size > 1:
-        sampler = DistributedSampler(train_set, ctx.world_size, ctx.rank, shuffle=True, seed=cfg.seed, drop_last=True)
-    per_rank = max(1, cfg.batch_size // ctx.world_size)
-    train_loader = DataLoader(
-        train_set,
-        batch_size=per_rank,
-        shuffle=sampler is None,
-        sampler=sampler,
-        num_workers=cfg.workers,
-        drop_last=True,
-        generator=torch.Generator() if sampler is None else None,
-    )
-    test_loader = DataLoader(test_set, batch_size=cfg.eval_batch_size, shuffle=False, num_workers=cfg.workers)
-    return train_loader, test_loader
 
 
 @torch.no_grad()
@@ -208,99 +172,75 @@ def _scheduler(cfg: ModelNetConfig, optimizer: torch.optim.Optimizer) -> torch.o
     )
 
 
-def train(
-    cfg: ModelNetConfig,
-    output_dir: str | Path,
-    *,
-    resume: str | None = None,
-    device: str = "auto",
-    data_root: str | None = None,
-    eval_only: bool = False,
-    checkpoint: str | None = None,
-    progress: bool = True,
-    max_steps_per_epoch: int | None = None,
-) -> dict[str, Any]:
-    """Trains (or evaluates) a ModelNet model as configured; returns the final metrics.
+class ModelNetRecipe(Recipe):
+    """ModelNet40 classification: cross-entropy with label smoothing, AdamW, per-epoch cosine or step schedule."""
 
-    Args:
-        cfg: the resolved config.
-        output_dir: the run folder (config.yaml, log.jsonl, tb/, last.pt, best.pt, final_metrics.json).
-        resume: ``None``, ``"auto"`` (the run folder's last.pt if present) or a checkpoint path.
-        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; under torchrun each rank takes its local GPU.
-        data_root: overrides ``cfg.data_root``.
-        eval_only: evaluate ``checkpoint`` (default: the run folder's best.pt) and write eval_metrics.json.
-        checkpoint: the checkpoint to evaluate with ``eval_only``.
-        progress: show tqdm bars.
-        max_steps_per_epoch: cut epochs short (smoke tests).
-    """
-    ctx = init_distributed(device)
-    output_dir = Path(output_dir)
-    torch.manual_seed(cfg.seed)
-    train_loader, test_loader = build_loaders(cfg, ctx, data_root)
-    num_classes = train_loader.dataset.num_classes
-    model = build_model(cfg, num_classes).to(ctx.device)
-    params = count_params(model)
-    example = torch.zeros(1, cfg.num_points, 6 if cfg.use_normals else 3, device=ctx.device)
-    example[0, :, :3] = torch.randn(cfg.num_points, 3, generator=torch.Generator().manual_seed(0)).to(ctx.device)
-    gmacs = count_gmacs(model, example)
-    _logger.info(
-        "model %s: %.3f M params, %.3f GMACs at %d points; %s: %d train / %d test clouds, %d classes",
-        cfg.model, params / 1e6, gmacs, cfg.num_points, cfg.dataset,
-        len(train_loader.dataset), len(test_loader.dataset), num_classes,
-    )  # fmt: skip
+    group = "modelnet40"
+    config_cls = ModelNetConfig
+    monitor = "test_oa"
+    monitor_mode = "max"
+    resume_mutable = ("votes",)
 
-    def eval_fn(m: nn.Module, epoch: int) -> dict[str, float]:
-        return evaluate(m, test_loader, ctx.device, num_classes)
+    @classmethod
+    def validate(cls, cfg: ModelNetConfig) -> None:
+        problems = []
+        if cfg.model not in list_models():
+            problems.append(f"model {cfg.model!r} is not registered; choose one of {list_models()}")
+        if cfg.num_points < 1:
+            problems.append(f"num_points must be >= 1, got {cfg.num_points}")
+        if cfg.num_neighbors is not None and not 1 <= cfg.num_neighbors <= cfg.num_points:
+            problems.append(f"num_neighbors (K) must be in [1, num_points={cfg.num_points}], got {cfg.num_neighbors}")
+        for m in cfg.num_centroids or ():
+            if not (0 < m < 1 if isinstance(m, float) else 1 <= m <= cfg.num_points):
+                problems.append(
+                    f"num_centroids entries must be counts in [1, num_points={cfg.num_points}] or fractions in "
+                    f"(0, 1), got {cfg.num_centroids}"
+                )
+                break
+        if cfg.votes < 1:
+            problems.append(f"votes must be >= 1, got {cfg.votes}")
+        if not 0 < cfg.scale_lo <= cfg.scale_hi:
+            problems.append(f"need 0 < scale_lo <= scale_hi, got {cfg.scale_lo} and {cfg.scale_hi}")
+        if problems:
+            raise UsageError("ModelNetConfig: " + "; ".join(problems))
 
-    if eval_only:
-        path = Path(checkpoint) if checkpoint else output_dir / "best.pt"
-        state = load_checkpoint(path)
-        model.load_state_dict(state["model"])
-        metrics = evaluate(model, test_loader, ctx.device, num_classes, votes=cfg.votes, seed=cfg.seed)
-        metrics.update(checkpoint=str(path), votes=cfg.votes, params=params, gmacs=gmacs)
-        if ctx.is_main:
-            output_dir.mkdir(parents=True, exist_ok=True)
-            save_json(output_dir / "eval_metrics.json", metrics)
-        return metrics
+    def build_datasets(self):
+        return build_datasets(self.cfg, self.data_root)
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    def build_model(self) -> nn.Module:
+        return build_model(self.cfg, self.train_set.num_classes)
 
-    def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):
+    def summary(self, model: nn.Module) -> dict[str, Any]:
+        cfg = self.cfg
+        example = torch.zeros(1, cfg.num_points, 6 if cfg.use_normals else 3, device=self.ctx.device)
+        example[0, :, :3] = torch.randn(cfg.num_points, 3, generator=torch.Generator().manual_seed(0))
+        return {"params": count_params(model), "gmacs": count_gmacs(model, example), "num_points": cfg.num_points,
+                "dataset": cfg.dataset, "model": cfg.model}  # fmt: skip
+
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+
+    def build_scheduler(self, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
+        return _scheduler(self.cfg, optimizer), self.cfg.epochs
+
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):
         points, labels = batch
-        logits = m(points)
-        loss = F.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
+        logits = model(points)
+        loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.cfg.label_smoothing)
         return loss, {"acc": 100.0 * (logits.argmax(-1) == labels).float().mean()}
 
-    trainer = Trainer(
-        model=model,
-        optimizer=optimizer,
-        train_loader=train_loader,
-        loss_fn=loss_fn,
-        evaluate_fn=eval_fn,
-        run_dir=output_dir,
-        epochs=cfg.epochs,
-        ctx=ctx,
-        scheduler=_scheduler(cfg, optimizer),
-        amp=cfg.amp and ctx.device.type == "cuda",
-        grad_clip=cfg.grad_clip,
-        seed=cfg.seed,
-        monitor="test_oa",
-        monitor_mode="max",
-        config=config_to_dict(cfg),
-        progress=progress,
-        max_steps_per_epoch=max_steps_per_epoch,
-    )
-    final = trainer.fit(resume=resume)
-    if cfg.votes > 1:
-        voted = evaluate(trainer.module, test_loader, ctx.device, num_classes, votes=cfg.votes, seed=cfg.seed)
-        final.update({f"{k}_vote{cfg.votes}": v for k, v in voted.items()})
-    final.update(params=params, gmacs=gmacs, num_points=cfg.num_points, dataset=cfg.dataset, model=cfg.model)
-    if ctx.is_main:
-        save_json(output_dir / "final_metrics.json", final)
-    ctx.barrier()
-    ctx.destroy()
-    return final
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        return evaluate(model, self.eval_loader, self.ctx.device, self.train_set.num_classes)
 
+    def finalize(self, final: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+        if self.cfg.votes <= 1:
+            return {}
+        voted = self._voted(model)
+        return {f"{k}_vote{self.cfg.votes}": v for k, v in voted.items()}
 
-def save_json(path: Path, obj: dict) -> None:
-    atomic_write_text(path, json.dumps(to_jsonable(obj), indent=2) + "\n")
+    def evaluate_checkpoint(self, model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+        return {**self._voted(model), "votes": self.cfg.votes}
+
+    def _voted(self, model: nn.Module) -> dict[str, float]:
+        cfg = self.cfg
+        return evaluate(model, self.eval_loader, self.ctx.device, self.train_set.num_classes, cfg.votes, cfg.seed)

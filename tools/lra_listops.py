@@ -23,12 +23,10 @@ The run folder (default ``runs/lra_listops/<name>``) gets ``config.yaml``, ``tra
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import random
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +37,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import engine
 from attention import MixerBlock, build_mixer
-from engine import (
-    Trainer,
-    add_config_args,
-    atomic_write_text,
-    config_from_args,
-    config_to_dict,
-    count_params,
-    init_distributed,
-    setup_logging,
-    to_jsonable,
-)
+from engine import Recipe, UsageError, count_params
 
 _logger = logging.getLogger("lra_listops")
 
@@ -201,6 +190,7 @@ class ListOpsConfig:
     # model
     mixer: str = "softmax"
     mixer_kwargs: dict = field(default_factory=dict)
+    model_kwargs: dict = field(default_factory=dict)  # any other ListOpsClassifier keyword
     width: int = 64
     depth: int = 2
     num_heads: int = 4
@@ -246,108 +236,75 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device) -> dict
     return {"test_loss": loss_sum / max(count, 1), "test_acc": 100.0 * correct / max(count, 1)}
 
 
-def train(
-    cfg: ListOpsConfig,
-    output_dir: str | Path,
-    *,
-    resume: str | None = None,
-    device: str = "auto",
-    progress: bool = True,
-    max_steps_per_epoch: int | None = None,
-) -> dict[str, Any]:
-    """Trains a ListOps classifier as configured; returns the final metrics (with the majority-class baseline)."""
-    ctx = init_distributed(device)
-    output_dir = Path(output_dir)
-    torch.manual_seed(cfg.seed)
-    train_set, test_set = build_data(cfg)
-    train_labels, test_labels = train_set.tensors[1], test_set.tensors[1]
-    majority = int(torch.bincount(train_labels, minlength=10).argmax())
-    majority_acc = 100.0 * float((test_labels == majority).float().mean())
-    model = ListOpsClassifier(
-        cfg.mixer, cfg.seq_len, cfg.width, cfg.depth, cfg.num_heads, cfg.mlp_ratio, cfg.drop,
-        mixer_kwargs=cfg.mixer_kwargs,
-    ).to(ctx.device)  # fmt: skip
-    params = count_params(model)
-    lengths = (train_set.tensors[0] != 0).sum(1).float()
-    _logger.info(
-        "mixer %s: %.3f M params; %d train / %d test expressions, %.0f tokens on average (max %d); "
-        "majority class %d gives %.1f%% test accuracy",
-        cfg.mixer, params / 1e6, len(train_set), len(test_set), lengths.mean(), int(lengths.max()), majority,
-        majority_acc,
-    )  # fmt: skip
-    train_loader = DataLoader(
-        train_set, batch_size=cfg.batch_size, shuffle=True, drop_last=True, generator=torch.Generator()
-    )
-    test_loader = DataLoader(test_set, batch_size=cfg.eval_batch_size, shuffle=False)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+class ListOpsRecipe(Recipe):
+    """ListOps classification with any sequence mixer: cross-entropy, AdamW, linear warm-up then linear decay."""
 
-    def factor(epoch: int) -> float:  # linear warm-up, then linear decay to 10%
-        if epoch < cfg.warmup_epochs:
-            return (epoch + 1) / (cfg.warmup_epochs + 1)
-        return 1.0 - 0.9 * (epoch - cfg.warmup_epochs) / max(1, cfg.epochs - cfg.warmup_epochs)
+    group = "lra_listops"
+    config_cls = ListOpsConfig
+    monitor = "test_acc"
+    monitor_mode = "max"
 
-    def loss_fn(m: nn.Module, batch: tuple[Tensor, Tensor]):
+    @classmethod
+    def validate(cls, cfg: ListOpsConfig) -> None:
+        problems = []
+        if not 1 <= cfg.min_length <= cfg.max_length <= cfg.seq_len:
+            problems.append(
+                f"need 1 <= min_length <= max_length <= seq_len, got {cfg.min_length}, {cfg.max_length}, {cfg.seq_len}"
+            )
+        if cfg.train_size < 1 or cfg.test_size < 1:
+            problems.append(f"train_size and test_size must be >= 1, got {cfg.train_size} and {cfg.test_size}")
+        if problems:
+            raise UsageError("ListOpsConfig: " + "; ".join(problems))
+
+    def build_datasets(self):
+        return build_data(self.cfg)
+
+    def build_model(self) -> nn.Module:
+        cfg = self.cfg
+        kwargs = dict(mixer=cfg.mixer, seq_len=cfg.seq_len, width=cfg.width, depth=cfg.depth, num_heads=cfg.num_heads,
+                      mlp_ratio=cfg.mlp_ratio, drop=cfg.drop, mixer_kwargs=cfg.mixer_kwargs)  # fmt: skip
+        return engine.create_with_kwargs(ListOpsClassifier, "ListOpsClassifier", {**kwargs, **cfg.model_kwargs})
+
+    def summary(self, model: nn.Module) -> dict[str, Any]:
+        train_labels, test_labels = self.train_set.tensors[1], self.eval_set.tensors[1]
+        majority = int(torch.bincount(train_labels, minlength=10).argmax())
+        lengths = (self.train_set.tensors[0] != 0).sum(1).float()
+        return {"params": count_params(model), "mixer": self.cfg.mixer,
+                "majority_acc": 100.0 * float((test_labels == majority).float().mean()),
+                "mean_length": float(lengths.mean())}  # fmt: skip
+
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+
+    def build_scheduler(self, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
+        cfg = self.cfg
+
+        def factor(epoch: int) -> float:  # linear warm-up, then linear decay to 10%
+            if epoch < cfg.warmup_epochs:
+                return (epoch + 1) / (cfg.warmup_epochs + 1)
+            return 1.0 - 0.9 * (epoch - cfg.warmup_epochs) / max(1, cfg.epochs - cfg.warmup_epochs)
+
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor), cfg.epochs
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]):
         tokens, labels = batch
-        logits = m(tokens).float()
+        logits = model(tokens).float()
         return F.cross_entropy(logits, labels), {"acc": 100.0 * (logits.argmax(-1) == labels).float().mean()}
 
-    trainer = Trainer(
-        model=model,
-        optimizer=optimizer,
-        train_loader=train_loader,
-        loss_fn=loss_fn,
-        evaluate_fn=lambda m, epoch: evaluate(m, test_loader, ctx.device),
-        run_dir=output_dir,
-        epochs=cfg.epochs,
-        ctx=ctx,
-        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, factor),
-        amp=cfg.amp and ctx.device.type == "cuda",
-        grad_clip=cfg.grad_clip,
-        seed=cfg.seed,
-        monitor="test_acc",
-        monitor_mode="max",
-        config=config_to_dict(cfg),
-        progress=progress,
-        max_steps_per_epoch=max_steps_per_epoch,
-    )
-    final = trainer.fit(resume=resume)
-    final.update(params=params, mixer=cfg.mixer, majority_acc=majority_acc, mean_length=float(lengths.mean()))
-    if ctx.is_main:
-        atomic_write_text(output_dir / "final_metrics.json", json.dumps(to_jsonable(final), indent=2) + "\n")
-    ctx.barrier()
-    ctx.destroy()
-    return final
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        return evaluate(model, self.eval_loader, self.ctx.device)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_config_args(parser)
-    parser.add_argument("--output-dir", default=None, help="run folder (default: runs/lra_listops/<name>)")
-    parser.add_argument("--resume", default=None, help="'auto' (the run folder's last.pt) or a checkpoint path")
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    parser.add_argument("--epochs", type=int, default=None, help="override the config's epochs")
-    parser.add_argument("--max-steps-per-epoch", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--no-progress", action="store_true", help="no tqdm bars")
-    args = parser.parse_args(argv)
-    cfg = config_from_args(ListOpsConfig, args)
-    if args.epochs is not None:
-        cfg = replace(cfg, epochs=args.epochs)
-    output_dir = Path(args.output_dir or Path("runs") / "lra_listops" / cfg.name)
-    setup_logging(output_dir)
-    _logger.info("run folder: %s", output_dir)
-    metrics = train(
-        cfg,
-        output_dir,
-        resume=args.resume,
-        device=args.device,
-        progress=not args.no_progress,
-        max_steps_per_epoch=args.max_steps_per_epoch,
+    return engine.main(
+        ListOpsRecipe,
+        argv,
+        description=__doc__,
+        report=lambda m: (
+            f"test_acc={m.get('test_acc', float('nan')):.2f}% (majority class: {m['majority_acc']:.2f}%), "
+            f"{m['mixer']} mixer"
+        ),
     )
-    _logger.info(
-        "final: test_acc=%.2f%% (majority class: %.2f%%), %s mixer",
-        metrics["test_acc"], metrics["majority_acc"], cfg.mixer,
-    )  # fmt: skip
-    return metrics
 
 
 if __name__ == "__main__":

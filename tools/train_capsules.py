@@ -20,13 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
-from trainutil import run_training_cli
-
-from capsules.recipe import CapsulesConfig, train
+import engine
+from capsules.recipe import CapsulesRecipe
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return run_training_cli(argv, description=__doc__, config_cls=CapsulesConfig, train=train, run_group="capsules")
+    return engine.main(CapsulesRecipe, argv, description=__doc__)
 
 
 if __name__ == "__main__":

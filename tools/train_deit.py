@@ -27,13 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 # (2 threads, load average 10 on 2 cores). Must be set before torch loads; an explicit setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from trainutil import run_training_cli
-
-from vision.recipe import DeiTConfig, train
+import engine
+from vision.recipe import DeiTRecipe
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return run_training_cli(argv, description=__doc__, config_cls=DeiTConfig, train=train, run_group="deit")
+    return engine.main(DeiTRecipe, argv, description=__doc__)
 
 
 if __name__ == "__main__":

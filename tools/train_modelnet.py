@@ -19,13 +19,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
-from trainutil import run_training_cli
-
-from pointcloud.recipe import ModelNetConfig, train
+import engine
+from pointcloud.recipe import ModelNetRecipe
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return run_training_cli(argv, description=__doc__, config_cls=ModelNetConfig, train=train, run_group="modelnet40")
+    return engine.main(ModelNetRecipe, argv, description=__doc__)
 
 
 if __name__ == "__main__":

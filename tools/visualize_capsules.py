@@ -45,10 +45,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--width", type=int, default=960)
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--point-size", type=float, default=6.0)
+    parser.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="load a checkpoint that needs pickle (can run arbitrary code: only files you trust)",
+    )
     args = parser.parse_args(argv)
     setup_logging(None)
 
-    state = load_checkpoint(args.checkpoint)
+    state = load_checkpoint(args.checkpoint, allow_pickle=args.trust_checkpoint)
     if not state.get("config"):
         raise ValueError(f"{args.checkpoint} holds no config: expected a checkpoint written by tools/train_capsules.py")
     known = {f.name for f in dataclasses.fields(CapsulesConfig)}

@@ -1,7 +1,7 @@
 """The DeiT training recipe on timm's pipeline: config, data, model, optimizer, schedule, EMA and evaluation, run by
 :mod:`engine`.
 
-``tools/train_deit.py`` is a thin CLI over :func:`train`. Every part that DeiT's ``main.py`` takes from timm comes from
+Every part that DeiT's ``main.py`` takes from timm comes from
 timm here too:
 
 * data: ``timm.data.create_transform`` (random resized crop, flip, RandAugment ``rand-m9-mstd0.5-inc1``, random
@@ -16,10 +16,11 @@ timm here too:
 * ``timm.loss``: ``SoftTargetCrossEntropy`` with mixup / cutmix, ``LabelSmoothingCrossEntropy`` without;
 * ``timm.utils.ModelEmaV3`` (DeiT: decay 0.99996 per update, no warmup), evaluated beside the model every epoch.
 
-The engine's :class:`~engine.Trainer` runs the loop (tqdm, ``log.jsonl`` + TensorBoard, atomic ``last.pt`` with
-model, optimizer, scheduler, scaler, EMA and RNG state, ``best.pt`` on the best top-1, exact ``--resume``, AMP on
-CUDA, DDP). ``batch_size`` is the **global** batch (DeiT's per-GPU batch times the number of GPUs), split evenly over
-the ranks; so ``lr * batch_size / lr_base_size`` is DeiT's ``lr * batch_size_per_gpu * world_size / 512``.
+``tools/train_deit.py`` is ``engine.main(DeiTRecipe)``: :func:`engine.run` owns the run, and its
+:class:`~engine.Trainer` the loop (tqdm, ``log.jsonl`` + TensorBoard, atomic ``last.pt`` with model, optimizer,
+scheduler, scaler, EMA and RNG state, ``best.pt`` on the best top-1, exact ``--resume``, AMP on CUDA, DDP).
+``batch_size`` is the **global** batch (DeiT's per-GPU batch times the number of GPUs), split evenly over the ranks;
+so ``lr * batch_size / lr_base_size`` is DeiT's ``lr * batch_size_per_gpu * world_size / 512``.
 
 Resume determinism: augmentation (timm's transforms draw from Python's, NumPy's and torch's global RNGs) and mixup
 are drawn from RNGs that the Trainer reseeds from ``(seed, epoch, rank)`` at every epoch, DataLoader workers are
@@ -37,12 +38,10 @@ slow a 940-step run down more than they help it), sized for a 2-core CPU in unde
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
-import json
 import logging
-from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import timm
@@ -57,21 +56,12 @@ from timm.utils import ModelEmaV3
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from engine import (
-    DistributedContext,
-    Trainer,
-    atomic_write_text,
-    config_to_dict,
-    count_gmacs,
-    count_params,
-    init_distributed,
-    load_checkpoint,
-    to_jsonable,
-)
+from engine import DistributedContext, Recipe, UsageError, count_gmacs, count_params
+from engine.registry import create_with_kwargs
 
 from .data import build_dataset, patch_posterize  # importing vision (this package) registered the models in timm
 
-__all__ = ["DeiTConfig", "build_loaders", "build_model", "build_transforms", "evaluate", "train"]
+__all__ = ["DeiTConfig", "DeiTRecipe", "build_loaders", "build_model", "build_transforms", "evaluate"]
 
 _logger = logging.getLogger(__name__)
 
@@ -156,25 +146,12 @@ MODEL_KNOBS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "ce
 
 
 def build_model(cfg: DeiTConfig, num_classes: int) -> nn.Module:
-    """``timm.create_model(cfg.model, ...)`` with the config's knobs; a knob the model does not take is named."""
+    """``timm.create_model(cfg.model, ...)`` with the config's knobs and ``model_kwargs`` (a foreign one is named)."""
     kwargs = {k: getattr(cfg, k) for k in MODEL_KNOBS if getattr(cfg, k) is not None}
     kwargs.update(cfg.model_kwargs)
+    fixed = dict(num_classes=num_classes, img_size=cfg.img_size, drop_rate=cfg.drop_rate, drop_path_rate=cfg.drop_path)
     try:
-        return timm.create_model(
-            cfg.model,
-            num_classes=num_classes,
-            img_size=cfg.img_size,
-            drop_rate=cfg.drop_rate,
-            drop_path_rate=cfg.drop_path,
-            **kwargs,
-        )
-    except TypeError as err:
-        if "unexpected keyword argument" not in str(err):
-            raise
-        raise ValueError(
-            f"model {cfg.model!r} does not take one of the config's model knobs {sorted(kwargs)} ({err}); "
-            "set the knobs it does not use to null"
-        ) from err
+        return create_with_kwargs(functools.partial(timm.create_model, cfg.model, **fixed), cfg.model, kwargs)
     except RuntimeError as err:
         if "Unknown model" not in str(err):
             raise
@@ -230,22 +207,26 @@ def build_datasets(cfg: DeiTConfig, data_root: str | None = None, splits: tuple[
 
 def _per_rank_batch(cfg: DeiTConfig, ctx: DistributedContext) -> int:
     if cfg.batch_size % ctx.world_size:
-        raise ValueError(
+        raise UsageError(
             f"batch_size is the global batch and must divide evenly over {ctx.world_size} ranks, got {cfg.batch_size}"
         )
     per_rank = cfg.batch_size // ctx.world_size
     if _mixup_active(cfg) and per_rank % 2:
-        raise ValueError(f"mixup / cutmix need an even batch per rank, got {per_rank} (batch_size={cfg.batch_size})")
+        raise UsageError(f"mixup / cutmix need an even batch per rank, got {per_rank} (batch_size={cfg.batch_size})")
     return per_rank
 
 
 def build_loaders(cfg: DeiTConfig, ctx: DistributedContext, data_root: str | None = None):
     """Train loader (shuffled, DDP- or repeated-augmentation-sampled, drop_last) and this rank's shard of val."""
     sets = build_datasets(cfg, data_root)
-    train_set, val_set = sets["train"], sets["val"]
+    train_loader, val_loader = _loaders(cfg, ctx, sets["train"], sets["val"])
+    return train_loader, val_loader, sets["train"].num_classes
+
+
+def _loaders(cfg: DeiTConfig, ctx: DistributedContext, train_set: Any, val_set: Any) -> tuple[DataLoader, DataLoader]:
     per_rank = _per_rank_batch(cfg, ctx)
     if per_rank * ctx.world_size > len(train_set):
-        raise ValueError(f"batch_size {cfg.batch_size} exceeds the {len(train_set)} training images")
+        raise UsageError(f"batch_size {cfg.batch_size} exceeds the {len(train_set)} training images")
     sampler = None
     if ctx.world_size > 1:
         if cfg.aug_repeats > 0:
@@ -279,7 +260,7 @@ def build_loaders(cfg: DeiTConfig, ctx: DistributedContext, data_root: str | Non
         num_workers=cfg.workers,
         pin_memory=pin,
     )
-    return train_loader, val_loader, train_set.num_classes
+    return train_loader, val_loader
 
 
 @torch.no_grad()
@@ -370,179 +351,105 @@ def check_replicas_in_sync(ctx: DistributedContext, *modules: nn.Module) -> str:
     return digest
 
 
-def train(
-    cfg: DeiTConfig,
-    output_dir: str | Path,
-    *,
-    resume: str | None = None,
-    device: str = "auto",
-    data_root: str | None = None,
-    eval_only: bool = False,
-    checkpoint: str | None = None,
-    progress: bool = True,
-    max_steps_per_epoch: int | None = None,
-) -> dict[str, Any]:
-    """Trains (or evaluates) a DeiT-family model as configured; returns the final metrics.
+class DeiTRecipe(Recipe):
+    """DeiT on timm's pipeline: mixup / cutmix, timm's optimizer and scheduler, EMA, top-1 / top-5."""
 
-    Args:
-        cfg: the resolved config.
-        output_dir: the run folder (config.yaml, log.jsonl, tb/, last.pt, best.pt, final_metrics.json).
-        resume: ``None``, ``"auto"`` (the run folder's last.pt if present) or a checkpoint path.
-        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; under torchrun each rank takes its local GPU.
-        data_root: overrides ``cfg.data_root``.
-        eval_only: evaluate ``checkpoint`` (default: the run folder's best.pt) and write eval_metrics.json.
-        checkpoint: the checkpoint to evaluate with ``eval_only`` (a Trainer checkpoint or a plain state dict).
-        progress: show tqdm bars.
-        max_steps_per_epoch: cut epochs short (smoke tests).
-    """
-    ctx = init_distributed(device)
-    out = _train(cfg, Path(output_dir), ctx, resume, data_root, eval_only, checkpoint, progress, max_steps_per_epoch)
-    ctx.destroy()  # on success only: after an error, a barrier here could wait forever for a rank stuck elsewhere
-    return out
+    group = "deit"
+    config_cls = DeiTConfig
+    monitor = "top1"
+    monitor_mode = "max"
+    resume_mutable = ("log_every",)
 
+    def build_datasets(self):
+        sets = build_datasets(self.cfg, self.data_root)
+        return sets["train"], sets["val"]
 
-def _train(
-    cfg: DeiTConfig,
-    output_dir: Path,
-    ctx: DistributedContext,
-    resume: str | None,
-    data_root: str | None,
-    eval_only: bool,
-    checkpoint: str | None,
-    progress: bool,
-    max_steps_per_epoch: int | None,
-) -> dict[str, Any]:
-    torch.manual_seed(cfg.seed)
-    train_loader, val_loader, num_classes = build_loaders(cfg, ctx, data_root)
-    model = build_model(cfg, num_classes).to(ctx.device)
-    params = count_params(model)
-    gmacs = count_gmacs(model, _example(cfg, ctx.device))
-    _logger.info(
-        "model %s: %.3f M params, %.3f GMACs at %d px; %s: %d train / %d val images, %d classes",
-        cfg.model, params / 1e6, gmacs, cfg.img_size, cfg.dataset,
-        len(train_loader.dataset), len(getattr(val_loader.dataset, "dataset", val_loader.dataset)), num_classes,
-    )  # fmt: skip
-    amp = cfg.amp and ctx.device.type == "cuda"
-    amp_dtype = torch.bfloat16 if cfg.amp_dtype == "bfloat16" else torch.float16
-    info = dict(params=params, gmacs=gmacs, model=cfg.model, dataset=cfg.dataset, img_size=cfg.img_size)
+    def build_loaders(self, train_set: Any, eval_set: Any):
+        return _loaders(self.cfg, self.ctx, train_set, eval_set)
 
-    if eval_only:
-        return _evaluate_checkpoint(cfg, model, val_loader, ctx, output_dir, checkpoint, amp, amp_dtype, info)
+    def build_model(self) -> nn.Module:
+        return build_model(self.cfg, self.train_set.num_classes)
 
-    ema = ModelEmaV3(model, decay=cfg.model_ema_decay, use_warmup=cfg.model_ema_warmup) if cfg.model_ema else None
-    lr = _scaled_lr(cfg, ctx)
-    opt_kwargs: dict[str, Any] = {"eps": cfg.opt_eps}
-    if cfg.opt_betas is not None:
-        opt_kwargs["betas"] = cfg.opt_betas
-    optimizer = create_optimizer_v2(
-        model, opt=cfg.opt, lr=lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum, **opt_kwargs
-    )
-    updates_per_epoch = len(train_loader)
-    if max_steps_per_epoch is not None:
-        updates_per_epoch = min(updates_per_epoch, max_steps_per_epoch)
-    scheduler, num_epochs = create_scheduler_v2(
-        optimizer,
-        sched=cfg.sched,
-        num_epochs=cfg.epochs,
-        min_lr=cfg.min_lr,
-        warmup_lr=cfg.warmup_lr,
-        warmup_epochs=cfg.warmup_epochs,
-        cooldown_epochs=cfg.cooldown_epochs,
-        step_on_epochs=not cfg.sched_on_updates,
-        updates_per_epoch=updates_per_epoch,
-    )
-    _logger.info(
-        "%s lr %.3g (= %.3g x global batch %d / %d), %s schedule over %d epochs, %s%s",
-        cfg.opt, lr, cfg.lr, cfg.batch_size, cfg.lr_base_size, cfg.sched, num_epochs,
-        "mixup/cutmix" if _mixup_active(cfg) else "no mixup",
-        f", EMA {cfg.model_ema_decay}" if ema is not None else "",
-    )  # fmt: skip
-    mixup = _mixup(cfg, num_classes)
-    criterion = _criterion(cfg, mixup)
+    def summary(self, model: nn.Module) -> dict[str, Any]:
+        cfg = self.cfg
+        gmacs = count_gmacs(model, _example(cfg, self.ctx.device))
+        return dict(
+            params=count_params(model), gmacs=gmacs, model=cfg.model, dataset=cfg.dataset, img_size=cfg.img_size
+        )
 
-    def loss_fn(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):
+    @property
+    def amp_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.cfg.amp_dtype == "bfloat16" else torch.float16
+
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        cfg = self.cfg
+        self.ema = (
+            ModelEmaV3(model, decay=cfg.model_ema_decay, use_warmup=cfg.model_ema_warmup) if cfg.model_ema else None
+        )
+        self.lr = _scaled_lr(cfg, self.ctx)
+        opt_kwargs: dict[str, Any] = {"eps": cfg.opt_eps}
+        if cfg.opt_betas is not None:
+            opt_kwargs["betas"] = cfg.opt_betas
+        self.mixup = _mixup(cfg, self.train_set.num_classes)
+        self.criterion = _criterion(cfg, self.mixup)
+        return create_optimizer_v2(
+            model, opt=cfg.opt, lr=self.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum, **opt_kwargs
+        )
+
+    def build_scheduler(self, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
+        cfg = self.cfg
+        scheduler, num_epochs = create_scheduler_v2(
+            optimizer,
+            sched=cfg.sched,
+            num_epochs=cfg.epochs,
+            min_lr=cfg.min_lr,
+            warmup_lr=cfg.warmup_lr,
+            warmup_epochs=cfg.warmup_epochs,
+            cooldown_epochs=cfg.cooldown_epochs,
+            step_on_epochs=not cfg.sched_on_updates,
+            updates_per_epoch=steps_per_epoch,
+        )
+        _logger.info(
+            "%s lr %.3g (= %.3g x global batch %d / %d), %s schedule over %d epochs, %s%s",
+            cfg.opt, self.lr, cfg.lr, cfg.batch_size, cfg.lr_base_size, cfg.sched, num_epochs,
+            "mixup/cutmix" if _mixup_active(cfg) else "no mixup",
+            f", EMA {cfg.model_ema_decay}" if self.ema is not None else "",
+        )  # fmt: skip
+        return scheduler, num_epochs
+
+    def trainer_kwargs(self) -> dict[str, Any]:
+        return {"ema": self.ema, "amp_dtype": self.amp_dtype, "log_every": self.cfg.log_every}
+
+    def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):
         images, targets = batch
         soft = targets
-        if mixup is not None:
-            images, soft = mixup(images, targets)
-        logits = m(images)
-        loss = criterion(logits.float(), soft)
+        if self.mixup is not None:
+            images, soft = self.mixup(images, targets)
+        logits = model(images)
+        loss = self.criterion(logits.float(), soft)
         with torch.no_grad():  # train accuracy against the unmixed labels
             top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
             hits = (top == targets[:, None]).float()
         return loss, {"top1": 100.0 * hits[:, 0].mean(), "top5": 100.0 * hits.any(-1).float().mean()}
 
-    def eval_fn(m: nn.Module, epoch: int) -> dict[str, float]:
-        metrics = evaluate(m, val_loader, ctx.device, ctx)
-        if ema is not None:
-            ema_metrics = evaluate(ema.module, val_loader, ctx.device, ctx)
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        metrics = evaluate(model, self.eval_loader, self.ctx.device, self.ctx)
+        if getattr(self, "ema", None) is not None:
+            ema_metrics = evaluate(self.ema.module, self.eval_loader, self.ctx.device, self.ctx)
             metrics.update({f"ema_{k}": v for k, v in ema_metrics.items()})
         return metrics
 
-    trainer = Trainer(
-        model=model,
-        optimizer=optimizer,
-        train_loader=train_loader,
-        loss_fn=loss_fn,
-        evaluate_fn=eval_fn,
-        run_dir=output_dir,
-        epochs=num_epochs,
-        ctx=ctx,
-        scheduler=scheduler,
-        amp=amp,
-        amp_dtype=amp_dtype,
-        grad_clip=cfg.grad_clip,
-        seed=cfg.seed,
-        monitor="top1",
-        monitor_mode="max",
-        config=config_to_dict(cfg),
-        progress=progress,
-        log_every=cfg.log_every,
-        max_steps_per_epoch=max_steps_per_epoch,
-        ema=ema,
-    )
-    final = trainer.fit(resume=resume)
-    check_replicas_in_sync(ctx, trainer.module, *([ema] if ema is not None else []))
-    final.update(lr_scaled=lr, **info)
-    if ctx.is_main:
-        save_json(output_dir / "final_metrics.json", final)
-    ctx.barrier()
-    return final
+    def finalize(self, final: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+        check_replicas_in_sync(self.ctx, model, *([self.ema] if self.ema is not None else []))
+        return {"lr_scaled": self.lr}
 
-
-def _evaluate_checkpoint(
-    cfg: DeiTConfig,
-    model: nn.Module,
-    val_loader: DataLoader,
-    ctx: DistributedContext,
-    output_dir: Path,
-    checkpoint: str | None,
-    amp: bool,
-    amp_dtype: torch.dtype,
-    info: dict[str, Any],
-) -> dict[str, Any]:
-    path = Path(checkpoint) if checkpoint else output_dir / "best.pt"
-    state = load_checkpoint(path)
-    try:
-        model.load_state_dict(state["model"] if "model" in state else state)
-    except RuntimeError as err:
-        raise ValueError(
-            f"{path} does not fit the model this config builds ({cfg.model}; {err}); evaluate with the config it was "
-            f"trained with, e.g. --config {path.parent / 'config.yaml'}"
-        ) from err
-    with torch.autocast(ctx.device.type, dtype=amp_dtype) if amp else nullcontext():
-        metrics = evaluate(model, val_loader, ctx.device, ctx)
-        if state.get("ema") is not None:
-            ema_model = copy.deepcopy(model)
-            ema_model.load_state_dict(_ema_state_to_model(state["ema"]))
-            metrics.update({f"ema_{k}": v for k, v in evaluate(ema_model, val_loader, ctx.device, ctx).items()})
-    metrics.update(checkpoint=str(path), epochs=state.get("epoch"), **info)
-    if ctx.is_main:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        save_json(output_dir / "eval_metrics.json", metrics)
-    ctx.barrier()
-    return metrics
-
-
-def save_json(path: Path, obj: dict) -> None:
-    atomic_write_text(path, json.dumps(to_jsonable(obj), indent=2) + "\n")
+    def evaluate_checkpoint(self, model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+        amp = self.cfg.amp and self.ctx.device.type == "cuda"
+        with torch.autocast(self.ctx.device.type, dtype=self.amp_dtype, enabled=amp):
+            metrics = evaluate(model, self.eval_loader, self.ctx.device, self.ctx)
+            if state.get("ema") is not None:
+                ema_model = copy.deepcopy(model)
+                ema_model.load_state_dict(_ema_state_to_model(state["ema"]))
+                ema_metrics = evaluate(ema_model, self.eval_loader, self.ctx.device, self.ctx)
+                metrics.update({f"ema_{k}": v for k, v in ema_metrics.items()})
+        return metrics

@@ -78,11 +78,11 @@ def test_shapenet_part_normal_layout(tmp_path: Path) -> None:
             part = rng.integers(0, 50, (2100, 1)).astype(float)
             (folder / synset).mkdir(exist_ok=True)
             np.savetxt(folder / synset / f"{shape_id}.txt", np.hstack([xyz, normals, part]), fmt="%.6f")
-    ds = build_dataset("shapenet_part_normal", tmp_path, "test", num_points=512)
+    ds = build_dataset("shapenet_part_normal", "test", tmp_path, num_points=512)
     points, parts = ds[0]
     assert points.shape == (512, 3) and 0 <= int(parts.min()) and int(parts.max()) < 50
     with pytest.raises(FileNotFoundError, match="shapenetcore_partanno_segmentation_benchmark_v0/"):
-        build_dataset("shapenet_part", tmp_path, "train")  # the other layout is absent: names its tree
+        build_dataset("shapenet_part", "train", tmp_path)  # the other layout is absent: names its tree
 
 
 def test_shapenet_part_errors_name_the_file(tmp_path: Path) -> None:
@@ -119,7 +119,7 @@ def test_core13_points(tmp_path: Path) -> None:
         for e in entries:
             (folder / e).parent.mkdir(parents=True, exist_ok=True)
             np.save(folder / f"{e}.npy", rng.normal(size=(3000, 6)).astype(np.float32))
-    ds = build_dataset("shapenet_core13", tmp_path, "train", num_points=2048)
+    ds = build_dataset("shapenet_core13", "train", tmp_path, num_points=2048)
     points, parts = ds[1]
     assert points.shape == (2048, 3) and (parts == -1).all() and ds.category_names == ["02691156", "04379243"]
     np.save(folder / "04379243" / "c.npy", np.zeros((5, 4), dtype=np.float32))

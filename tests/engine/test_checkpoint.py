@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,3 +82,44 @@ def test_rng_state_round_trip(tmp_path):
     second = (random.random(), np.random.rand(), torch.rand(3))  # noqa: NPY002
     assert first[0] == second[0] and first[1] == second[1]
     assert torch.equal(first[2], second[2])
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_checkpoint_that_needs_pickle_is_refused_defect_1(tmp_path):
+    """Loading never unpickles unless asked: a planted payload does not run, and the message names the file."""
+    marker = tmp_path / "payload_ran"
+    torch.save({"model": {}, "evil": _Payload(marker)}, tmp_path / "planted.pt")
+    with pytest.raises(CheckpointError, match=r"planted\.pt.*--trust-checkpoint"):
+        load_checkpoint(tmp_path / "planted.pt")
+    assert not marker.exists()
+    load_checkpoint(tmp_path / "planted.pt", allow_pickle=True)  # the documented opt-in unpickles (and so runs it)
+    assert marker.exists()
+
+
+def test_saved_state_with_numpy_values_loads_weights_only(tmp_path):
+    state = {"rng": get_rng_state(), "metric": np.float64(0.5), "table": np.arange(3), "nested": [np.int64(2)]}
+    save_checkpoint(state, tmp_path / "c.pt")
+    loaded = torch.load(tmp_path / "c.pt", weights_only=True)
+    assert loaded["metric"] == 0.5 and loaded["nested"] == [2] and loaded["table"].tolist() == [0, 1, 2]
+    set_rng_state(loaded["rng"])
+
+
+def test_a_failed_write_says_the_previous_file_is_intact(tmp_path, monkeypatch):
+    save_checkpoint({"epoch": 1}, tmp_path / "last.pt")
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(CheckpointError, match=r"disk full.*--resume auto"):
+        save_checkpoint({"epoch": 2}, tmp_path / "last.pt")
+    monkeypatch.undo()
+    assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 1
+    assert not list(tmp_path.glob(".*.tmp"))

@@ -86,3 +86,20 @@ def test_setup_logging(tmp_path, restore_root_logger, capsys):
     err = capsys.readouterr().err
     assert "quiet" not in err and "[rank 1]" in err and "loud" in err
     assert not (tmp_path / "rank1").exists()
+
+
+def test_nan_and_inf_are_written_as_null_defect_7(tmp_path):
+    """log.jsonl and the JSON files are strict JSON: NaN / inf become null (they were written as bare NaN)."""
+    from engine import dumps_json, write_json
+
+    def strict(text):
+        return json.loads(text, parse_constant=lambda name: pytest.fail(f"non-standard JSON constant {name}"))
+
+    value = {"a": float("nan"), "b": [float("inf"), 1.5], "c": torch.tensor(float("-inf")), "d": np.float32("nan")}
+    assert strict(dumps_json(value)) == {"a": None, "b": [None, 1.5], "c": None, "d": None}
+    assert strict(write_json(tmp_path / "m.json", value).read_text())["a"] is None
+    with RunLogger(tmp_path, tensorboard=False) as run:
+        run.log({"epoch": 0, "loss": float("nan")})
+        run.write_json("final_metrics.json", {"purity": float("nan")})
+    assert strict((tmp_path / "log.jsonl").read_text()) == {"epoch": 0, "loss": None}
+    assert strict((tmp_path / "final_metrics.json").read_text()) == {"purity": None}

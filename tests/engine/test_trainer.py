@@ -250,3 +250,53 @@ def test_float16_on_cpu_warns_and_invalid_arguments_raise(tmp_path, caplog):
     ]:
         with pytest.raises(ValueError, match=pattern):
             make_trainer(tmp_path, 1, **bad)
+
+
+def test_best_pt_is_written_before_the_last_pt_that_names_it_defect_2(tmp_path, monkeypatch):
+    """A stop between the two writes of an improving epoch must not leave last.pt naming a best that best.pt lacks."""
+    import engine.trainer as trainer_module
+    from engine import check_best_agrees
+
+    writes = []
+    save = trainer_module.save_checkpoint
+
+    def save_then_stop(state, path):
+        save(state, path)
+        writes.append(Path(path).name)
+        if state["epoch"] == 2:  # the second epoch (an improving one): stop after its first write
+            raise Killed("stopped between the two writes")
+
+    trainer = make_trainer(tmp_path, 3, monitor="val_acc", monitor_mode="max")
+    monkeypatch.setattr(trainer_module, "save_checkpoint", save_then_stop)
+    monkeypatch.setattr(trainer, "_is_better", lambda value: True)  # every epoch improves
+    with pytest.raises(Killed):
+        trainer.fit()
+    assert writes[-1] == "best.pt"
+    last = load_checkpoint(tmp_path / "last.pt")
+    best = load_checkpoint(tmp_path / "best.pt")
+    assert last["epoch"] == 1 and best["epoch"] == 2
+    assert last["best_metric"] is not None
+    check_best_agrees(last, tmp_path / "best.pt")  # best.pt one epoch ahead: consistent, resume replays epoch 2
+
+
+def test_resume_refuses_a_best_pt_of_another_run(tmp_path):
+    from engine import CheckpointError, check_best_agrees
+
+    make_trainer(tmp_path / "a", 2, monitor="val_acc", monitor_mode="max").fit()
+    make_trainer(tmp_path / "b", 1, monitor="val_loss").fit()
+    last = load_checkpoint(tmp_path / "a" / "last.pt")
+    check_best_agrees(last, tmp_path / "a" / "best.pt")
+    with pytest.raises(CheckpointError, match="different runs"):
+        check_best_agrees({**last, "epoch": 5}, tmp_path / "b" / "best.pt")
+    (tmp_path / "a" / "best.pt").unlink()
+    with pytest.raises(CheckpointError, match="missing"):
+        check_best_agrees(last, tmp_path / "a" / "best.pt")
+
+
+def test_checkpoints_load_without_pickle(tmp_path):
+    """Everything the Trainer saves (RNG states included) loads with torch.load(weights_only=True)."""
+    trainer = make_trainer(tmp_path, 1)
+    trainer.fit()
+    state = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert isinstance(state["rng"]["numpy"], dict) and state["rng"]["python"][0] == 3
+    make_trainer(tmp_path, 2).fit(resume="auto")  # and resumes from it

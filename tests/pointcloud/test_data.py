@@ -135,7 +135,7 @@ def test_normal_modelnet10_layout(tmp_path):
     _write_normal_tree(
         tmp_path, {"train": ["night_stand_0001", "bed_0002"], "test": ["toilet_0003"]}, classes, "modelnet10"
     )
-    ds = build_dataset("modelnet10_normal", tmp_path, "train", num_points=32, use_normals=True)
+    ds = build_dataset("modelnet10_normal", "train", tmp_path, num_points=32, use_normals=True)
     assert ds.num_classes == 10 and len(ds) == 2
     assert [int(ds[i][1]) for i in range(2)] == [6, 1]
     assert ds[0][0].shape == (32, 6)
@@ -296,7 +296,7 @@ def test_h5_listed_file_missing(tmp_path):
 def test_missing_root_names_path_and_tree(tmp_path, name, folder):
     root = tmp_path / "nowhere"
     with pytest.raises(FileNotFoundError) as info:
-        build_dataset(name, root, "train")
+        build_dataset(name, "train", root)
     message = str(info.value)
     assert str(root / folder) in message and "CENTROID_DATA" in message
     assert f"<data root>/{folder}/" in message  # the expected tree is printed
@@ -361,7 +361,7 @@ def test_prepare_script_to_loader(tmp_path, caplog):
     out = prep.prepare(src, tmp_path / "modelnet40_sampled", num_points=256, seed=3, workers=0, progress=False)
     assert (out / "meta.json").is_file()
 
-    train = build_dataset("modelnet40_sampled", tmp_path, "train", num_points=128, use_normals=True)
+    train = build_dataset("modelnet40_sampled", "train", tmp_path, num_points=128, use_normals=True)
     test = ModelNet40Sampled(tmp_path, "test", num_points=256)
     assert train.classes == CLASSES40 and len(train) == 4 and len(test) == 3
     assert sorted(train.ids) == ["class_00_0002", "class_00_0003", "class_07_0002", "class_39_0002"]
@@ -392,7 +392,7 @@ def test_prepare_modelnet10_from_modelnet40_tree(tmp_path):
     classes = sorted([*prep.MODELNET10_CLASSES, "airplane", "xbox"])
     src = _write_off_tree(tmp_path, classes, {"night_stand": 2, "airplane": 2})
     prep.main(["--src", str(src), "--out", str(tmp_path / "modelnet10_sampled"), "--modelnet10", "--num-points", "64"])
-    ds = build_dataset("modelnet10_sampled", tmp_path, "train", num_points=64)
+    ds = build_dataset("modelnet10_sampled", "train", tmp_path, num_points=64)
     assert ds.classes == prep.MODELNET10_CLASSES and len(ds) == 1
     assert ds.classes[int(ds[0][1])] == "night_stand"
 

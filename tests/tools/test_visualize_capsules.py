@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 
 from capsules.visualize import GREY, capsule_palette, decomposition
+from engine.testing import REPO, load_tool
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
-import train_capsules  # noqa: E402
+train_capsules = load_tool("train_capsules")
 
 TINY = ["--no-progress", "--device", "cpu", "--epochs", "1", "--set", "num_points=64",
         "synthetic_classes=[table,airplane]", "synthetic_train_per_class=4", "synthetic_test_per_class=2",

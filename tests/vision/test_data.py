@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from engine import DistributedContext, load_config
+from engine.testing import write_imagefolder
 from vision.data import (
     SYNTHETIC_CLASSES,
     SyntheticImages,
@@ -107,19 +108,6 @@ def test_posterize_patch_survives_pillow_13_zero_bits():
 # --------------------------------------------------------------------------------------------------------------------
 # ImageFolder (ImageNet layout) through timm.data.create_dataset
 # --------------------------------------------------------------------------------------------------------------------
-
-
-def write_imagefolder(root: Path, classes=("n01", "n02", "n03"), train_per_class=4, val_per_class=2) -> Path:
-    """A tiny ImageNet-layout tree of real image files: JPEG for even classes, PNG for odd ones."""
-    for split, count in (("train", train_per_class), ("val", val_per_class)):
-        for c, name in enumerate(classes):
-            folder = root / split / name
-            folder.mkdir(parents=True, exist_ok=True)
-            for i in range(count):
-                img = Image.fromarray(render_synthetic(c % 10, np.random.default_rng([c, i, len(split)]), 40))
-                ext = "JPEG" if c % 2 == 0 else "png"
-                img.save(folder / f"{name}_{i}.{ext}")
-    return root
 
 
 def test_imagefolder_layout(tmp_path: Path):

@@ -1,0 +1,169 @@
+"""What a training recipe declares: the domain-specific parts of a run; :func:`engine.run` does everything else.
+
+In the spirit of detectron2's ``DefaultTrainer``: a recipe subclasses :class:`Recipe` and fills in how to build the
+datasets, the model, the optimizer (and schedule), the loss and the evaluation, plus what to add to the final metrics.
+Seeding, DDP set-up and teardown, the run folder and its lock, resume and its checks, eval-only, logging, signals and
+the final metrics are the engine's (:mod:`engine.run`), written once for every CLI.
+
+The engine calls, in order: :meth:`Recipe.validate` (class method, on the loaded config), ``Recipe(cfg, ctx,
+data_root)``, :meth:`~Recipe.build_datasets`, :meth:`~Recipe.build_loaders`, :meth:`~Recipe.build_model`,
+:meth:`~Recipe.summary`; then for training :meth:`~Recipe.build_optimizer`, :meth:`~Recipe.build_scheduler`,
+:meth:`~Recipe.trainer_kwargs` and per step :meth:`~Recipe.loss`, per epoch :meth:`~Recipe.evaluate`, and at the end
+:meth:`~Recipe.finalize`; for ``--eval-only`` :meth:`~Recipe.evaluate_checkpoint`.
+
+Config conventions shared by every recipe config (checked by :func:`validate_common`): ``name``, ``seed``, ``epochs``,
+``batch_size`` (global, split evenly over the ranks), ``eval_batch_size``, ``lr``, ``workers``, ``amp``, ``grad_clip``
+and ``model_kwargs`` (any constructor keyword of the model, e.g. ``--set model_kwargs.mixer=hydra``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from engine.distributed import DistributedContext
+from engine.errors import UsageError
+from engine.logger import LOG_NAME
+from engine.stats import count_params
+
+__all__ = ["Recipe", "validate_common"]
+
+
+def validate_common(cfg: Any) -> None:
+    """Checks the config keys every recipe shares (those the config has); raises one :class:`UsageError` for all.
+
+    ``batch_size`` 0 used to become 1 silently; a non-positive ``lr`` or ``epochs`` trained nothing useful.
+    """
+    problems = []
+
+    def check(key: str, ok: Any, expected: str) -> None:
+        if hasattr(cfg, key) and getattr(cfg, key) is not None and not ok(getattr(cfg, key)):
+            problems.append(f"{key} must be {expected}, got {getattr(cfg, key)!r}")
+
+    check("batch_size", lambda v: v >= 1, ">= 1")
+    check("eval_batch_size", lambda v: v >= 1, ">= 1")
+    check("epochs", lambda v: v >= 1, ">= 1")
+    check("lr", lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+    check("weight_decay", lambda v: math.isfinite(v) and v >= 0, ">= 0")
+    check("workers", lambda v: v >= 0, ">= 0")
+    check("seed", lambda v: v >= 0, ">= 0")
+    check("grad_clip", lambda v: math.isfinite(v) and v > 0, "> 0 or null")
+    check("warmup_epochs", lambda v: v >= 0, ">= 0")
+    if problems:
+        raise UsageError(f"{type(cfg).__name__}: " + "; ".join(problems))
+
+
+class Recipe:
+    """The domain-specific half of a training run (see the module docstring for the call order).
+
+    Class attributes:
+        group: Runs go to ``runs/<group>/<cfg.name>/...``.
+        config_cls: The flat config dataclass.
+        monitor / monitor_mode: The record key that decides ``best.pt``, and ``"min"`` or ``"max"``.
+        resume_mutable: Config keys (beyond :data:`engine.run.RESUME_MUTABLE`) that may change on resume.
+
+    Instance attributes set by the engine: ``cfg``, ``ctx`` (the :class:`DistributedContext`), ``data_root``,
+    ``run_dir``; after :meth:`build_loaders`, ``train_set``, ``eval_set``, ``train_loader``, ``eval_loader``.
+    """
+
+    group: ClassVar[str] = ""
+    config_cls: ClassVar[type] = object
+    monitor: ClassVar[str] = "val_loss"
+    monitor_mode: ClassVar[str] = "min"
+    resume_mutable: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, cfg: Any, ctx: DistributedContext, data_root: str | None = None) -> None:
+        self.cfg = cfg
+        self.ctx = ctx
+        self.data_root = data_root
+        self.run_dir: Path | None = None
+
+    @classmethod
+    def validate(cls, cfg: Any) -> None:
+        """Recipe-specific config checks (raise :class:`UsageError`); the common ones are already done."""
+
+    def build_datasets(self) -> tuple[Dataset, Dataset]:
+        """The train and evaluation datasets (the engine then checks their files and sizes)."""
+        raise NotImplementedError
+
+    def build_loaders(self, train_set: Dataset, eval_set: Dataset) -> tuple[Any, Any]:
+        """Train loader (shuffled, ``DistributedSampler`` under DDP, ``drop_last``) and the full eval set per rank."""
+        cfg = self.cfg
+        per_rank = self.per_rank_batch(len(train_set))
+        sampler = None
+        if self.ctx.world_size > 1:
+            sampler = DistributedSampler(
+                train_set, self.ctx.world_size, self.ctx.rank, shuffle=True, seed=cfg.seed, drop_last=True
+            )
+        workers = getattr(cfg, "workers", 0)
+        train_loader = DataLoader(
+            train_set,
+            batch_size=per_rank,
+            shuffle=sampler is None,
+            sampler=sampler,
+            num_workers=workers,
+            drop_last=True,  # BatchNorm needs more than one sample per batch
+            generator=torch.Generator() if sampler is None else None,
+        )
+        eval_loader = DataLoader(eval_set, batch_size=cfg.eval_batch_size, shuffle=False, num_workers=workers)
+        return train_loader, eval_loader
+
+    def per_rank_batch(self, train_size: int) -> int:
+        """``batch_size`` (global) split over the ranks; must divide evenly and fit in the train split."""
+        batch, world = self.cfg.batch_size, self.ctx.world_size
+        if batch % world:
+            raise UsageError(f"batch_size is the global batch and must divide evenly over {world} ranks, got {batch}")
+        if batch > train_size:
+            raise UsageError(
+                f"batch_size={batch} exceeds the {train_size} samples of the train split (with drop_last no batch "
+                "would be left): lower batch_size or use more data"
+            )
+        return batch // world
+
+    def build_model(self) -> nn.Module:
+        """The model (the engine moves it to the device); ``cfg.model_kwargs`` should reach its constructor."""
+        raise NotImplementedError
+
+    def summary(self, model: nn.Module) -> dict[str, Any]:
+        """Facts about the run logged at the start and added to the final and eval metrics (params, GMACs, ...)."""
+        return {"params": count_params(model)}
+
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        raise NotImplementedError
+
+    def build_scheduler(self, optimizer: torch.optim.Optimizer, steps_per_epoch: int) -> tuple[Any, int]:
+        """The LR scheduler (or ``None``) and the number of epochs to train."""
+        return None, self.cfg.epochs
+
+    def trainer_kwargs(self) -> dict[str, Any]:
+        """Extra :class:`~engine.Trainer` arguments (``ema``, ``amp_dtype``, ``log_every``...)."""
+        return {}
+
+    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        """``(scalar loss, logs)`` for one batch on the device (``model`` may be DDP-wrapped)."""
+        raise NotImplementedError
+
+    def evaluate(self, model: nn.Module) -> dict[str, Any]:
+        """Metrics on the eval split (model unwrapped, in eval mode, under ``no_grad``); same on every rank."""
+        raise NotImplementedError
+
+    def finalize(self, final: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+        """Entries to add to the final metrics after training (e.g. test-time voting); ``model`` is trained."""
+        return {}
+
+    def records(self) -> list[dict[str, Any]]:
+        """The run's ``log.jsonl`` records so far (one per epoch); empty before the first epoch or off rank 0."""
+        path = self.run_dir / LOG_NAME if self.run_dir is not None else None
+        if path is None or not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    def evaluate_checkpoint(self, model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+        """``--eval-only``: metrics of ``state`` (a checkpoint, already loaded into ``model``)."""
+        return self.evaluate(model)

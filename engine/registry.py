@@ -1,0 +1,68 @@
+"""A small model registry with timm's surface: ``register_model``, ``create_model``, ``list_models(pattern)``.
+
+Vision models live in timm's own registry; point and capsule models each get one :class:`ModelRegistry`, so all three
+follow the same rules: a variant is a function named after the model, registered by decoration; ``create_model``
+passes keyword arguments through to it; an unknown name or a keyword the model does not take is a ``ValueError``
+that names the choices.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+__all__ = ["ModelRegistry", "create_with_kwargs"]
+
+
+class ModelRegistry:
+    """Name -> model function, with timm's three functions as methods.
+
+    Args:
+        domain: What the models are (for messages), e.g. ``"point cloud"``.
+
+    Example::
+
+        _registry = ModelRegistry("point cloud")
+        register_model, create_model, list_models = _registry.register_model, _registry.create_model, ...
+    """
+
+    def __init__(self, domain: str) -> None:
+        self.domain = domain
+        self.models: dict[str, Callable[..., nn.Module]] = {}
+
+    def register_model(self, fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        """Decorator: registers ``fn`` under its ``__name__`` (a second registration of a name is an error)."""
+        name = fn.__name__
+        if name in self.models and self.models[name] is not fn:
+            raise ValueError(f"{self.domain} model {name!r} is already registered")
+        self.models[name] = fn
+        return fn
+
+    def list_models(self, pattern: str = "*") -> list[str]:
+        """Sorted registered names matching the shell-style ``pattern`` (e.g. ``"*_routing_*"``)."""
+        return sorted(name for name in self.models if fnmatch.fnmatchcase(name, pattern))
+
+    def create_model(self, name: str, **kwargs: Any) -> nn.Module:
+        """Builds model ``name``; ``kwargs`` override its defaults (a keyword it does not take is named)."""
+        if name not in self.models:
+            raise ValueError(f"unknown {self.domain} model {name!r}; choose one of {self.list_models()}")
+        return create_with_kwargs(self.models[name], name, kwargs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.models
+
+
+def create_with_kwargs(factory: Callable[..., nn.Module], name: str, kwargs: dict[str, Any]) -> nn.Module:
+    """``factory(**kwargs)``, turning "unexpected keyword argument" into a ``ValueError`` that names the keywords."""
+    try:
+        return factory(**kwargs)
+    except TypeError as err:
+        if "unexpected keyword argument" not in str(err):
+            raise
+        raise ValueError(
+            f"model {name!r} does not take one of the keywords {sorted(kwargs)} ({err}); remove it from the config "
+            "(set a model knob to null, or drop it from model_kwargs)"
+        ) from err

@@ -1,0 +1,132 @@
+"""Helpers shared by the test suite (like ``torch_geometric.testing``): load a CLI, run it, kill it, read its run.
+
+Tests import these instead of editing ``sys.path``; nothing in the library imports this module.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from engine.trainer import TIMING_KEYS
+
+__all__ = [
+    "REPO",
+    "free_port",
+    "load_tool",
+    "read_log",
+    "start_tool",
+    "stop_after_first_checkpoint",
+    "strip_timing",
+    "tool_env",
+    "torchrun",
+    "write_imagefolder",
+]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_tool(name: str) -> ModuleType:
+    """Imports ``tools/<name>.py`` as a module (cached), without putting ``tools/`` on ``sys.path``."""
+    key = f"_tools_{name}"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, REPO / "tools" / f"{name}.py")
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no tool named {name!r} in {REPO / 'tools'}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def strip_timing(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` without the wall-time keys (:data:`engine.TIMING_KEYS`) that differ between identical runs."""
+    return {k: v for k, v in record.items() if k not in TIMING_KEYS}
+
+
+def read_log(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of ``run_dir/log.jsonl``, parsed strictly (a bare ``NaN`` fails)."""
+    lines = (Path(run_dir) / "log.jsonl").read_text().splitlines()
+    return [json.loads(line, parse_constant=_reject_constant) for line in lines if line.strip()]
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def tool_env() -> dict[str, str]:
+    """The environment for a CLI subprocess: this checkout first on ``PYTHONPATH``, one thread."""
+    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+def start_tool(name: str, args: list[str]) -> subprocess.Popen:
+    """Starts ``python tools/<name>.py args`` with its stderr captured as text."""
+    cmd = [sys.executable, str(REPO / "tools" / f"{name}.py"), *args]
+    return subprocess.Popen(cmd, env=tool_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def stop_after_first_checkpoint(
+    proc: subprocess.Popen, run_dir: Path, sig: int = signal.SIGKILL, timeout: float = 300
+) -> str:
+    """Sends ``sig`` to ``proc`` once ``run_dir`` has a ``last.pt`` and a log line; returns its stderr.
+
+    Raises:
+        AssertionError: The run ended before it could be stopped (make it longer) or never wrote a checkpoint.
+    """
+    deadline = time.time() + timeout
+    run_dir = Path(run_dir)
+    while time.time() < deadline and proc.poll() is None:
+        log = run_dir / "log.jsonl"
+        if (run_dir / "last.pt").is_file() and log.is_file() and log.read_text().strip():
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before it could be stopped: make it longer"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    return err
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(name: str, args: list[str], nproc: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node nproc tools/<name>.py args`` on CPU (gloo), output captured."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
+        "--master-port", str(free_port()), str(REPO / "tools" / f"{name}.py"), *args,
+    ]  # fmt: skip
+    return subprocess.run(cmd, env=tool_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def write_imagefolder(
+    root: Path, classes: tuple[str, ...] = ("n01", "n02", "n03"), train_per_class: int = 4, val_per_class: int = 2
+) -> Path:
+    """A tiny ImageNet-layout tree (``root/{train,val}/<class>/<image>``) of real 40 px image files, JPEG for even
+    classes and PNG for odd ones; each class has its own colour, each image its own noise."""
+    import numpy as np
+    from PIL import Image
+
+    for split, count in (("train", train_per_class), ("val", val_per_class)):
+        for c, name in enumerate(classes):
+            folder = Path(root) / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                rng = np.random.default_rng([c, i, len(split)])
+                colour = np.array([(c * 97) % 256, (c * 53 + 80) % 256, (c * 31 + 160) % 256], dtype=np.float64)
+                pixels = np.clip(colour + rng.normal(0, 20, (40, 40, 3)), 0, 255).astype(np.uint8)
+                ext = "JPEG" if c % 2 == 0 else "png"
+                Image.fromarray(pixels).save(folder / f"{name}_{i}.{ext}")
+    return Path(root)
