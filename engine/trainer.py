@@ -36,8 +36,9 @@ with ``step_update``) are driven the way timm's ``train.py`` does: ``step_update
 optimizer step and ``step(epoch + 1, metric)`` after every epoch, whatever ``scheduler_step`` says.
 
 Files (rank 0 only; every rank waits at a barrier): ``log.jsonl`` + ``tb/`` (via :class:`~engine.logger.RunLogger`),
-``config.yaml`` (if ``config`` is given), ``last.pt`` after every epoch (atomic), ``best.pt`` when the monitored
-metric improves, ``final_metrics.json`` at the end. A non-finite loss raises :class:`NonFiniteLossError` before
+``config.yaml`` (if ``config`` is given), ``best.pt`` when the monitored metric improves and then ``last.pt``, every
+epoch (both atomic; in this order, so ``last.pt``'s ``best_epoch`` / ``best_metric`` always describe a ``best.pt`` on
+disk), ``final_metrics.json`` at the end. A non-finite loss raises :class:`NonFiniteLossError` before
 the bad step is applied, so ``last.pt`` keeps the state of the last good epoch.
 """
 

@@ -3,7 +3,7 @@
     python tools/lra_listops.py                                     # the CPU main job: short sequences, minutes
     python tools/lra_listops.py --set mixer=fsat                    # any name of attention.MIXERS
     python tools/lra_listops.py --config configs/lra/listops_fsat.yaml --device cuda    # LRA lengths, on a GPU
-    python tools/lra_listops.py --resume auto --output-dir runs/lra_listops/main       # continue a killed run
+    python tools/lra_listops.py --resume auto                                 # continue a killed run (latest)
 
 Task (Nangia and Bowman 2018; the LRA version of Tay et al., arXiv:2011.04006): a nested expression such as
 ``[MAX 2 9 [MIN 4 7 ] 0 ]`` over the operators MAX, MIN, MED (median, rounded down: LRA's ``int(np.median)``) and
@@ -17,7 +17,8 @@ Model: token embedding + learned position embedding, ``depth`` pre-norm :class:`
 chosen mixer, a final LayerNorm, mean pooling over the real tokens, a linear head. Padding tokens (id 0) are mixed
 like any token (matrix mixers here take no mask); the pooling and the labels ignore them.
 
-The run folder (default ``runs/lra_listops/<name>``) gets ``config.yaml``, ``train.log``, ``log.jsonl``, ``tb/``,
+The run folder (default: a new ``runs/lra_listops/<name>/<timestamp>``, ``latest`` points to the newest; rules in
+the README's ``engine`` section) gets ``config.yaml``, ``train.log``, ``log.jsonl``, ``tb/``,
 ``last.pt`` (every epoch, atomic), ``best.pt`` and ``final_metrics.json`` (with the majority-class baseline).
 """
 

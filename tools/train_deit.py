@@ -3,11 +3,12 @@
     python tools/train_deit.py                                        # the main job: synthetic images, CPU, minutes
     python tools/train_deit.py --config configs/vision/deit_tiny_centroid_c6_300e.yaml --data-root /data/imagenet
     python tools/train_deit.py --set embed_dim=128 lr=1e-3 --epochs 5
-    python tools/train_deit.py --resume auto --output-dir runs/deit/synthetic_centroid_tiny    # continue a killed run
-    python tools/train_deit.py --eval-only --checkpoint runs/deit/synthetic_centroid_tiny/best.pt
+    python tools/train_deit.py --resume auto                                          # continue a killed run (latest)
+    python tools/train_deit.py --eval-only --checkpoint runs/deit/synthetic_centroid_tiny/latest/best.pt
     torchrun --nproc-per-node 8 tools/train_deit.py --config configs/vision/deit_tiny_centroid_c6_300e.yaml ...
 
-The run folder (default ``runs/deit/<name>``) gets the resolved ``config.yaml``, ``train.log``, ``log.jsonl`` (one
+The run folder (default: a new ``runs/deit/<name>/<timestamp>``, ``latest`` points to the newest; rules in
+the README's ``engine`` section) gets the resolved ``config.yaml``, ``train.log``, ``log.jsonl`` (one
 line per epoch: train loss / top-1 / top-5, val loss / top-1 / top-5 (and ``ema_*``), lr, images/s as
 ``samples_per_s``), TensorBoard events in ``tb/``, ``last.pt`` (every epoch, atomic), ``best.pt`` (best val top-1)
 and ``final_metrics.json`` (``top1``, ``top5``, ``params``, ``gmacs``, ``ema_top1`` with EMA, ...).

@@ -1,6 +1,6 @@
 """Show how a trained capsule autoencoder decomposes shapes into parts: one colour per latent capsule.
 
-    python tools/visualize_capsules.py --checkpoint runs/capsules/main/best.pt                # shapes 0..3 of test
+    python tools/visualize_capsules.py --checkpoint runs/capsules/main/latest/best.pt         # shapes 0..3 of test
     python tools/visualize_capsules.py --checkpoint best.pt --index 0 17 --highlight 0 4 7    # 3 capsules coloured
     python tools/visualize_capsules.py --checkpoint best.pt --headless --output-dir viz/      # PNGs, no window
 

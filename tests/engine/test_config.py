@@ -191,3 +191,18 @@ def test_add_config_args(tmp_path):
     cfg = config_from_args(Cfg, args)
     assert (cfg.epochs, cfg.lr, cfg.name, cfg.amp) == (4, 0.5, "x", True)
     assert parser.parse_args([]).overrides == []
+
+
+@dataclass
+class WithKwargs:
+    model: str = "m"
+    model_kwargs: dict = field(default_factory=lambda: {"depth": 2})
+
+
+def test_dotted_override_sets_one_entry_of_a_dict_field(tmp_path):
+    cfg = load_config(WithKwargs, None, ["model_kwargs.mixer=hydra", "model_kwargs.opts.k=3"])
+    assert cfg.model_kwargs == {"depth": 2, "mixer": "hydra", "opts": {"k": 3}}
+    path = write(tmp_path / "c.yaml", {"model_kwargs": {"width": 8}})
+    assert load_config(WithKwargs, path, ["model_kwargs.mixer=fsat"]).model_kwargs == {"width": 8, "mixer": "fsat"}
+    with pytest.raises(ValueError, match=r"unknown config key 'model\.x'"):
+        load_config(WithKwargs, None, ["model.x=1"])  # not a dict field
