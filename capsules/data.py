@@ -121,6 +121,19 @@ def _read_table(path: Path, columns: int, tree: str) -> np.ndarray:
     return table
 
 
+def _check_first_row(path: Path, columns: int, tree: str) -> None:
+    """A cheap check of a point table: not empty, and its first row holds ``columns`` numbers."""
+    with open(path, "rb") as f:
+        first = f.readline().decode("utf-8", errors="replace").split()
+    try:
+        [float(v) for v in first]
+    except ValueError:
+        first = []
+    if len(first) != columns:
+        raise ValueError(f"{path}, line 1: expected {columns} whitespace-separated numbers (an empty or corrupt file?):"
+                         f"\n{tree}")  # fmt: skip
+
+
 class PartDataset(Dataset):
     """Base class: resampling to ``num_points``, unit-sphere normalization, ``(points, parts)`` tensors.
 
@@ -246,6 +259,12 @@ class ShapeNetPart(PartDataset):
             self.categories.append(order.index(synset))
         _logger.info("ShapeNet Part (%s) %s: %d shapes from %s", layout, split, len(self), self.root)
 
+    def check_files(self) -> None:
+        """Checks every file cheaply before training reads it: not empty, a first row of the expected columns."""
+        for files in self.files:
+            for path, columns in zip(files, (7,) if self.layout == "normal" else (3, 1)):
+                _check_first_row(path, columns, self.tree)
+
     def load(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         if self.layout == "normal":
             (path,) = self.files[index]
@@ -292,6 +311,16 @@ class ShapeNetCore13(PartDataset):
         self.names = entries
         self.categories = [self.category_names.index(e.split("/")[0]) for e in entries]
         _logger.info("ShapeNet Core13 %s: %d shapes from %s", split, len(self), self.root)
+
+    def check_files(self) -> None:
+        """Checks every file's .npy header (shape and dtype, without reading the data) before training."""
+        for path in self.files:
+            try:
+                array = np.load(path, mmap_mode="r", allow_pickle=False)
+            except (ValueError, OSError) as err:
+                raise ValueError(f"{path}: not a readable .npy array ({err}):\n{CORE13_TREE}") from err
+            if array.ndim != 2 or array.shape[1] not in (3, 6) or len(array) == 0:
+                raise ValueError(f"{path}: expected an (n, 3) or (n, 6) array, got shape {array.shape}:\n{CORE13_TREE}")
 
     def load(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         path = self.files[index]

@@ -48,7 +48,7 @@ class ModelRegistry:
     def create_model(self, name: str, **kwargs: Any) -> nn.Module:
         """Builds model ``name``; ``kwargs`` override its defaults (a keyword it does not take is named)."""
         if name not in self.models:
-            raise ValueError(f"unknown {self.domain} model {name!r}; choose one of {self.list_models()}")
+            raise ValueError(f"unknown model {name!r}; the {self.domain} models are {self.list_models()}")
         return create_with_kwargs(self.models[name], name, kwargs)
 
     def __contains__(self, name: object) -> bool:

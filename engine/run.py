@@ -22,6 +22,7 @@ stderr, no traceback; ``--debug`` shows it), 130 / 143 interrupted, 1 anything e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -174,7 +175,8 @@ def run(recipe: type[Recipe], cfg: Any, options: RunOptions | None = None, **kwa
             raise
         raise stop from e
     except Exception as e:
-        e._engine_before_training = trainer is None or trainer.global_step == 0  # see main(): a user error
+        with contextlib.suppress(AttributeError):  # see main(): such an error is reported as a user error
+            e._engine_before_training = trainer is None or trainer.global_step == 0
         raise
     finally:
         if lock is not None:
@@ -416,7 +418,8 @@ def main(
                 debug=args.debug,
             )
             metrics = run(recipe, cfg, opts)
-    except Interrupted as e:
+    except KeyboardInterrupt as stop:
+        e = stop if isinstance(stop, Interrupted) else Interrupted(2)
         where = f"epoch {e.epoch}, step {e.step}" if getattr(e, "epoch", None) is not None else "start-up"
         folder = getattr(e, "run_dir", None)
         hint = f"resume with --resume auto --output-dir {folder}" if folder else "nothing was trained"
