@@ -5,6 +5,9 @@ Tests import these instead of editing ``sys.path``; nothing in the library impor
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import json
 import os
@@ -35,18 +38,28 @@ __all__ = [
 REPO = Path(__file__).resolve().parents[1]
 
 
+class _ToolsFinder(importlib.abc.MetaPathFinder):
+    """Finds ``tools/<name>.py`` for a top-level import (the scripts import their siblings, e.g. ``benchutil``)."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        file = REPO / "tools" / f"{fullname}.py"
+        if "." in fullname or not file.is_file():
+            return None
+        return importlib.util.spec_from_file_location(fullname, file)
+
+
 def load_tool(name: str) -> ModuleType:
-    """Imports ``tools/<name>.py`` as a module (cached), without putting ``tools/`` on ``sys.path``."""
-    key = f"_tools_{name}"
-    if key in sys.modules:
-        return sys.modules[key]
-    spec = importlib.util.spec_from_file_location(key, REPO / "tools" / f"{name}.py")
-    if spec is None or spec.loader is None:
+    """Imports ``tools/<name>.py`` as the module ``name`` (cached), without putting ``tools/`` on ``sys.path``.
+
+    The scripts in ``tools/`` import their siblings as top-level modules (``from benchutil import ...``), as they do
+    when run as ``python tools/x.py``; a finder that knows only ``tools/*.py`` (appended to ``sys.meta_path``, so it
+    never shadows an installed module) resolves those imports.
+    """
+    if not any(isinstance(f, _ToolsFinder) for f in sys.meta_path):
+        sys.meta_path.append(_ToolsFinder())
+    if not (REPO / "tools" / f"{name}.py").is_file():
         raise ImportError(f"no tool named {name!r} in {REPO / 'tools'}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[key] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(name)
 
 
 def strip_timing(record: dict[str, Any]) -> dict[str, Any]:

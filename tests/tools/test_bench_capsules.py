@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from engine.testing import load_tool
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
-import bench_capsules  # noqa: E402
+bench_capsules = load_tool("bench_capsules")
 
 SMALL = ["pointcaps_routing_small", "pointcaps_centroid_small"]
 

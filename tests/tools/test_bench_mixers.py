@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from engine.testing import load_tool
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
-import bench_mixers  # noqa: E402
+bench_mixers = load_tool("bench_mixers")
 
 
 def test_tiny_bench(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from engine.testing import load_tool
 from pointcloud import model as pc_model
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
-import bench_modelnet  # noqa: E402
+bench_modelnet = load_tool("bench_modelnet")
 
 CT = "centroid_transformer_modelnet40"
 TINY = "tiny_peer_modelnet40"

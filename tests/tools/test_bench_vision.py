@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import bench_vision
+from engine.testing import load_tool
+
+bench_vision = load_tool("bench_vision")
 
 
 def test_tiny_run_has_deit_baselines_and_ratios(capsys: pytest.CaptureFixture[str]) -> None:

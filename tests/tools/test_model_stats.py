@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from engine.testing import load_tool
 from pointcloud import model as pc_model
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
-import model_stats  # noqa: E402
+model_stats = load_tool("model_stats")
 
 CT = "centroid_transformer_modelnet40"
 TINY = "tiny_peer_modelnet40"
