@@ -440,6 +440,7 @@ class Trainer:
         samples = 0
         log_sums: dict[str, Any] = {}
         log_counts: dict[str, int] = {}
+        self.step_in_epoch = 0
         start = time.perf_counter()
         bar = tqdm(
             total=total,

@@ -167,6 +167,7 @@ def test_smoke_run_folder_eval_only_and_resume_with_more_epochs(cli: CLI, tmp_pa
     log = read_log(run)
     assert [r["epoch"] for r in log] == [0, 1]
     assert "epochs: 2" in (run / "config.yaml").read_text()
+    assert "resume: epochs changed from 1 to 2 (allowed)" in (run / "train.log").read_text()
     written = json.loads((run / "final_metrics.json").read_text(), parse_constant=float)
     assert written["epochs"] == 2 == final["epochs"]
     for key in cli.final_keys:
