@@ -46,6 +46,7 @@ ImageNet folder itself (holding ``train/`` and ``val/``) or a data root holding 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import operator
@@ -65,6 +66,7 @@ __all__ = [
     "SYNTHETIC_CLASSES",
     "SyntheticImages",
     "build_dataset",
+    "check_image_files",
     "data_root",
     "find_imagefolder",
     "patch_posterize",
@@ -364,8 +366,37 @@ def _imagefolder(root: str | PathLike | None, split: str, transform: Callable | 
     class_to_idx = ds.reader.class_to_idx
     ds.classes = sorted(class_to_idx, key=class_to_idx.__getitem__)
     ds.num_classes = len(ds.classes)
+    ds.check_files = functools.partial(check_image_files, [path for path, _ in ds.reader.samples])
     _logger.info("%s: %d images in %d classes (%s)", folder / split, len(ds), ds.num_classes, split)
     return ds
+
+
+#: File signatures of the image formats Pillow reads in ImageNet-style trees.
+_IMAGE_MAGIC = {
+    ".jpeg": (b"\xff\xd8\xff",),
+    ".jpg": (b"\xff\xd8\xff",),
+    ".png": (b"\x89PNG\r\n\x1a\n",),
+    ".gif": (b"GIF87a", b"GIF89a"),
+    ".bmp": (b"BM",),
+    ".webp": (b"RIFF",),
+}
+
+
+def check_image_files(paths: list[str | PathLike]) -> None:
+    """Checks every image cheaply (not empty; the signature its extension promises) without decoding it.
+
+    Raises:
+        ValueError: The first bad file, named (an empty or truncated download, an HTML error page saved as .JPEG).
+    """
+    for path in paths:
+        path = Path(path)
+        with open(path, "rb") as f:
+            head = f.read(8)
+        if not head:
+            raise ValueError(f"{path}: empty image file")
+        magic = _IMAGE_MAGIC.get(path.suffix.lower())
+        if magic is not None and not head.startswith(magic):
+            raise ValueError(f"{path}: not a {path.suffix[1:].upper()} file (starts with {head!r})")
 
 
 def build_dataset(

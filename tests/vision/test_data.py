@@ -206,3 +206,17 @@ def test_foreign_model_knob_is_named():
     assert build_model(replace(cfg, centroid_index=None, patch_size=None), num_classes=3).num_classes == 3
     with pytest.raises(ValueError, match="Unknown model"):
         build_model(replace(cfg, model="centroid_deit_huge"), num_classes=3)
+
+
+def test_imagefolder_files_are_checked_cheaply(tmp_path: Path):
+    """check_files() (run by engine.run before step 1) names an empty image and one whose bytes are not its format."""
+    root = write_imagefolder(tmp_path / "data")
+    val = build_dataset("imagefolder", "val", root=root)
+    val.check_files()
+    jpeg = next((root / "val").rglob("*.JPEG"))
+    jpeg.write_bytes(b"<html>404</html>")
+    with pytest.raises(ValueError, match=rf"{jpeg.name}: not a JPEG file"):
+        val.check_files()
+    jpeg.write_bytes(b"")
+    with pytest.raises(ValueError, match="empty image file"):
+        val.check_files()
