@@ -213,7 +213,7 @@ class ModelNetRecipe(Recipe):
     def summary(self, model: nn.Module) -> dict[str, Any]:
         cfg = self.cfg
         example = torch.zeros(1, cfg.num_points, 6 if cfg.use_normals else 3, device=self.ctx.device)
-        example[0, :, :3] = torch.randn(cfg.num_points, 3, generator=torch.Generator().manual_seed(0))
+        example[0, :, :3] = torch.randn(cfg.num_points, 3, generator=torch.Generator().manual_seed(0)).to(example)
         return {"params": count_params(model), "gmacs": count_gmacs(model, example), "num_points": cfg.num_points,
                 "dataset": cfg.dataset, "model": cfg.model}  # fmt: skip
 
