@@ -310,10 +310,11 @@ def _causal_scan(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor, chunk: int) -> 
     y = ((qc @ kc.transpose(-1, -2)) * seg) @ vc  # intra-chunk, (B, H, n, T, Dv)
     # Chunk states: S_c = sum_{j in c} prod_{t=j+1}^{end} a_t k_j v_j^T, carried across chunks with the chunk decay.
     states = (kc * (cs[..., -1:] - cs).exp().unsqueeze(-1)).transpose(-1, -2) @ vc  # (B, H, n, N, Dv)
-    decay = cs[..., -1].exp()  # (B, H, n)
-    carried = [torch.zeros_like(states[:, :, 0])]
+    # unbind once: indexing chunk c inside the loop would make autograd build a full-size zero gradient per step
+    decays, chunk_states = cs[..., -1].exp().unbind(2), states.unbind(2)  # n x (B, H), n x (B, H, N, Dv)
+    carried = [torch.zeros_like(chunk_states[0])]
     for c in range(n - 1):
-        carried.append(decay[:, :, c, None, None] * carried[-1] + states[:, :, c])
+        carried.append(decays[c][:, :, None, None] * carried[-1] + chunk_states[c])
     prev = torch.stack(carried, dim=2)  # (B, H, n, N, Dv): state entering chunk c
     y = y + cs.exp().unsqueeze(-1) * (qc @ prev)  # inter-chunk
     return y.reshape(B, H, n * T, Dv)[:, :, :L]
@@ -358,7 +359,7 @@ def quasiseparable_mix(
         m_ij = c_bwd_{i+1} . b_bwd_j  prod_{t=i+1}^{j-1} a'_t    i < j   (backward SSM: flip, scan, shift, flip)
 
     with ``a_t = exp(log_fwd_t)``, ``a'_t = exp(log_bwd_t)``. In Hydra ``b_j = dt_j B_j`` and ``log a_t = A dt_t``
-    (the caller folds dt in). Time O(L T (N + Dv)), memory O(L (T + N + Dv)) for chunk length T.
+    (the caller folds dt in). Time O(L T (N + Dv)), memory O(L (T + N Dv / T)) for chunk length T.
 
     Args:
         c_fwd, b_fwd, c_bwd, b_bwd: ``(B, H, L, N)`` rows (C) and columns (dt B) of the two SSMs.

@@ -133,16 +133,34 @@ def test_lower_and_upper_triangles_come_from_different_parameters() -> None:
 
 
 class _LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any op produces, and the elements of all of them."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.largest = 0
+        self.largest = self.total = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
                 self.largest = max(self.largest, t.numel())
+                self.total += t.numel()
         return out
+
+
+def _scan_work(L: int, N: int, T: int) -> int:
+    args = [torch.randn(1, 2, L, N, requires_grad=True) for _ in range(5)]
+    logs = [(-torch.rand(1, 2, L)).requires_grad_() for _ in range(3)]
+    with _LargestTensor() as probe:
+        quasiseparable_mix(*args, *logs, chunk=T).sum().backward()
+    return probe.total
+
+
+def test_scan_work_is_linear_in_length() -> None:
+    # elements allocated by forward + backward: doubling L doubles them (a per-chunk gradient as large as all the
+    # chunk states, as indexing inside the carry loop would give, makes this quadratic in L / T)
+    small, large = _scan_work(512, 16, 8), _scan_work(1024, 16, 8)
+    assert large < 2.2 * small
 
 
 def test_scan_memory_is_linear_in_length() -> None:
