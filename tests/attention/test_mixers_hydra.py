@@ -218,3 +218,19 @@ def test_hydra_in_the_deit_and_point_models() -> None:
     assert isinstance(points.blocks[0].mixer.matrix, QuasiseparableMatrix)
     out = points(torch.randn(2, 64, 3))
     assert out.shape == (2, 4) and torch.isfinite(out).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scan_on_cuda_equals_the_dense_matrix(dtype: torch.dtype) -> None:
+    m = _hydra(dim=64, heads=4).cuda()
+    x = torch.randn(2, 1001, 64, device="cuda", dtype=torch.float64, requires_grad=True)
+    ref = m.forward_reference(x)
+    (g_ref,) = torch.autograd.grad(ref.square().sum(), [x])
+    x_low = x.detach().float().requires_grad_()
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        out = m.float()(x_low)
+    (g,) = torch.autograd.grad(out.float().square().sum(), [x_low])
+    tol = 1e-4 if dtype == torch.float32 else 0.03
+    torch.testing.assert_close(out.double(), ref, atol=tol * ref.abs().max().item(), rtol=tol)
+    torch.testing.assert_close(g.double(), g_ref, atol=tol * g_ref.abs().max().item(), rtol=tol)
