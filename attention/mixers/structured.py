@@ -96,7 +96,8 @@ def apply_matrix(m: Tensor, v: Tensor) -> Tensor:
 
 
 class SoftmaxMatrix(nn.Module):
-    """Softmax attention; ``sdpa=False`` runs the explicit ``softmax(q k^T) v`` matmuls (the bench's vanilla)."""
+    """Softmax attention, ``m_ij = softmax_j(q_i . k_j / sqrt(D))`` (the reference's ``attention`` mixer computes the
+    same product); ``sdpa=False`` runs the explicit ``softmax(q k^T) v`` matmuls (the bench's vanilla)."""
 
     num_gates = 0
 
@@ -163,7 +164,12 @@ class LowRankMatrix(nn.Module):
 
 
 class ToeplitzMatrix(nn.Module):
-    """Per-channel Toeplitz matrix whose kernel of length 2L-1 is read off q (offsets >= 0) and k (offsets <= 0)."""
+    """Per-channel Toeplitz matrix ``m_ij = t_{i-j} / L`` for each channel d, its kernel of length 2L-1 read off q and
+    k by offset: ``t_s = q_{s,d}`` (s > 0), ``t_0 = q_{0,d} + k_{0,d}``, ``t_s = k_{-s,d}`` (s < 0).
+
+    The reference builds one kernel per head (not per channel) from two projections and reads it off circularly (see
+    the module docstring); both are Toeplitz matrices from a data-dependent kernel.
+    """
 
     num_gates = 0
 
