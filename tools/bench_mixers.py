@@ -12,6 +12,8 @@ of ``--repeats`` untracked steps. Ratios are against two baselines of the same L
 * ``attention-matmul``: vanilla softmax attention with explicit matmuls (the ``(B, H, L, L)`` scores materialized),
 * ``attention-sdpa``: ``scaled_dot_product_attention`` (fused kernels where torch has them).
 
+``hydra`` is Hydra's quasiseparable mixer (two SSMs, chunked scans: O(L) time and memory), ``linear`` normalized
+linear attention and ``lowrank`` the framework's unnormalized low-rank mixer (both O(L D^2)).
 Cauchy and Vandermonde cost O(L^2 D) operations (their matrices are sums over D): on CPU they run up to
 ``--max-quadratic-len``; their ``dense BHLLD MB`` column is what materializing the ``(B, H, L, L, D)`` tensor of the
 public code would take (computed, float32), and ``vs BHLLD`` the ratio of our measured peak to it. They are built with
@@ -35,7 +37,7 @@ from benchutil import describe_machine, peak_tensor_bytes, print_table, run_isol
 from attention import build_mixer
 
 BASELINES = ("attention-matmul", "attention-sdpa")
-MIXERS = (*BASELINES, "fsat", "fat", "linear", "toeplitz", "hydra", "cauchy", "vandermonde")
+MIXERS = (*BASELINES, "fsat", "fat", "linear", "lowrank", "toeplitz", "hydra", "cauchy", "vandermonde")
 QUADRATIC = ("cauchy", "vandermonde", "cauchy_static", "vandermonde_static")
 
 

@@ -1,7 +1,8 @@
 """Sequence mixers with one surface, ``mixer(x, attn_mask=None) -> (B, L, C)``, built by name from :data:`MIXERS`.
 
-* the structured matrix mixers of :mod:`attention.mixers.structured` (softmax, linear, toeplitz, cauchy,
-  vandermonde, quasiseparable / hydra) and their non-data-dependent twins (``<name>_static``, need ``max_len``);
+* the structured matrix mixers of :mod:`attention.mixers.structured` (softmax, linear attention, lowrank, toeplitz,
+  cauchy, vandermonde, hydra, quasiseparable = hydra with one B, C for both directions) and their non-data-dependent
+  twins (``<name>_static``, need ``max_len``);
 * FSAT and FAT from :mod:`attention.fsat` (FSAT needs ``max_len``).
 
 ``build_mixer("cauchy", dim=192, num_heads=3)`` is what the models' ``mixer=`` keyword calls.
@@ -20,6 +21,7 @@ from .functional import cauchy_mix, quasiseparable_mix, toeplitz_mix, vandermond
 from .structured import (
     MATRIX_MIXERS,
     CauchyMatrix,
+    LinearAttentionMatrix,
     LowRankMatrix,
     MatrixMixer,
     QuasiseparableMatrix,
@@ -33,6 +35,7 @@ __all__ = [
     "MATRIX_MIXERS",
     "MIXERS",
     "CauchyMatrix",
+    "LinearAttentionMatrix",
     "LowRankMatrix",
     "MatrixMixer",
     "MixerBlock",
@@ -51,16 +54,19 @@ __all__ = [
 MIXERS: dict[str, Callable[..., nn.Module]] = {
     "softmax": partial(MatrixMixer, matrix="softmax"),
     "linear": partial(MatrixMixer, matrix="linear"),
+    "lowrank": partial(MatrixMixer, matrix="lowrank"),
     "toeplitz": partial(MatrixMixer, matrix="toeplitz"),
     "cauchy": partial(MatrixMixer, matrix="cauchy"),
     "vandermonde": partial(MatrixMixer, matrix="vandermonde"),
+    "hydra": partial(MatrixMixer, matrix="hydra"),
     "quasiseparable": partial(MatrixMixer, matrix="quasiseparable"),
-    "hydra": partial(MatrixMixer, matrix="quasiseparable"),
     "softmax_static": partial(MatrixMixer, matrix="softmax", data_dependent=False),
     "linear_static": partial(MatrixMixer, matrix="linear", data_dependent=False),
+    "lowrank_static": partial(MatrixMixer, matrix="lowrank", data_dependent=False),
     "toeplitz_static": partial(MatrixMixer, matrix="toeplitz", data_dependent=False),
     "cauchy_static": partial(MatrixMixer, matrix="cauchy", data_dependent=False),
     "vandermonde_static": partial(MatrixMixer, matrix="vandermonde", data_dependent=False),
+    "hydra_static": partial(MatrixMixer, matrix="hydra", data_dependent=False),
     "quasiseparable_static": partial(MatrixMixer, matrix="quasiseparable", data_dependent=False),
     "fsat": FourierSparseAttention,
     "fat": FourierAttention,
@@ -81,7 +87,7 @@ def build_mixer(
         max_len: the longest sequence; required by ``fsat`` and the ``*_static`` twins, ignored by the others.
         qkv_bias: bias of the input projections.
         **kwargs: mixer-specific options (e.g. ``num_edges`` for FSAT, ``chunk_size`` and ``backend`` for
-            cauchy).
+            cauchy, ``state_dim`` and ``chunk_size`` for hydra, ``freq`` for vandermonde).
     """
     if name not in MIXERS:
         raise ValueError(f"unknown mixer {name!r}; choose one of {sorted(MIXERS)}")

@@ -13,8 +13,9 @@ an optional Triton kernel for CUDA); tensors are ``(B, H, L, D)``.
   builds more than a ``(block, block, D)`` tile in registers; ``"auto"`` picks it for CUDA tensors when triton is
   installed and D, Dv <= 64, and the chunked path otherwise (CPU, float64, larger heads).
 * :func:`toeplitz_mix`: FFT convolution with a kernel of length 2L-1, O(L log L).
-* :func:`quasiseparable_mix`: Hydra's bidirectional quasiseparable matrix as two chunked selective scans (SSD form):
-  O(L T D) for chunk length T, O(L / T) sequential steps.
+* :func:`quasiseparable_mix`: Hydra's bidirectional quasiseparable matrix (a forward and a backward SSM, shift and
+  free diagonal) as one batched chunked selective scan (SSD form): O(L T D) for chunk length T, O(L / T) sequential
+  steps, no ``(L, L)`` tensor. Plain autograd (no custom Function), so TorchScript can compile it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ __all__ = [
     "MIX_BACKENDS",
     "cauchy_mix",
     "chunk_rows",
+    "hydra_factors",
+    "hydra_mix",
     "quasiseparable_mix",
     "toeplitz_mix",
     "vandermonde_mix",
@@ -282,55 +285,128 @@ def toeplitz_mix(kernel: Tensor, v: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _causal_scan(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor, inclusive: bool, chunk: int) -> Tensor:
-    """``y_i = sum_{j <= i (or < i)} (q_i . k_j) prod_{t=j+1}^{i} a_t v_j``, chunked (SSD form).
+def _causal_scan(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor, chunk: int) -> Tensor:
+    """``y_i = sum_{j <= i} (q_i . k_j) prod_{t=j+1}^{i} a_t v_j``, chunked (the SSD form of a selective scan).
+
+    Memory and time O(L T (N + Dv) + L / T N Dv) for chunk length T: the ``(T, T)`` blocks of the chunks' diagonal,
+    the ``(N, Dv)`` state carried across chunks by a loop of ``L / T`` steps.
 
     Args:
-        q, k: ``(B, H, L, D)``; v: ``(B, H, L, Dv)``; log_a: ``(B, H, L)`` log decays (<= 0).
+        q, k: ``(B, H, L, N)``; v: ``(B, H, L, Dv)``; log_a: ``(B, H, L)`` log decays (<= 0).
     """
-    B, H, L, D = q.shape
+    B, H, L, N = q.shape
     Dv = v.shape[-1]
     T = min(chunk, L)
     pad = (-L) % T
     if pad:  # zero keys / values and unit decays after the end change nothing before it
-        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        q, k, v = F.pad(q, (0, 0, 0, pad)), F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
         log_a = F.pad(log_a, (0, pad))
     n = (L + pad) // T
-    qc, kc, vc = q.view(B, H, n, T, D), k.view(B, H, n, T, D), v.view(B, H, n, T, Dv)  # (B, H, n, T, .)
+    qc, kc, vc = q.view(B, H, n, T, N), k.view(B, H, n, T, N), v.view(B, H, n, T, Dv)  # (B, H, n, T, .)
     cs = log_a.view(B, H, n, T).cumsum(-1)  # (B, H, n, T): log prod_{t=start}^{i} a_t
     ii = torch.arange(T, device=q.device)
-    mask = ii[:, None] >= ii[None, :] if inclusive else ii[:, None] > ii[None, :]  # (T, T)
-    seg = (cs.unsqueeze(-1) - cs.unsqueeze(-2)).masked_fill(~mask, float("-inf")).exp()  # (B, H, n, T, T)
+    causal = ii[:, None] >= ii[None, :]  # (T, T)
+    seg = (cs.unsqueeze(-1) - cs.unsqueeze(-2)).masked_fill(~causal, float("-inf")).exp()  # (B, H, n, T, T)
     y = ((qc @ kc.transpose(-1, -2)) * seg) @ vc  # intra-chunk, (B, H, n, T, Dv)
     # Chunk states: S_c = sum_{j in c} prod_{t=j+1}^{end} a_t k_j v_j^T, carried across chunks with the chunk decay.
-    states = (kc * (cs[..., -1:] - cs).exp().unsqueeze(-1)).transpose(-1, -2) @ vc  # (B, H, n, D, Dv)
-    decay = cs[..., -1].exp()  # (B, H, n)
-    carried = [torch.zeros_like(states[:, :, 0])]
+    states = (kc * (cs[..., -1:] - cs).exp().unsqueeze(-1)).transpose(-1, -2) @ vc  # (B, H, n, N, Dv)
+    # unbind once: indexing chunk c inside the loop would make autograd build a full-size zero gradient per step
+    decays, chunk_states = cs[..., -1].exp().unbind(2), states.unbind(2)  # n x (B, H), n x (B, H, N, Dv)
+    carried = [torch.zeros_like(chunk_states[0])]
     for c in range(n - 1):
-        carried.append(decay[:, :, c, None, None] * carried[-1] + states[:, :, c])
-    prev = torch.stack(carried, dim=2)  # (B, H, n, D, Dv): state entering chunk c
+        carried.append(decays[c][:, :, None, None] * carried[-1] + chunk_states[c])
+    prev = torch.stack(carried, dim=2)  # (B, H, n, N, Dv): state entering chunk c
     y = y + cs.exp().unsqueeze(-1) * (qc @ prev)  # inter-chunk
     return y.reshape(B, H, n * T, Dv)[:, :, :L]
 
 
-def quasiseparable_mix(q: Tensor, k: Tensor, v: Tensor, log_fwd: Tensor, log_bwd: Tensor, chunk: int = 64) -> Tensor:
-    """Hydra's bidirectional quasiseparable mixer ``y = M v`` with (before any scaling of q)::
+def _quasiseparable_mix(
+    c_fwd: Tensor,
+    b_fwd: Tensor,
+    c_bwd: Tensor,
+    b_bwd: Tensor,
+    v: Tensor,
+    log_fwd: Tensor,
+    log_bwd: Tensor,
+    diag: Tensor,
+    chunk: int,
+) -> Tensor:
+    Bsz = v.shape[0]
+    # both directions in one scan (the backward one on the flipped sequence), batched like the reference does
+    c = torch.cat([c_fwd, c_bwd.flip(2)], dim=0)
+    b = torch.cat([b_fwd, b_bwd.flip(2)], dim=0)
+    la = torch.cat([log_fwd, log_bwd.flip(2)], dim=0)
+    z = _causal_scan(c, b, torch.cat([v, v.flip(2)], dim=0), la, chunk)  # (2B, H, L, Dv), diagonal included
+    z = F.pad(z[:, :, :-1], (0, 0, 1, 0))  # the shift: row i takes the scan's row i - 1 (row 0 gets zeros)
+    return z[:Bsz] + z[Bsz:].flip(2) + diag.unsqueeze(-1) * v
 
-        m_ij = (q_i . k_j) prod_{t=j+1}^{i} a_t      i >= j   (forward scan, the diagonal included)
-        m_ij = (q_i . k_j) prod_{t=i}^{j-1} b_t      i <  j   (backward scan: the forward one on the flipped sequence)
+
+def quasiseparable_mix(
+    c_fwd: Tensor,
+    b_fwd: Tensor,
+    c_bwd: Tensor,
+    b_bwd: Tensor,
+    v: Tensor,
+    log_fwd: Tensor,
+    log_bwd: Tensor,
+    diag: Tensor,
+    chunk: int = 64,
+) -> Tensor:
+    """Hydra's quasiseparable mixer ``y = M v`` by two chunked selective scans, never an ``(L, L)`` matrix::
+
+        m_ij = c_fwd_{i-1} . b_fwd_j  prod_{t=j+1}^{i-1} a_t     i > j   (forward SSM, shifted down by one)
+        m_ii = diag_i                                                     (free diagonal)
+        m_ij = c_bwd_{i+1} . b_bwd_j  prod_{t=i+1}^{j-1} a'_t    i < j   (backward SSM: flip, scan, shift, flip)
+
+    with ``a_t = exp(log_fwd_t)``, ``a'_t = exp(log_bwd_t)``. In Hydra ``b_j = dt_j B_j`` and ``log a_t = A dt_t``
+    (the caller folds dt in). Time O(L T (N + Dv)), memory O(L (T + N Dv / T)) for chunk length T.
 
     Args:
-        q, k: ``(B, H, L, D)``; v: ``(B, H, L, Dv)``.
-        log_fwd, log_bwd: ``(B, H, L)`` log a_t, log b_t (<= 0).
+        c_fwd, b_fwd, c_bwd, b_bwd: ``(B, H, L, N)`` rows (C) and columns (dt B) of the two SSMs.
+        v: ``(B, H, L, Dv)``.
+        log_fwd, log_bwd: ``(B, H, L)`` log decays (<= 0).
+        diag: ``(B, H, L)`` the diagonal.
         chunk: scan chunk length T.
 
     Returns:
-        ``(B, H, L, Dv)``.
+        ``(B, H, L, Dv)`` in ``v``'s dtype (computed in float32 for half-precision inputs).
     """
     acc = _acc(v)
+    cf, bf, cb, bb, vv = c_fwd.to(acc), b_fwd.to(acc), c_bwd.to(acc), b_bwd.to(acc), v.to(acc)
+    lf, lb, d = log_fwd.to(acc), log_bwd.to(acc), diag.to(acc)
+    if torch.jit.is_scripting():  # TorchScript cannot enter torch.autocast with a runtime device type
+        return _quasiseparable_mix(cf, bf, cb, bb, vv, lf, lb, d, chunk).to(v.dtype)
     with torch.autocast(device_type=v.device.type, enabled=False):
-        q, k, v, log_fwd, log_bwd = (t.to(acc) for t in (q, k, v, log_fwd, log_bwd))
-        fwd = _causal_scan(q, k, v, log_fwd, inclusive=True, chunk=chunk)
-        flip = lambda t: t.flip(2)  # noqa: E731
-        bwd = flip(_causal_scan(flip(q), flip(k), flip(v), flip(log_bwd), inclusive=False, chunk=chunk))
-    return (fwd + bwd).to(v.dtype)
+        y = _quasiseparable_mix(cf, bf, cb, bb, vv, lf, lb, d, chunk)
+    return y.to(v.dtype)
+
+
+def hydra_factors(
+    q: Tensor, k: Tensor, g: Tensor, A_log: Tensor, state_dim: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The factors of Hydra's matrix from the mixer's inputs (see :class:`attention.mixers.QuasiseparableMatrix`).
+
+    Args:
+        q: ``(B, H, L, N)`` or ``(B, H, L, 2N)``: C (both directions) or ``[C | C']``.
+        k: the same for B or ``[B | B']``.
+        g: ``(B, H, L, 3)``: pre-softplus dt, dt' and the diagonal.
+        A_log: ``(H,)``; ``A = -exp(A_log)``.
+        state_dim: N.
+
+    Returns:
+        C, dt B, C', dt' B' ``(B, H, L, N)``, the log decays ``A dt``, ``A dt'`` and the diagonal ``(B, H, L)``
+        (the gates' terms in float32 at least).
+    """
+    N = state_dim
+    g = g.to(torch.promote_types(g.dtype, torch.float32))
+    dt = F.softplus(g[..., :2])  # (B, H, L, 2)
+    A = -torch.exp(A_log.to(g.dtype)).view(1, -1, 1)  # (1, H, 1)
+    c_f, c_b = q[..., :N], q[..., -N:]  # the same slice twice when q holds one C
+    b_f, b_b = k[..., :N] * dt[..., 0:1], k[..., -N:] * dt[..., 1:2]
+    return c_f, b_f, c_b, b_b, A * dt[..., 0], A * dt[..., 1], g[..., 2]
+
+
+def hydra_mix(q: Tensor, k: Tensor, v: Tensor, g: Tensor, A_log: Tensor, state_dim: int, chunk: int = 64) -> Tensor:
+    """Hydra's mixer ``y = M v`` from the mixer's inputs: :func:`hydra_factors`, then :func:`quasiseparable_mix`."""
+    c_f, b_f, c_b, b_b, log_f, log_b, diag = hydra_factors(q, k, g, A_log, state_dim)
+    return quasiseparable_mix(c_f, b_f, c_b, b_b, v, log_f, log_b, diag, chunk=chunk)

@@ -2,28 +2,52 @@
 
 Hwang, Lahoti, Dao, Gu, "Hydra: Bidirectional State Space Models Through Generalized Matrix Mixers",
 arXiv:2407.09941 (the matrix mixer framework, the quasiseparable mixer, and the Cauchy / Vandermonde / Toeplitz /
-low-rank / attention mixers with their non-data-dependent twins).
+low-rank / attention mixers with their non-data-dependent twins); reference code: goombalab/hydra
+(``hydra/modules/hydra.py``, ``hydra/modules/matrix_mixers/*.py``).
 
-Per head, with ``q_i, k_j`` in R^D from X and ``v_j`` the values (all mixers here are **bidirectional**: every
-output sees every position; none offers a causal mode)::
+Per head, with ``q_i, k_j`` from X and ``v_j`` the values, the matrix each mixer computes (all mixers here are
+**bidirectional**: every output sees every position; none offers a causal mode)::
 
-    softmax         m_ij = softmax_j(q_i . k_j / sqrt(D))                    scaled_dot_product_attention
-    linear          m_ij = phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j')    phi = elu + 1; O(L D^2)
+    softmax         m_ij = softmax_j(q_i . k_j / sqrt(D))                            scaled_dot_product_attention
+    linear          m_ij = phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j')   phi = elu + 1   (linear attention;
+                    normalized, rows sum to 1)                                                        O(L D^2)
+    lowrank         m_ij = q_i . k_j / sqrt(L D)   (the framework's low-rank mixer, unnormalized)        O(L D^2)
     toeplitz        m_ij = t_{i-j} / L per channel d, t_s = q_{s,d} (s > 0), k_{-s,d} (s < 0), q_0 + k_0 (s = 0)
-                    (the kernel of length 2L-1 read off q and k by offset)     FFT convolution, O(L log L)
-    cauchy          m_ij = (1/L) sum_d 1 / (q'_id - k'_jd + c)                   chunked, O(B H chunk L) memory
-                    q' = softplus(q) >= 0, k' = -softplus(k) <= 0, c = softplus(c_raw) + c_min >= c_min > 0, so
-                    every denominator is >= c_min: no poles by construction (c trainable, one per head)
-    vandermonde     m_ij = (1/L) sum_d cos(2 pi f q_id j) - cos(2 pi f k_jd i),  f = freq_scale / L   chunked
-    quasiseparable  m_ij = (q_i . k_j / sqrt(D)) prod_{t=j+1}^{i} a_t (i >= j),  prod_{t=i}^{j-1} b_t (i < j)
-    (Hydra)         a_t, b_t = sigmoid of a projection of x_t (two gates per head)   chunked scans, O(L)
+                                                                              FFT convolution, O(L log L D)
+    cauchy          m_ij = (1/L) sum_d 1 / (softplus(q_id) + softplus(k_jd) + c),  c = softplus(c_raw) + c_min
+                    (every denominator >= c_min > 0: no poles by construction; c trainable, one per head)
+                                                                   chunked, O(L^2 D) time, O(B H chunk L) memory
+    vandermonde     m_ij = (1/L) sum_d cos(2 pi f q_id j) - cos(2 pi f k_jd i),  f = freq_scale / L (default),
+                    or a fixed f = freq (``freq=1e-3``: the reference's eps)                 chunked, as cauchy
+    hydra           m_ij = C_{i-1} . B_j dt_j prod_{t=j+1}^{i-1} exp(A dt_t)         (i > j, forward SSM)
+                    m_ii = fc_D(x_i) + D                                             (free diagonal)
+                    m_ij = C'_{i+1} . B'_j dt'_j prod_{t=i+1}^{j-1} exp(A dt'_t)     (i < j, backward SSM)
+                    q = [C | C'], k = [B | B'], dt = softplus(gate)           chunked scans, O(L) time and memory
+    quasiseparable  hydra with one (C, B) for both directions (C' = C, B' = B)
+
+The reference computes the same products with other parameterizations where noted:
+
+* Cauchy: ``m_ij = std sum_d 1 / (q'_id + k'_jd + tol)`` with ``q' = exp(q) + b``, ``k' = exp(k) + b`` (b a
+  scalar, init 0.5, tol 1e-8, ``std = 1 / sqrt(max_seq_len D)``): positive only while ``b > 0``. Ours uses softplus
+  and a per-head ``c >= c_min``, which keeps every denominator away from zero whatever the parameters do.
+* Vandermonde: ``std = 1 / sqrt(2 max_seq_len D)`` and a frequency fixed per absolute position, ``f = eps = 1e-3``
+  (``freq=1e-3`` here); our default ``f = freq_scale / L`` scales with the length, so the phases span the same range
+  at any L.
+* Toeplitz: the reference's kernel is one scalar per head and offset (two projections of x, ``forward_conv`` and
+  ``reverse_conv``, ``std = 0.5 / sqrt(max_seq_len)``) applied by a circular FFT of size 2L-1, which reads it off as
+  ``t_s = forward_{s+1}`` (-1 <= s <= L-2), ``t_s = reverse_{-s-1}`` (s <= -2) and ``t_{L-1} = reverse_{L-1}``
+  (wrap-around). Ours is per channel with the read-off above and a zero-padded (linear) FFT.
+* Low-rank: ``std = 1 / sqrt(max_seq_len D)``; ours uses the input's L.
+* Every reference mixer adds the identity (``+ v``) after its product (Hydra adds its diagonal instead); ours leave
+  the skip to the block's residual connection.
 
 The 1/L factors keep outputs O(1) at any length for the mixers without a normalization of their own. Cauchy and
 Vandermonde take ``backend=``: on CUDA, ``"auto"`` runs the tiled Triton kernels of
 :mod:`attention.kernels.mixers_triton` (no tile beyond ``(block, block, D)``) instead of the chunked PyTorch path.
 **Non-data-dependent twins** (``data_dependent=False``, the paper's ablation): the same matrix class with q, k (and
-the Hydra gates) replaced by learned parameters sized to ``max_len`` (the first L rows are used): M no longer depends
-on the input; only V does.
+the Hydra gates: dt, dt' and the diagonal, per position) replaced by learned parameters sized to ``max_len`` (the
+first L rows are used): M no longer depends on the input; only V does. (The reference's Hydra twin keeps a
+data-dependent diagonal ``fc_D(x)`` and one dt per head.)
 
 Each core has ``forward(q, k, v, g)`` (the efficient path) and ``materialize(q, k, g)``, the dense matrix used only
 by the tests as the reference (``(B, H, L, L)``, or ``(B, H, D, L, L)`` for the per-channel Toeplitz).
@@ -32,16 +56,19 @@ by the tests as the reference (``(B, H, L, L)``, or ``(B, H, D, L, L)`` for the 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .functional import MIX_BACKENDS, cauchy_mix, quasiseparable_mix, toeplitz_mix, vandermonde_mix
+from .functional import MIX_BACKENDS, cauchy_mix, hydra_factors, hydra_mix, toeplitz_mix, vandermonde_mix
 
 __all__ = [
     "MATRIX_MIXERS",
     "CauchyMatrix",
+    "LinearAttentionMatrix",
     "LowRankMatrix",
     "MatrixMixer",
     "QuasiseparableMatrix",
@@ -50,6 +77,10 @@ __all__ = [
     "VandermondeMatrix",
     "apply_matrix",
 ]
+
+
+# FX: the chunked scan loops over L / T chunks, so symbolic tracing records the whole op as one call (a leaf)
+torch.fx.wrap("hydra_mix")
 
 
 def _check_backend(backend: str) -> None:
@@ -65,7 +96,8 @@ def apply_matrix(m: Tensor, v: Tensor) -> Tensor:
 
 
 class SoftmaxMatrix(nn.Module):
-    """Softmax attention; ``sdpa=False`` runs the explicit ``softmax(q k^T) v`` matmuls (the bench's vanilla)."""
+    """Softmax attention, ``m_ij = softmax_j(q_i . k_j / sqrt(D))`` (the reference's ``attention`` mixer computes the
+    same product); ``sdpa=False`` runs the explicit ``softmax(q k^T) v`` matmuls (the bench's vanilla)."""
 
     num_gates = 0
 
@@ -85,8 +117,11 @@ class SoftmaxMatrix(nn.Module):
         return torch.softmax(s, dim=-1) @ v
 
 
-class LowRankMatrix(nn.Module):
-    """Normalized linear attention (rank <= D): ``(phi(Q) (phi(K)^T V)) / (phi(Q) sum_j phi(k_j))``, O(L D^2)."""
+class LinearAttentionMatrix(nn.Module):
+    """Normalized linear attention (Katharopoulos et al., 2020; rank <= D, every row sums to 1):
+    ``m_ij = phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j')`` with ``phi = elu + 1``, computed as
+    ``(phi(Q) (phi(K)^T V)) / (phi(Q) sum_j phi(k_j))`` in O(L D^2). Not the framework's low-rank mixer, which is
+    unnormalized (:class:`LowRankMatrix`)."""
 
     num_gates = 0
 
@@ -108,8 +143,33 @@ class LowRankMatrix(nn.Module):
         return (pq @ kv) / z
 
 
+class LowRankMatrix(nn.Module):
+    """The matrix-mixer framework's low-rank mixer: ``m_ij = std q_i . k_j``, ``std = 1 / sqrt(L D)``, unnormalized.
+
+    Computed as ``std Q (K^T V)`` in O(L D^2). The reference (goombalab/hydra ``matrix_mixers/low_rank.py``) takes
+    ``std = 1 / sqrt(max_seq_len D)`` and adds the identity (``+ v``) after the product, as it does after every one of
+    its mixers; here ``L`` is the input's length and the skip is the block's residual.
+    """
+
+    num_gates = 0
+
+    def __init__(self, head_dim: int) -> None:
+        super().__init__()
+
+    def materialize(self, q: Tensor, k: Tensor, g: Tensor | None = None) -> Tensor:
+        return (q @ k.transpose(-1, -2)) * (q.shape[2] * q.shape[3]) ** -0.5  # (B, H, L, L)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None) -> Tensor:
+        return (q * (q.shape[2] * q.shape[3]) ** -0.5) @ (k.transpose(-1, -2) @ v)  # (B, H, D, Dv) in the middle
+
+
 class ToeplitzMatrix(nn.Module):
-    """Per-channel Toeplitz matrix whose kernel of length 2L-1 is read off q (offsets >= 0) and k (offsets <= 0)."""
+    """Per-channel Toeplitz matrix ``m_ij = t_{i-j} / L`` for each channel d, its kernel of length 2L-1 read off q and
+    k by offset: ``t_s = q_{s,d}`` (s > 0), ``t_0 = q_{0,d} + k_{0,d}``, ``t_s = k_{-s,d}`` (s < 0).
+
+    The reference builds one kernel per head (not per channel) from two projections and reads it off circularly (see
+    the module docstring); both are Toeplitz matrices from a data-dependent kernel.
+    """
 
     num_gates = 0
 
@@ -177,75 +237,148 @@ class CauchyMatrix(nn.Module):
 
 
 class VandermondeMatrix(nn.Module):
-    """``m_ij = (1/L) sum_d cos(2 pi f q_id j) - cos(2 pi f k_jd i)`` with ``f = freq_scale / L`` (real arithmetic).
+    """``m_ij = (1/L) sum_d cos(2 pi f q_id j) - cos(2 pi f k_jd i)`` (real arithmetic), ``f = freq_scale / L``.
+
+    The reference fixes the frequency per absolute position instead (``f = eps = 1e-3``, whatever L): pass
+    ``freq=1e-3`` for that.
 
     Args:
         head_dim: D.
-        freq_scale: cycles across the sequence per unit of q or k.
+        freq_scale: cycles across the sequence per unit of q or k (used when ``freq`` is None).
         chunk_size, backend: as :class:`CauchyMatrix`.
+        freq: a fixed frequency f (cycles per position per unit of q or k), independent of L.
     """
 
     num_gates = 0
 
     def __init__(
-        self, head_dim: int, freq_scale: float = 1.0, chunk_size: int | None = None, backend: str = "auto"
+        self,
+        head_dim: int,
+        freq_scale: float = 1.0,
+        chunk_size: int | None = None,
+        backend: str = "auto",
+        freq: float | None = None,
     ) -> None:
         super().__init__()
         _check_backend(backend)
-        self.freq_scale, self.chunk_size, self.backend = freq_scale, chunk_size, backend
+        self.freq_scale, self.chunk_size, self.backend, self.freq = freq_scale, chunk_size, backend, freq
+
+    def _freq(self, L: int) -> float:
+        return self.freq if self.freq is not None else self.freq_scale / L
 
     def materialize(self, q: Tensor, k: Tensor, g: Tensor | None = None) -> Tensor:
         L = q.shape[2]
-        w = 2 * math.pi * self.freq_scale / L
+        w = 2 * math.pi * self._freq(L)
         pos = torch.arange(L, device=q.device, dtype=q.dtype)
         m = torch.cos(w * q.unsqueeze(3) * pos[:, None]) - torch.cos(w * k.unsqueeze(2) * pos[:, None, None])
         return m.sum(-1) / L  # (B, H, L, L) via B H L L D
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None) -> Tensor:
         L = q.shape[2]
-        return vandermonde_mix(q, k, v / L, self.freq_scale / L, chunk=self.chunk_size, backend=self.backend)
+        return vandermonde_mix(q, k, v / L, self._freq(L), chunk=self.chunk_size, backend=self.backend)
 
 
 class QuasiseparableMatrix(nn.Module):
-    """Hydra's quasiseparable matrix: a forward (diagonal included) and a backward selective scan.
+    """Hydra's quasiseparable matrix (Hwang et al., arXiv:2407.09941): a forward and a backward SSM, shift, diagonal.
 
-    ``g[..., 0]`` and ``g[..., 1]`` are the pre-sigmoid forward and backward gates of each position.
+    Per head, from x: for each direction its own C_t, B_t in R^N (the mixer's q and k) and step dt_t; one scalar
+    decay rate A < 0 per head; a free diagonal d_t::
+
+        m_ij = C_{i-1} . B_j dt_j prod_{t=j+1}^{i-1} exp(A dt_t)        i > j  (forward SSM, shifted down by one)
+        m_ii = d_i = fc_D(x_i) + D                                             (diagonal)
+        m_ij = C'_{i+1} . B'_j dt'_j prod_{t=i+1}^{j-1} exp(A dt'_t)    i < j  (backward SSM: flip, scan, shift, flip)
+
+    ``q = [C | C']`` and ``k = [B | B']`` (``(B, H, L, 2N)``, or ``(B, H, L, N)`` used by both directions with
+    ``shared_bc=True``), ``g[..., 0]`` and ``g[..., 1]`` are the pre-softplus ``dt``, ``dt'`` and ``g[..., 2]`` the
+    diagonal (its gate bias is Hydra's D, 1 at init). Computed by :func:`attention.mixers.functional.quasiseparable_mix`
+    (chunked scans, O(L) time and memory). The off-diagonal blocks have rank <= N; the lower triangle depends only on
+    the forward parameters (C, B, dt) and A, the upper one only on the backward ones and A.
+
+    Compared against the paper's code (goombalab/hydra, ``hydra/modules/hydra.py`` ``Hydra.forward``: one
+    ``mamba_chunk_scan_combined`` over ``cat(x, flip(x))`` with the forward and flipped backward B, C, dt, then
+    ``roll(1)`` with row 0 zeroed, flip, ``+ x * (fc_D(x) + D)``): the same matrix. ``shared_bc=True`` is its
+    ``matrix_mixers/quasiseparable.py`` (one B, C for both directions, "Hydra that shares BC"). Where ours differs:
+    B and C are per head (ngroups = H, N = ``state_dim``, default the head dim) rather than one group shared by all
+    heads; the diagonal's projection reads the block input x instead of the post-conv values (both are linear maps of
+    x here, since our values are a linear projection); the forward and backward dt have separate biases (the
+    reference shares ``dt_bias``; both start from the same log-uniform draw in ``[dt_min, dt_max]``); the Hydra block
+    around the matrix (short depthwise conv, SiLU, gate z, RMSNorm, expand = 2) is not part of the mixer.
 
     Args:
-        head_dim: D.
+        head_dim: D (the values' width per head).
+        num_heads: H (one A per head).
+        state_dim: N, the state size of each SSM (default: D).
+        shared_bc: one (C, B) pair for both directions (the reference's ``quasiseparable`` mixer).
         chunk_size: scan chunk length T.
+        dt_min, dt_max: range of the initial step sizes.
     """
 
-    num_gates = 2
+    num_gates = 3
 
-    def __init__(self, head_dim: int, chunk_size: int = 64) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        num_heads: int = 1,
+        state_dim: int | None = None,
+        shared_bc: bool = False,
+        chunk_size: int = 64,
+        dt_min: float = 1e-3,
+        dt_max: float = 0.1,
+    ) -> None:
         super().__init__()
-        self.scale, self.chunk_size = head_dim**-0.5, chunk_size
+        if not 0 < dt_min <= dt_max:
+            raise ValueError(f"need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.num_heads, self.state_dim = num_heads, state_dim or head_dim
+        self.shared_bc, self.chunk_size, self.dt_min, self.dt_max = shared_bc, chunk_size, dt_min, dt_max
+        self.qk_dim = self.state_dim if shared_bc else 2 * self.state_dim  # width of q and k per head
+        self.A_log = nn.Parameter(torch.zeros(num_heads))  # A = -exp(A_log) = -1 at init, as the reference
+
+    def extra_repr(self) -> str:
+        return f"state_dim={self.state_dim}, shared_bc={self.shared_bc}, chunk_size={self.chunk_size}"
+
+    def gate_init(self) -> Tensor:
+        """``(H, 3)`` initial gate biases: inverse softplus of a log-uniform dt per head (both directions), D = 1."""
+        lo, hi = math.log(self.dt_min), math.log(self.dt_max)
+        dt = torch.exp(torch.rand(self.num_heads) * (hi - lo) + lo).clamp(min=1e-4)
+        inv_dt = dt + torch.log(-torch.expm1(-dt))  # softplus(inv_dt) = dt
+        return torch.stack([inv_dt, inv_dt, torch.ones(self.num_heads)], dim=-1)
 
     def materialize(self, q: Tensor, k: Tensor, g: Tensor | None = None) -> Tensor:
+        """The dense ``(B, H, L, L)`` matrix, entry by entry from the definition above (the tests' reference)."""
+        if g is None:
+            raise ValueError("the quasiseparable matrix needs its gates g (B, H, L, 3)")
         L = q.shape[2]
-        log_a, log_b = F.logsigmoid(g.to(torch.promote_types(g.dtype, torch.float32))).unbind(-1)  # (B, H, L) each
-        s = log_a.cumsum(-1)  # log prod_{t<=i} a_t
-        e = F.pad(log_b.cumsum(-1), (1, 0))[..., :L]  # log prod_{t<j} b_t
+        c_f, b_f, c_b, b_b, log_f, log_b, diag = hydra_factors(q, k, g, self.A_log, self.state_dim)
+        s_f, s_b = log_f.cumsum(-1), log_b.cumsum(-1)  # s_i = sum_{t <= i} A dt_t
         i, j = torch.arange(L, device=q.device)[:, None], torch.arange(L, device=q.device)[None, :]
-        lower = (s.unsqueeze(-1) - s.unsqueeze(-2)).masked_fill(i < j, float("-inf"))  # sum_{t=j+1}^{i} log a_t
-        upper = (e.unsqueeze(-2) - e.unsqueeze(-1)).masked_fill(i >= j, float("-inf"))  # sum_{t=i}^{j-1} log b_t
-        decay = lower.exp() + upper.exp()
-        return (q @ k.transpose(-1, -2)) * self.scale * decay.to(q.dtype)
+        c_prev = F.pad(c_f, (0, 0, 1, 0))[:, :, :L]  # row i: C_{i-1}
+        s_prev = F.pad(s_f, (1, 0))[..., :L]  # s_{i-1}
+        lower = (s_prev.unsqueeze(-1) - s_f.unsqueeze(-2)).masked_fill(i <= j, float("-inf")).exp()  # (B, H, L, L)
+        lower = (c_prev @ b_f.transpose(-1, -2)).to(lower.dtype) * lower
+        c_next = F.pad(c_b, (0, 0, 0, 1))[:, :, 1:]  # row i: C'_{i+1}
+        sb_prev = F.pad(s_b, (1, 0))[..., :L]  # s'_{j-1}
+        upper = (sb_prev.unsqueeze(-2) - s_b.unsqueeze(-1)).masked_fill(i >= j, float("-inf")).exp()
+        upper = (c_next @ b_b.transpose(-1, -2)).to(upper.dtype) * upper
+        return (lower + upper + torch.diag_embed(diag)).to(q.dtype)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None) -> Tensor:
-        log_a, log_b = F.logsigmoid(g.to(torch.promote_types(g.dtype, torch.float32))).unbind(-1)
-        return quasiseparable_mix(q * self.scale, k, v, log_a, log_b, chunk=self.chunk_size)
+        assert g is not None, "the quasiseparable matrix needs its gates g (B, H, L, 3)"
+        return hydra_mix(q, k, v, g, self.A_log, self.state_dim, self.chunk_size)
 
 
-MATRIX_MIXERS: dict[str, type[nn.Module]] = {
+MATRIX_MIXERS: dict[str, Callable[..., nn.Module]] = {
     "softmax": SoftmaxMatrix,
-    "linear": LowRankMatrix,
+    "linear": LinearAttentionMatrix,
+    "lowrank": LowRankMatrix,
     "toeplitz": ToeplitzMatrix,
     "cauchy": CauchyMatrix,
     "vandermonde": VandermondeMatrix,
-    "quasiseparable": QuasiseparableMatrix,
+    "hydra": QuasiseparableMatrix,
+    "quasiseparable": partial(QuasiseparableMatrix, shared_bc=True),
 }
+_PER_HEAD_PARAMS = ("cauchy", "hydra", "quasiseparable")  # matrices that take num_heads
 
 
 class MatrixMixer(nn.Module):
@@ -259,8 +392,8 @@ class MatrixMixer(nn.Module):
         max_len: the longest sequence of the twin.
         qkv_bias: bias of the input projections.
         proj_drop: dropout on the output.
-        **matrix_kwargs: passed to the matrix class (``chunk_size``, ``c_min``, ``freq_scale``, ``sdpa``, and
-            ``backend`` of cauchy / vandermonde).
+        **matrix_kwargs: passed to the matrix class (``chunk_size``, ``c_min``, ``freq_scale`` / ``freq``, ``sdpa``,
+            ``backend`` of cauchy / vandermonde, ``state_dim`` / ``dt_min`` / ``dt_max`` of hydra).
 
     Shapes:
         x: ``(B, L, C)``; attn_mask (softmax only): broadcastable to ``(B, H, L, L)``; output: ``(B, L, C)``.
@@ -287,21 +420,22 @@ class MatrixMixer(nn.Module):
         H, D = num_heads, dim // num_heads
         self.dim, self.num_heads, self.head_dim = dim, H, D
         self.matrix_name, self.data_dependent, self.max_len = matrix, data_dependent, max_len
-        if matrix == "cauchy":
+        if matrix in _PER_HEAD_PARAMS:
             matrix_kwargs.setdefault("num_heads", H)
         self.matrix = MATRIX_MIXERS[matrix](D, **matrix_kwargs)
         G = self.matrix.num_gates
+        self.qk_dim = getattr(self.matrix, "qk_dim", D)  # width of q and k per head (Hydra: both SSMs' C, B)
+        gate_init = self.matrix.gate_init() if G else None  # (H, G)
         if data_dependent:
-            self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-            # gates start near sigmoid(3) = 0.95 (a decay that reaches a few dozen tokens); the bias is a parameter
-            # of its own so that model-wide Linear inits (timm's zero biases) keep it
+            self.qkv = nn.Linear(dim, 2 * H * self.qk_dim + dim, bias=qkv_bias)  # [q | k | v]
+            # the gates' bias is a parameter of its own so that model-wide Linear inits (timm's zero biases) keep it
             self.gate = nn.Linear(dim, H * G, bias=False) if G else None
-            self.gate_bias = nn.Parameter(torch.full((H * G,), 3.0)) if G else None
+            self.gate_bias = nn.Parameter(gate_init.flatten()) if G else None
         else:
             self.v = nn.Linear(dim, dim, bias=qkv_bias)
-            self.q_param = nn.Parameter(torch.randn(1, H, max_len, D))  # (1, H, L_max, D)
-            self.k_param = nn.Parameter(torch.randn(1, H, max_len, D))
-            self.gate_param = nn.Parameter(torch.full((1, H, max_len, G), 3.0)) if G else None
+            self.q_param = nn.Parameter(torch.randn(1, H, max_len, self.qk_dim))  # (1, H, L_max, D)
+            self.k_param = nn.Parameter(torch.randn(1, H, max_len, self.qk_dim))
+            self.gate_param = nn.Parameter(gate_init[None, :, None].repeat(1, 1, max_len, 1)) if G else None
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
@@ -309,11 +443,13 @@ class MatrixMixer(nn.Module):
         return f"matrix={self.matrix_name!r}, data_dependent={self.data_dependent}, max_len={self.max_len}"
 
     def inputs(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        """``q, k, v`` ``(B, H, L, D)`` and the gates ``(B, H, L, G)`` (or None) of ``x`` ``(B, L, C)``."""
+        """``q, k`` ``(B, H, L, qk_dim)``, ``v`` ``(B, H, L, D)`` and the gates ``(B, H, L, G)`` (or None) of ``x``."""
         B, L, C = x.shape
         H, D = self.num_heads, self.head_dim
         if self.data_dependent:
-            q, k, v = self.qkv(x).view(B, L, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, L, D) each
+            qk, v = self.qkv(x).split([2 * H * self.qk_dim, C], dim=-1)
+            q, k = qk.view(B, L, 2, H, self.qk_dim).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, L, qk_dim) each
+            v = v.view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
             g = None
             if self.gate is not None:
                 g = (self.gate(x) + self.gate_bias).view(B, L, H, -1).transpose(1, 2)  # (B, H, L, G)

@@ -9,7 +9,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attention.mixers import MATRIX_MIXERS, MIXERS, MatrixMixer, build_mixer, cauchy_mix, vandermonde_mix
 
-SMALL_CHUNKS = {"cauchy": {"chunk_size": 4}, "vandermonde": {"chunk_size": 4}, "quasiseparable": {"chunk_size": 4}}
+SMALL_CHUNKS = {
+    "cauchy": {"chunk_size": 4},
+    "vandermonde": {"chunk_size": 4},
+    "hydra": {"chunk_size": 4},
+    "quasiseparable": {"chunk_size": 4},
+}
 
 
 def _mixer(name: str, data_dependent: bool, dim: int = 20, heads: int = 2, max_len: int = 16) -> MatrixMixer:
@@ -54,12 +59,35 @@ def test_matrices_have_their_structure() -> None:
     x = torch.randn(1, 7, 20, dtype=torch.float64)
     t = _mixer("toeplitz", True).materialize(x)  # (B, H, D, L, L)
     torch.testing.assert_close(t[..., 1:, 1:], t[..., :-1, :-1])  # constant along diagonals
-    q = _mixer("quasiseparable", True)
-    m = q.materialize(x)[0, 0]
-    # off-diagonal blocks of a (semi)separable matrix built from rank-D factors have rank <= D
-    assert torch.linalg.matrix_rank(m[4:, :3]) <= q.head_dim
+    lin = _mixer("linear", True).materialize(x)
+    torch.testing.assert_close(lin.sum(-1), torch.ones_like(lin.sum(-1)))  # linear attention: rows sum to 1
     c = _mixer("cauchy", True).materialize(x)
     assert (c > 0).all()  # positive denominators by construction
+
+
+def test_lowrank_is_the_unnormalized_scaled_product() -> None:
+    m = _mixer("lowrank", True)  # D = 10
+    x = torch.randn(2, 15, 20, dtype=torch.float64)
+    q, k, _, _ = m.inputs(x)
+    dense = m.materialize(x)
+    torch.testing.assert_close(dense, q @ k.transpose(-1, -2) / (15 * 10) ** 0.5)
+    assert torch.linalg.matrix_rank(dense[0, 0]) <= m.head_dim < 15  # rank <= D
+    assert not torch.allclose(dense.sum(-1), torch.ones_like(dense.sum(-1)))  # not normalized, unlike "linear"
+
+
+def test_vandermonde_fixed_frequency_is_the_reference_matrix() -> None:
+    torch.manual_seed(3)
+    m = MatrixMixer(8, 2, matrix="vandermonde", freq=1e-3, chunk_size=3).double()
+    x = torch.randn(1, 11, 8, dtype=torch.float64)
+    q, k, _, _ = m.inputs(x)
+    pos = torch.arange(11, dtype=torch.float64)
+    # the reference: cos(2 pi eps q_td l) - cos(2 pi eps k_ld t), summed over d (ours keeps the 1/L factor)
+    ref = (
+        torch.cos(2 * torch.pi * 1e-3 * q[:, :, :, None, :] * pos[None, :, None])
+        - torch.cos(2 * torch.pi * 1e-3 * k[:, :, None, :, :] * pos[:, None, None])
+    ).sum(-1) / 11
+    torch.testing.assert_close(m.materialize(x), ref)
+    torch.testing.assert_close(m(x), m.forward_reference(x))
 
 
 @pytest.mark.parametrize("name", sorted(MATRIX_MIXERS))
