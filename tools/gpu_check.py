@@ -636,27 +636,26 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    paths = [str(REPO)]
     wheels = args.wheels or (REPO / ".whl")
-    if wheels.is_dir():
-        installed = install_wheels(wheels, out / "site")
-        if installed:
-            log.info("installed carried wheels from %s: %s", wheels, ", ".join(installed))
-            paths.insert(0, str(out / "site"))
-    elif args.wheels:
+    if args.wheels and not wheels.is_dir():
         parser.error(f"--wheels {args.wheels} is not a folder")
-    env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])])
-    if args.device == "cpu":
-        env.setdefault("OMP_NUM_THREADS", "2")
-
     names = [n for n in (args.only or SECTIONS) if n not in args.skip]
     if "env" not in names:
         names.insert(0, "env")  # the GPU's memory sizes bench_capsules' budget; the summary names the machine
     results: dict[str, Result] = {}
     t_start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="gpu_check_runs_") as scratch:
-        ctx = Ctx(args.device, args.quick, out, env, Path(scratch))
+    # the scratch folder holds the carried wheels' site-packages and the training runs (checkpoints stay out of --out)
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as scratch:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        paths = [str(REPO)]
+        installed = install_wheels(wheels, Path(scratch) / "site") if wheels.is_dir() else []
+        if installed:
+            log.info("installed carried wheels from %s: %s", wheels, ", ".join(installed))
+            paths.insert(0, str(Path(scratch) / "site"))
+        env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])])
+        if args.device == "cpu":
+            env.setdefault("OMP_NUM_THREADS", "2")
+        ctx = Ctx(args.device, args.quick, out, env, Path(scratch) / "runs")
         for name in names:
             log.info("%s ...", name)
             res = Result(name)
