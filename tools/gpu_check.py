@@ -46,6 +46,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -161,11 +162,15 @@ def run_command(
     """Runs ``argv``, logs its output to ``log_file``, keeps its stdout in ``res.stdout``; sets the status."""
     res.commands.append(" ".join(argv).replace(sys.executable, "python").replace(f"{REPO}{os.sep}", ""))
     t0 = time.perf_counter()
+    # its own process group, so that a timeout also ends the processes it started (the benches' isolated children)
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=os.setpgrp
+    )
     try:
-        out = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as e:
-        text = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        text, err = proc.communicate()
         with log_file.open("a") as f:
             f.write(f"$ {res.commands[-1]}\n{text}\n{err}\n[timed out after {timeout:.0f} s]\n")
         res.stdout += text
@@ -173,6 +178,7 @@ def run_command(
         return None
     finally:
         res.seconds += time.perf_counter() - t0
+    out = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
     with log_file.open("a") as f:
         f.write(f"$ {res.commands[-1]}\n{out.stdout}\n{out.stderr}\n[exit {out.returncode}]\n")
     res.stdout += out.stdout
