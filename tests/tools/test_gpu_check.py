@@ -82,6 +82,8 @@ def test_targets_are_ratios_of_the_same_run_with_verdicts() -> None:
     assert got["centroid T=1 train samples/s vs PointNet++"]["measured"] == pytest.approx(1.5)
     assert got["Ours-1 inference images/s vs DeiT-tiny"]["met"] is False
     assert got["FSAT time vs SDPA at L >= 16K"]["measured"] == 0.8 and got["FSAT time vs SDPA at L >= 16K"]["met"]
+    on_cpu = gpu_check.targets(results, "cpu")
+    assert all(t["met"] is None for t in on_cpu) and on_cpu[0]["measured"] == 2.5  # CUDA targets: no CPU verdicts
 
 
 def test_bench_arguments_name_real_options() -> None:
