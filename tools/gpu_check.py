@@ -630,9 +630,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--device cuda but torch sees no CUDA device (use --device cpu to check the harness)")
 
     out = args.out or REPO / "runs" / "gpu_check" / f"{args.device}-{'quick' if args.quick else 'full'}"
-    if out.exists():
+    if out.exists() and any(out.iterdir()):
+        if not (out / "summary.json").is_file():  # never clear a folder that gpu_check did not write
+            parser.error(f"--out {out} exists and holds no earlier gpu_check output (summary.json): choose another")
         shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     wheels = args.wheels or (REPO / ".whl")
     if args.wheels and not wheels.is_dir():
         parser.error(f"--wheels {args.wheels} is not a folder")
