@@ -89,6 +89,7 @@ SECTIONS = (
     "train_capsules",
     "train_deit",
 )
+MARKER = ".gpu_check"  # the output folder's mark: a later run may clear only a folder that has it
 CENTROID_T1 = "centroid_transformer_modelnet40 T=1"
 POINTNET2 = "pointnet2_ssg_modelnet40"
 OURS_1, DEIT_TINY = "centroid_deit_tiny_c6_patch16_224", "deit_tiny_patch16_224"
@@ -631,10 +632,11 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.out or REPO / "runs" / "gpu_check" / f"{args.device}-{'quick' if args.quick else 'full'}"
     if out.exists() and any(out.iterdir()):
-        if not (out / "summary.json").is_file():  # never clear a folder that gpu_check did not write
-            parser.error(f"--out {out} exists and holds no earlier gpu_check output (summary.json): choose another")
+        if not (out / MARKER).is_file():  # never clear a folder that gpu_check did not write
+            parser.error(f"--out {out} exists and holds no earlier gpu_check output ({MARKER}): choose another")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("written by tools/gpu_check.py; the next run clears this folder\n")
     wheels = args.wheels or (REPO / ".whl")
     if args.wheels and not wheels.is_dir():
         parser.error(f"--wheels {args.wheels} is not a folder")
