@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import logging
 import math
@@ -250,10 +251,10 @@ def child_kernels(device: str, quick: bool) -> dict:
 
     sys.path.insert(0, str(REPO))
     from attention.mixers import functional
-    from attention.points import HAS_TRITON, farthest_point_sample
+    from attention.points import farthest_point_sample
 
     cuda = device == "cuda"
-    triton_ok = cuda and HAS_TRITON
+    triton_ok = cuda and importlib.util.find_spec("triton") is not None
     why = "" if triton_ok else ("needs CUDA" if not cuda else "triton missing")
     repeats = 5 if quick else 10
     rows = []
