@@ -3,11 +3,21 @@
 # in .venv (override with CENTROID_VENV), the package with its extras at the exact versions of constraints.txt, and
 # torch-cluster compiled against that torch (about 10 minutes on 2 cores the first time; pip caches the wheel).
 # A second run with nothing changed returns in about a second.
+#
+# Switches (environment variables; the defaults give the README's environment):
+#   CENTROID_VENV         the virtualenv (default .venv)
+#   CENTROID_CONSTRAINTS  the exact versions (default constraints.txt); torch-cluster is built only when this file
+#                         pins it, e.g. constraints-torch211.txt (torch 2.11, like the GPU machines) leaves it out
+#   CENTROID_EXTRAS       the package's extras (default dev,viz; `dev` leaves out open3d)
+#   CENTROID_PYTHON       the interpreter that creates the virtualenv (default python3)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${CENTROID_VENV:-$ROOT/.venv}"
 PY="${CENTROID_PYTHON:-python3}"
+CONSTRAINTS="${CENTROID_CONSTRAINTS:-$ROOT/constraints.txt}"
+case "$CONSTRAINTS" in /*) ;; *) CONSTRAINTS="$ROOT/$CONSTRAINTS" ;; esac
+EXTRAS="${CENTROID_EXTRAS:-dev,viz}"
 STAMP="$VENV/.centroid-bootstrap"
 APT_PACKAGES=(libusb-1.0-0 libgl1 libegl1 libgomp1 libvulkan1 mesa-vulkan-drivers xvfb xauth)
 
@@ -32,10 +42,11 @@ install_debian_libs() {
 # What the install depends on: the packaging files and the set of top-level packages (the editable install maps
 # each package by name, so a new package needs a reinstall). Computed before installing, stored after success.
 fingerprint() {
-    { cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/tools/bootstrap.sh"; ls -d "$ROOT"/*/__init__.py; } |
+    { cat "$ROOT/pyproject.toml" "$CONSTRAINTS" "$ROOT/tools/bootstrap.sh"; echo "extras=$EXTRAS"; ls -d "$ROOT"/*/__init__.py; } |
         sha256sum | cut -d' ' -f1
 }
 
+[ -f "$CONSTRAINTS" ] || { say "constraints file $CONSTRAINTS not found (CENTROID_CONSTRAINTS)"; exit 1; }
 install_debian_libs
 
 WANT="$(fingerprint)"
@@ -59,13 +70,18 @@ fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade pip setuptools wheel
 
-say "installing centroid-toolkit[dev,viz] with constraints.txt (torch is ~5.6 GB the first time)"
-"${PIP[@]}" install -q -c "$ROOT/constraints.txt" -e "$ROOT[dev,viz]"
+say "installing centroid-toolkit[$EXTRAS] with $(basename "$CONSTRAINTS") (torch is ~5.6 GB the first time)"
+"${PIP[@]}" install -q -c "$CONSTRAINTS" -e "$ROOT[$EXTRAS]"
 
-if ! "$VENV/bin/python" -c "import torch_cluster" >/dev/null 2>&1; then
-    say "building torch-cluster against the installed torch (about 10 minutes the first time; cached after)"
-    MAX_JOBS="${MAX_JOBS:-$(nproc)}" "${PIP[@]}" install -q --no-build-isolation -c "$ROOT/constraints.txt" torch-cluster
+if grep -qiE '^torch[-_]cluster==' "$CONSTRAINTS"; then
+    if ! "$VENV/bin/python" -c "import torch_cluster" >/dev/null 2>&1; then
+        say "building torch-cluster against the installed torch (about 10 minutes the first time; cached after)"
+        MAX_JOBS="${MAX_JOBS:-$(nproc)}" "${PIP[@]}" install -q --no-build-isolation -c "$CONSTRAINTS" torch-cluster
+    fi
+    "$VENV/bin/python" -c "import torch_cluster" >&2
+else
+    say "$(basename "$CONSTRAINTS") pins no torch-cluster: not building it (the torch fast paths are used)"
 fi
-"$VENV/bin/python" -c "import torch, torch_cluster, timm, torchvision; print('[bootstrap] torch', torch.__version__, 'torch_cluster', torch_cluster.__version__, 'timm', timm.__version__)" >&2
+"$VENV/bin/python" -c "import torch, timm, torchvision; print('[bootstrap] torch', torch.__version__, 'torchvision', torchvision.__version__, 'timm', timm.__version__)" >&2
 
 echo "$WANT" >"$STAMP"

@@ -17,6 +17,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._triton_compat import loop_bound
+
 __all__ = ["fps_triton"]
 
 # One program holds next_pow2(N) distances; beyond this the registers spill and the torch loop is the better choice.
@@ -48,7 +50,7 @@ def _fps_kernel(
     # Padded points and the power-of-two tail carry -1 and can never be the farthest.
     dist = tl.where(real, float("inf"), -1.0)
     far = tl.load(start_ptr + b)
-    for i in range(M):
+    for i in range(loop_bound(M)):
         tl.store(out_ptr + b * M + i, far)
         d = tl.zeros([BLOCK_N], dtype=tl.float32)
         for c in tl.static_range(C):

@@ -41,6 +41,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ._triton_compat import loop_bound
+
 __all__ = ["MAX_HEAD_DIM", "CauchyMixTriton", "VandermondeMixTriton", "cauchy_mix_triton", "vandermonde_mix_triton"]
 
 # The backward tiles hold BLOCK_M * BLOCK_N * next_pow2(D) values (BLOCK_M, BLOCK_N >= 16 for tl.dot): beyond
@@ -74,13 +76,13 @@ def _mix_fwd_kernel(
     x_base, y_base, v_base = x_ptr + bh * L * D, y_ptr + bh * L * D, v_ptr + bh * L * DV
     i = offs_m.to(tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    for n0 in range(0, L, BLOCK_N):
+    for n0 in range(0, loop_bound(L), BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < L
         valid = mask_m[:, None] & mask_n[None, :]  # padded rows / columns (loaded as 1.0) contribute exact zeros
         j = offs_n.to(tl.float32)
         m = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # the tile of M, summed over d
-        for d in range(D):
+        for d in range(loop_bound(D)):
             xd = tl.load(x_base + offs_m * D + d, mask=mask_m, other=1.0)  # (BLOCK_M,)
             yd = tl.load(y_base + offs_n * D + d, mask=mask_n, other=1.0)  # (BLOCK_N,)
             if KIND == _CAUCHY:
@@ -123,7 +125,7 @@ def _mix_bwd_rows_kernel(
     x = tl.load(x_base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=1.0)  # (BLOCK_M, BLOCK_D)
     g = tl.load(g_base + offs_m[:, None] * DV + offs_dv[None, :], mask=mask_m[:, None] & mask_dv[None, :], other=0.0)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for n0 in range(0, L, BLOCK_N):
+    for n0 in range(0, loop_bound(L), BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < L
         y = tl.load(y_base + offs_n[:, None] * D + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=1.0)
@@ -172,7 +174,7 @@ def _mix_bwd_cols_kernel(
     j = offs_n.to(tl.float32)
     acc_y = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     acc_v = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    for m0 in range(0, L, BLOCK_M):
+    for m0 in range(0, loop_bound(L), BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
         mask_m = offs_m < L
         x = tl.load(x_base + offs_m[:, None] * D + offs_d[None, :], mask=mask_m[:, None] & mask_d[None, :], other=1.0)
@@ -190,7 +192,7 @@ def _mix_bwd_cols_kernel(
             # next to the sines spilled registers (ptxas, sm_90, D = 64)
             i = offs_m.to(tl.float32)
             m = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for d in range(D):
+            for d in range(loop_bound(D)):
                 xd = tl.load(x_base + offs_m * D + d, mask=mask_m, other=1.0)  # (BLOCK_M,)
                 yd = tl.load(y_base + offs_n * D + d, mask=mask_n, other=1.0)  # (BLOCK_N,)
                 m += tl.cos(w * xd[:, None] * j[None, :]) - tl.cos(w * yd[None, :] * i[:, None])

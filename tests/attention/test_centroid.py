@@ -423,3 +423,59 @@ def test_edge_projection_is_the_same_function_with_k_times_the_projection_macs(n
     from attention import centroid as centroid_module
 
     assert centroid_module._EDGE_PROJECTION is False
+
+
+# CUDA cases of the equivalence tests (run by tools/gpu_check.py; skipped without a GPU).
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("normalize", ["inputs", "centroids"])
+def test_knn_path_on_cuda_equals_cpu_and_k_equal_n_equals_dense(normalize: str) -> None:
+    torch.manual_seed(1)
+    knn_layer = CentroidAttention(60, num_heads=4, num_neighbors=9, num_steps=2, normalize=normalize).double()
+    x = torch.randn(3, 63, 60, dtype=torch.float64, requires_grad=True)
+    u = torch.randn(3, 13, 60, dtype=torch.float64, requires_grad=True)
+    out = knn_layer(x, u)
+    g = torch.randn_like(out)
+    grads = torch.autograd.grad(out, [x, u, *knn_layer.parameters()], g)
+    xc, uc = (t.detach().cuda().requires_grad_(True) for t in (x, u))
+    knn_layer.cuda()
+    out_c = knn_layer(xc, uc)
+    assert_close(out_c.cpu(), out)
+    for a, b in zip(torch.autograd.grad(out_c, [xc, uc, *knn_layer.parameters()], g.cuda()), grads):
+        assert_close(a.cpu(), b)
+    dense = CentroidAttention(60, num_heads=4, num_steps=2, normalize=normalize).double().cuda()
+    full = CentroidAttention(60, num_heads=4, num_neighbors=63, num_steps=2, normalize=normalize).double().cuda()
+    full.load_state_dict(dense.state_dict())
+    assert_close(full(xc, uc), dense(xc, uc))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_knn_path_on_cuda_equals_reference(dtype: torch.dtype) -> None:
+    B, H, M, N, D, K = 2, 3, 13, 63, 60, 7
+    q, k, v = (torch.randn(B, H, n, D, device="cuda", dtype=dtype, requires_grad=True) for n in (M, N, N))
+    idx = torch.randint(0, N, (B, M, K), device="cuda")
+    mask = torch.rand(B, N, device="cuda") > 0.2
+    mask[:, idx[:, :, 0]] = True
+    tol = {} if dtype == torch.float32 else {"atol": 5e-2, "rtol": 5e-2}
+    ref = centroid_attention(q, k, v, idx, mask=mask, reference=True)
+    out = centroid_attention(q, k, v, idx, mask=mask, chunk_bytes=4 * B * K * H * D * 4)
+    assert out.dtype == dtype
+    assert_close(out, ref, **tol)
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        assert_close(a, b, **tol)
+
+
+@pytest.mark.gpu
+def test_centroid_block_bf16_autocast_on_cuda_is_finite() -> None:
+    torch.manual_seed(0)
+    block = CentroidBlock(64, "fps", {"num_centroids": 25}, num_heads=4, num_neighbors=8).cuda()
+    x, pos = torch.randn(4, 100, 64, device="cuda"), torch.rand(4, 100, 3, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = block(x, pos=pos).x
+    assert out.shape == (4, 25, 64)
+    out.float().sum().backward()
+    assert bool(torch.isfinite(out.float()).all())
+    assert all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in block.parameters())

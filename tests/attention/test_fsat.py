@@ -242,3 +242,38 @@ def test_bad_inputs_raise_clear_errors() -> None:
         sparse_edge_attention(
             *(torch.randn(1, 1, 3, 2) for _ in range(3)), torch.full((1, 1, 3, 1), 3), torch.ones(1, 1, 3, 1)
         )
+
+
+# CUDA cases of the equivalence tests (run by tools/gpu_check.py; skipped without a GPU).
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["gather", "csr", "auto"])
+def test_sparse_attention_on_cuda_equals_dense_reference(backend: str) -> None:
+    """FSAT's edge paths on CUDA (float64, odd L, absent and duplicate edges) against the reference, all gradients."""
+    B, H, L, D, E = 2, 3, 63, 5, 6
+    idx, conf = _edges(B, H, L, E, seed=1)
+    q, k, v = (torch.randn(B, H, L, D, dtype=torch.float64) for _ in range(3))
+    w = torch.randn(B, H, L, D, dtype=torch.float64)
+    ins = [t.cuda().requires_grad_(True) for t in (q, k, v, conf)]
+    out = sparse_edge_attention(*ins[:3], idx.cuda(), ins[3], backend=backend)
+    ref = sparse_edge_attention_reference(*ins[:3], idx.cuda(), ins[3])
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(torch.autograd.grad((out * w.cuda()).sum(), ins), torch.autograd.grad((ref * w.cuda()).sum(), ins)):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("edge_backend", ["csr", "gather"])
+def test_fsat_on_cuda_equals_cpu_and_bf16_autocast_is_finite(edge_backend: str) -> None:
+    torch.manual_seed(0)
+    m = FourierSparseAttention(24, num_heads=3, max_len=37, num_edges=2, edge_backend=edge_backend).double().eval()
+    x = torch.randn(2, 37, 24, dtype=torch.float64)
+    out = m(x)  # eval: the predicted edges only, deterministic
+    torch.testing.assert_close(m.cuda()(x.cuda()).cpu(), out)
+    m.float().train()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = m(x.float().cuda().requires_grad_(True))
+    y.float().sum().backward()
+    assert bool(torch.isfinite(y.float()).all())
+    assert all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in m.parameters())

@@ -343,3 +343,57 @@ def test_fps_triton_kernel_under_interpreter_equals_reference() -> None:
     out = subprocess.run([sys.executable, "-c", _INTERPRETED_FPS], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+# CUDA cases of the equivalence tests (run by tools/gpu_check.py; skipped without a GPU).
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not points.HAS_TRITON, reason="triton missing")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,m", [((3, 63, 5), 20), ((32, 1024, 3), 512), ((2, 4097, 3), 700)])
+def test_fps_triton_on_cuda_equals_reference(dtype: torch.dtype, shape: tuple[int, int, int], m: int) -> None:
+    """Both paths measure distances in float32, so bf16 clouds give the same indices too; padded clouds as well."""
+    x = torch.rand(*shape, device="cuda").to(dtype)
+    start = torch.randint(0, shape[1], (shape[0],), device="cuda")
+    ref = farthest_point_sample(x, m, start=start, backend="torch")
+    assert torch.equal(farthest_point_sample(x, m, start=start, backend="triton"), ref)
+    mask = torch.rand(shape[:2], device="cuda") > 0.3
+    mask[torch.arange(shape[0], device="cuda"), start] = True
+    k = min(m, int(mask.sum(1).min()))
+    ref = farthest_point_sample(x, k, start=start, mask=mask, backend="torch")
+    assert torch.equal(farthest_point_sample(x, k, start=start, mask=mask, backend="triton"), ref)
+
+
+@pytest.mark.gpu
+def test_knn_chunking_on_cuda_equals_one_chunk_and_cpu() -> None:
+    q, r = torch.rand(2, 300, 3), torch.rand(2, 500, 3)
+    mask = torch.rand(2, 500) > 0.2
+    cpu_d, cpu_i = knn(q, r, 8, mask=mask, backend="torch")
+    full_d, full_i = knn(q.cuda(), r.cuda(), 8, mask=mask.cuda(), backend="torch")
+    tiny_d, tiny_i = knn(q.cuda(), r.cuda(), 8, mask=mask.cuda(), backend="torch", chunk_bytes=4 * 2 * 500)
+    assert torch.equal(full_i, tiny_i)
+    assert_close(full_d, tiny_d)
+    assert torch.equal(full_i.sort(-1).values.cpu(), cpu_i.sort(-1).values)  # same neighbour sets as on CPU
+    assert_close(full_d.cpu(), cpu_d)
+    feats = torch.randn(2, 500, 64, device="cuda")
+    auto = knn(feats[:, :100], feats, 16)  # auto on CUDA, feature space
+    ref = knn(feats[:, :100].cpu(), feats.cpu(), 16, backend="torch")
+    assert torch.equal(auto[1].sort(-1).values.cpu(), ref[1].sort(-1).values)
+
+
+@pytest.mark.gpu
+def test_gather_and_upsample_on_cuda_equal_cpu() -> None:
+    x = torch.randn(2, 63, 60, dtype=torch.float64, requires_grad=True)
+    idx = torch.randint(0, 63, (2, 17, 5))
+    xc = x.detach().cuda().requires_grad_(True)
+    out, out_c = gather(x, idx), gather(xc, idx.cuda())
+    assert_close(out_c.cpu(), out)
+    w = torch.randn_like(out)
+    (gx,) = torch.autograd.grad((out * w).sum(), x)
+    (gxc,) = torch.autograd.grad((out_c * w.cuda()).sum(), xc)
+    assert_close(gxc.cpu(), gx)
+    pos, ref_pos = torch.rand(2, 40, 3), torch.rand(2, 11, 3)
+    feats = torch.randn(2, 11, 7)
+    up = nearest_upsample(pos, ref_pos, feats)
+    assert_close(nearest_upsample(pos.cuda(), ref_pos.cuda(), feats.cuda()).cpu(), up)

@@ -63,7 +63,8 @@ def test_pointcloud_table_with_paper_columns(capsys: pytest.CaptureFixture[str],
         "model", "params (M)", "paper params (M)", "ratio", "GMACs", "GMACs per-edge k/v", "paper GMACs", "ratio"
     ]  # fmt: skip
     assert rows[CT][2] == "4.1" and rows[CT][6] == "5.4" and float(rows[CT][3]) > 0
-    assert float(rows[CT][4]) == pytest.approx(ct["gmacs"], rel=1e-3)
+    # printed to 3 significant figures (benchutil.print_table): torch 2.11 counts 1.4967 GMACs, printed "1.5"
+    assert rows[CT][4] == f"{ct['gmacs']:.3g}"
     assert rows[f"{CT}_random"][2:4] == ["-", "-"]
     assert json.loads(path.read_text())["results"] == json.loads(json.dumps(results))
 
