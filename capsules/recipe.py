@@ -56,6 +56,9 @@ class CapsulesConfig:
     num_heads: int | None = None
     mlp_ratio: float | None = None
     lift_rank: int | None = None
+    decoder: str | None = None
+    decoder_width: int | None = None
+    decoder_grid: str | None = None
     # data: num_points is both the input cloud and the reconstruction size
     dataset: str = "synthetic_parts"
     data_root: str | None = None
@@ -81,7 +84,7 @@ class CapsulesConfig:
     chamfer_backend: str = "auto"
 
 
-MODEL_KNOBS = ("num_iterations", "num_heads", "mlp_ratio", "lift_rank")
+MODEL_KNOBS = ("num_iterations", "num_heads", "mlp_ratio", "lift_rank", "decoder", "decoder_width", "decoder_grid")
 
 
 def build_model(cfg: CapsulesConfig) -> nn.Module:
