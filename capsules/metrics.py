@@ -22,7 +22,30 @@ from torch import Tensor
 from attention import knn
 from attention._checks import check_points
 
-__all__ = ["capsule_purity", "part_purity", "random_patches"]
+__all__ = ["capsule_parts", "capsule_purity", "part_purity", "random_patches"]
+
+
+def _label_counts(
+    recon: Tensor, point_capsule: Tensor, points: Tensor, parts: Tensor, num_capsules: int | None
+) -> Tensor:
+    """``(B, M, L)``: how many of capsule m's decoded points have a nearest input point of part label l."""
+    check_points(recon, "recon", channels=3)
+    check_points(points, "points", channels=3, like=recon, like_name="recon")
+    B, R, _ = recon.shape
+    if point_capsule.shape != (R,):
+        raise ValueError(
+            f"point_capsule must be ({R},), one capsule per decoded point, got {tuple(point_capsule.shape)}"
+        )
+    if parts.shape != points.shape[:2]:
+        raise ValueError(f"parts must be (B, N) = {tuple(points.shape[:2])}, got {tuple(parts.shape)}")
+    M = int(point_capsule.max()) + 1 if num_capsules is None else num_capsules
+    _, idx = knn(recon.float(), points.float(), 1)  # (B, R, 1): nearest input point of each decoded point
+    labels = torch.gather(parts.long(), 1, idx[..., 0])  # (B, R)
+    valid = labels >= 0
+    L = max(int(labels.max()) + 1, 1)
+    cap = point_capsule.to(labels.device).long()[None].expand(B, R)
+    flat = cap * L + labels.clamp_min(0)  # (B, R): (capsule, label) bin
+    return torch.zeros(B, M * L, device=labels.device).scatter_add_(1, flat, valid.float()).view(B, M, L)
 
 
 @torch.no_grad()
@@ -41,25 +64,22 @@ def capsule_purity(
     Shapes:
         recon: ``(B, R, 3)``; point_capsule: ``(R,)``; points: ``(B, N, 3)``; parts: ``(B, N)``; output: ``(B, M)``.
     """
-    check_points(recon, "recon", channels=3)
-    check_points(points, "points", channels=3, like=recon, like_name="recon")
-    B, R, _ = recon.shape
-    if point_capsule.shape != (R,):
-        raise ValueError(
-            f"point_capsule must be ({R},), one capsule per decoded point, got {tuple(point_capsule.shape)}"
-        )
-    if parts.shape != points.shape[:2]:
-        raise ValueError(f"parts must be (B, N) = {tuple(points.shape[:2])}, got {tuple(parts.shape)}")
-    M = int(point_capsule.max()) + 1 if num_capsules is None else num_capsules
-    _, idx = knn(recon.float(), points.float(), 1)  # (B, R, 1): nearest input point of each decoded point
-    labels = torch.gather(parts.long(), 1, idx[..., 0])  # (B, R)
-    valid = labels >= 0
-    L = max(int(labels.max()) + 1, 1)
-    cap = point_capsule.to(labels.device).long()[None].expand(B, R)
-    flat = cap * L + labels.clamp_min(0)  # (B, R): (capsule, label) bin
-    counts = torch.zeros(B, M * L, device=labels.device).scatter_add_(1, flat, valid.float()).view(B, M, L)
+    return capsule_parts(recon, point_capsule, points, parts, num_capsules)[1]
+
+
+@torch.no_grad()
+def capsule_parts(
+    recon: Tensor, point_capsule: Tensor, points: Tensor, parts: Tensor, num_capsules: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """Each capsule's majority part label (``-1`` where it has no labelled point) and its purity (NaN there).
+
+    Arguments as :func:`capsule_purity`. Shapes: both outputs ``(B, M)``.
+    """
+    counts = _label_counts(recon, point_capsule, points, parts, num_capsules)  # (B, M, L)
     total = counts.sum(-1)
-    return torch.where(total > 0, counts.amax(-1) / total.clamp_min(1), torch.full_like(total, float("nan")))
+    top, label = counts.max(-1)
+    purity = torch.where(total > 0, top / total.clamp_min(1), torch.full_like(total, float("nan")))
+    return torch.where(total > 0, label, torch.full_like(label, -1)), purity
 
 
 def random_patches(point_capsule: Tensor, seed: int = 0) -> Tensor:

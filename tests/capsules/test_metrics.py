@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from capsules.metrics import capsule_purity, part_purity
+from capsules.metrics import capsule_parts, capsule_purity, part_purity
 
 
 def _two_part_shape() -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,6 +46,15 @@ def test_nearest_input_decides_the_label() -> None:
     cap = torch.tensor([0, 0, 0])
     torch.testing.assert_close(capsule_purity(recon, cap, points, parts, num_capsules=2)[0, 0], torch.tensor(2 / 3))
     assert math.isnan(float(capsule_purity(recon, cap, points, parts, num_capsules=2)[0, 1]))  # no points: NaN
+
+
+def test_capsule_parts_names_each_capsules_majority_part() -> None:
+    points, parts = _two_part_shape()
+    recon = points + 0.01
+    cap = torch.tensor([0, 0, 0, 2, 2, 2, 2, 0])  # capsule 0: 3 x part 0 + 1 x part 1; capsule 1: nothing; 2: 1 + 3
+    label, purity = capsule_parts(recon, cap, points, parts, num_capsules=3)
+    torch.testing.assert_close(label, torch.tensor([[0, -1, 1]]))
+    torch.testing.assert_close(purity, torch.tensor([[0.75, float("nan"), 0.75]]), equal_nan=True)
 
 
 def test_unlabelled_points_are_left_out() -> None:
