@@ -13,20 +13,31 @@ centroid variant. The network, with N input points, P primary capsules of K = 16
                      u_hat is detached in every iteration but the last (as in the reference code)
            centroid: primary capsules -> Linear(K -> D) = the inputs; centroids from a learned linear map over
                      the P capsules (attention's ``"linear"`` init); T = 3 dense centroid-attention steps + MLP
-      -> AtlasNet decoder: H = ceil(N_out / M) heads; head h maps [grid point g[h, m] (2-D); capsule m (D)] with
-         Conv1d (D+2) -> (D+2) -> (D+2)/2 -> (D+2)/4 -> 3 (BN, ReLU, tanh at the end), one point per capsule.
-         Output point i = h * M + m comes from head h and capsule m: capsule m's patch is the m-th point of every
-         head, and :attr:`PointCapsNet.point_capsule` holds m for every output point.
+      -> decoder, H = ceil(N_out / M) grid points per capsule; output point i = h * M + m is grid point h of capsule
+         m, and :attr:`PointCapsNet.point_capsule` holds m for every output point:
+           heads (the reference, ``decoder="heads"``): H separate heads; head h maps [grid point g[h, m] (2-D);
+                     capsule m (D)] with Conv1d (D+2) -> (D+2) -> (D+2)/2 -> (D+2)/4 -> 3 (BN, ReLU, tanh at the
+                     end): capsule m's patch is the m-th point of every head
+           patch (default, ``decoder="patch"``): one MLP of the same form, shared by all points, maps [g; v_m] to a
+                     point: capsule m's patch is the image of the unit square under g -> f([g; v_m]), one continuous
+                     surface patch (AtlasNet's patches, with the capsule vector choosing the patch)
 
 Where we deviate from the reference code, and why:
 
+* **The default decoder makes each capsule one patch.** With the reference's heads, nothing ties capsule m's H points
+  together in space: each head is its own function, and training makes each *head* cover a region of the shape
+  while the capsules' points spread over all of it (measured on the synthetic parts: a capsule's points spread as
+  widely as the whole shape's, part purity at its chance level for every knob tried; docs/benchmarks.md, "Capsule
+  part decomposition"). The patch decoder shares one MLP over all points, so a capsule's points are one continuous
+  image of the grid, and the capsules decompose the shape into parts. ``decoder="heads"`` keeps the reference.
 * **2048 points from 12 capsules.** 2048 is not a multiple of 12 (the reference builds ``int(2048 / 12) = 170``
   heads and emits 2040 points). We build ``H = ceil(N_out / M)`` heads (171) and drop the last ``H * M - N_out``
   points (4), which are the last head's points for the last capsules (8..11). So every output cloud has exactly
   N_out points, the first ``N_out mod M`` capsules get one point more than the others (171 vs 170), and the choice
   is deterministic. With M dividing N_out (64 capsules, 2048 points) nothing is dropped.
-* **Grid points.** Training draws a fresh uniform grid point per (sample, head, capsule), as the reference does;
-  eval mode uses a fixed grid drawn once from a seeded generator (``grid_seed``), so eval outputs are deterministic.
+* **Grid points.** Training draws a fresh uniform grid point per (sample, head, capsule), as the reference does
+  (``decoder_grid="fixed"`` trains on the eval grid instead, an ablation); eval mode uses a fixed grid drawn once from
+  a seeded generator (``grid_seed``), so eval outputs are deterministic.
 * **Squash epsilon.** The reference divides by ``|s|``, which gives NaN at zero input; we divide by
   ``sqrt(|s|^2 + eps)``.
 * **Latent sizes by keyword.** The reference script passes the latent capsule count as the latent vector size and
@@ -436,7 +447,8 @@ class PatchDecoder(_GridDecoder):
     Capsule m's patch is the image of the unit square under ``g -> f([g; v_m])``, a continuous map: its points form one
     surface patch whose place and shape the capsule vector decides (AtlasNet, Groueix et al. 2018, with the capsule
     vector in place of the per-patch MLP). MLP: pointwise Conv1d (D+2) -> W -> W//2 -> W//4 -> 3 with BN and ReLU
-    between and tanh at the end (W = ``width``, default D + 2: exactly one reference head shared by all points).
+    between and tanh at the end (W = ``width``, default 256; ``width = D + 2`` is exactly one reference head shared
+    by all points).
     Same grid sampling and output layout as :class:`CapsuleDecoder` (point ``i = h * M + m``).
 
     Shapes:
@@ -451,11 +463,10 @@ class PatchDecoder(_GridDecoder):
         num_points: int,
         grid_seed: int = 0,
         grid: str = "random",
-        width: int | None = None,
+        width: int = 256,
     ) -> None:
         super().__init__(num_latent, latent_dim, num_points, grid_seed, grid)
         c0 = latent_dim + 2
-        width = c0 if width is None else width
         widths = [c0, width, width // 2, width // 4]
         if widths[-1] < 1:
             raise ValueError(f"the decoder width must be >= 4 (its last hidden layer is width // 4), got {width}")
@@ -504,7 +515,7 @@ class PointCapsNet(nn.Module):
         routing_impl: ``"einsum"`` or ``"reference"`` (:class:`DynamicRouting`; routing only; default einsum).
         decoder: ``"patch"`` (:class:`PatchDecoder`, default: each capsule decodes one continuous patch) or
             ``"heads"`` (:class:`CapsuleDecoder`, the reference code's decoder) (:data:`DECODERS`).
-        decoder_width: hidden width W of the patch decoder's MLP (patch only; default D + 2).
+        decoder_width: hidden width W of the patch decoder's MLP (patch only; default 256).
         decoder_grid: ``"random"`` (fresh grid points every training step, as the reference) or ``"fixed"`` (the
             seeded eval grid in training too) (:data:`GRIDS`).
 
@@ -565,8 +576,9 @@ class PointCapsNet(nn.Module):
             self.latent = DynamicRouting(**common, impl=routing_impl or "einsum")
         self.decoder_type = decoder
         if decoder == "patch":
+            width = 256 if decoder_width is None else decoder_width
             self.decoder = PatchDecoder(
-                num_latent, latent_dim, num_points, grid_seed=grid_seed, grid=decoder_grid, width=decoder_width
+                num_latent, latent_dim, num_points, grid_seed=grid_seed, grid=decoder_grid, width=width
             )
         else:
             self.decoder = CapsuleDecoder(num_latent, latent_dim, num_points, grid_seed=grid_seed, grid=decoder_grid)

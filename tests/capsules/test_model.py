@@ -271,8 +271,8 @@ def test_decoder_equals_a_loop_over_heads(num_points: int) -> None:
     assert (counts[: num_points % 5] == dec.num_heads).all()
 
 
-@pytest.mark.parametrize("num_points, width", [(35, None), (33, 24)])  # 33: 2 points dropped; 24: a set width
-def test_patch_decoder_is_one_mlp_applied_to_every_point(num_points: int, width: int | None) -> None:
+@pytest.mark.parametrize("num_points, width", [(35, 12), (33, 24)])  # 33: 2 points dropped; 12 = D + 2: one head
+def test_patch_decoder_is_one_mlp_applied_to_every_point(num_points: int, width: int) -> None:
     """Every output point is the same pointwise MLP of ``[g; v_m]`` (BatchNorm over all points), values and grads."""
     torch.manual_seed(0)
     dec = PatchDecoder(num_latent=5, latent_dim=10, num_points=num_points, width=width).double().train()
