@@ -10,6 +10,10 @@ where the majority label is the most frequent label among those nearest input po
 mean of purity_m over capsules and shapes. 1.0 means every capsule reconstructs a single part; a capsule whose
 points spread evenly over k parts scores 1 / k. Capsules whose points have no labelled nearest input (label < 0,
 e.g. Core13) are left out; a batch with no labels at all gives NaN.
+
+Patch spread (:func:`patch_spread`) needs no labels: how far a capsule's points lie from their own mean, relative to
+how far the shape's points lie from theirs. About 1 means each capsule's points are scattered over the whole shape
+(the speckle); a patch covering a part scores well below 1.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from torch import Tensor
 from attention import knn
 from attention._checks import check_points
 
-__all__ = ["capsule_parts", "capsule_purity", "part_purity", "random_patches"]
+__all__ = ["capsule_parts", "capsule_purity", "part_purity", "patch_spread", "random_patches"]
 
 
 def _label_counts(
@@ -97,3 +101,22 @@ def part_purity(recon: Tensor, point_capsule: Tensor, points: Tensor, parts: Ten
     purity = capsule_purity(recon, point_capsule, points, parts)
     keep = ~torch.isnan(purity)
     return float(purity[keep].mean()) if bool(keep.any()) else math.nan
+
+
+@torch.no_grad()
+def patch_spread(recon: Tensor, point_capsule: Tensor) -> float:
+    """Mean distance of a capsule's decoded points to their mean over that of all decoded points to theirs.
+
+    Averaged over capsules (with at least one point), then over shapes. Shapes: recon ``(B, R, 3)``, point_capsule
+    ``(R,)``.
+    """
+    check_points(recon, "recon", channels=3)
+    if point_capsule.shape != recon.shape[1:2]:
+        raise ValueError(f"point_capsule must be ({recon.shape[1]},), got {tuple(point_capsule.shape)}")
+    recon = recon.float()
+    whole = (recon - recon.mean(1, keepdim=True)).norm(dim=-1).mean(1)  # (B,)
+    per_capsule = []
+    for m in point_capsule.unique():
+        q = recon[:, point_capsule.to(recon.device) == m]  # (B, R_m, 3)
+        per_capsule.append((q - q.mean(1, keepdim=True)).norm(dim=-1).mean(1))  # (B,)
+    return float((torch.stack(per_capsule, 1).mean(1) / whole.clamp_min(1e-12)).mean())

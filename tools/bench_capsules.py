@@ -22,8 +22,9 @@ reference code's matmul that expands W over the batch; same function, tested equ
   into random patches of the capsules' sizes) on the embedded synthetic part shapes' test split after
   ``--train-steps`` Adam steps (lr ``--lr``, batch 8, ``--chamfer-points`` points, the same shapes in the same order for
   every model), once per decoder of ``--decoders`` (``patch``, the default decoder, and ``heads``, the reference's):
-  the second table. The main table's Chamfer and purity columns are the first decoder's. Not repeated for the
-  reference routing impl, which trains identically.
+  the second table, with the patch spread (:func:`capsules.metrics.patch_spread`: about 1 when each capsule's points
+  are scattered over the whole shape). The main table's Chamfer and purity columns are the first decoder's. Not
+  repeated for the reference routing impl, which trains identically.
 
 Ratios: each centroid model against the routing model of its size (each implementation), measured in the same run.
 Targets (issue 5): centroid max batch >= 3x routing (paper 58 vs 22 at 12 capsules, 36 vs 12 at 64), params <= 1/3
@@ -49,7 +50,7 @@ from benchutil import describe_machine, peak_tensor_bytes, print_table, sync, un
 
 from capsules import CHAMFER_DEFINITION, chamfer_distance, create_model, list_models
 from capsules.data import SyntheticParts
-from capsules.metrics import capsule_purity, random_patches
+from capsules.metrics import capsule_purity, patch_spread, random_patches
 from capsules.model import DECODERS, ROUTING_IMPLS
 from engine import atomic_write_text, count_params
 
@@ -125,7 +126,8 @@ def train_chamfer(name: str, args: argparse.Namespace, train, test, decoder: str
             for caps in (model.point_capsule, random_patches(model.point_capsule))
         )
     return {"chamfer": chamfer, "part_purity": float(purity[~torch.isnan(purity)].mean()),
-            "part_purity_chance": float(chance[~torch.isnan(chance)].mean()), "train_s": elapsed}  # fmt: skip
+            "part_purity_chance": float(chance[~torch.isnan(chance)].mean()),
+            "patch_spread": patch_spread(recon, model.point_capsule), "train_s": elapsed}  # fmt: skip
 
 
 def _entries(models: list[str], args: argparse.Namespace) -> list[dict]:
@@ -271,9 +273,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"\n# decoders: Chamfer and part purity after {args.train_steps} steps ({args.chamfer_points} points)\n")
     print_table(
         ["model", "decoder", f"Chamfer @{args.train_steps} steps", "part purity", "purity chance",
-         "purity - chance"],
+         "purity - chance", "patch spread"],
         [[d["model"], d["decoder"], d["chamfer"], d["part_purity"], d["part_purity_chance"],
-          d["part_purity"] - d["part_purity_chance"]] for d in decoded],
+          d["part_purity"] - d["part_purity_chance"], d["patch_spread"]] for d in decoded],
     )  # fmt: skip
     print()
     for v in verdicts:

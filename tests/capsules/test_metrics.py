@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from capsules.metrics import capsule_parts, capsule_purity, part_purity
+from capsules.metrics import capsule_parts, capsule_purity, part_purity, patch_spread
 
 
 def _two_part_shape() -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,3 +73,21 @@ def test_errors_name_the_expected_shapes() -> None:
         capsule_purity(points, torch.zeros(5, dtype=torch.long), points, parts)
     with pytest.raises(ValueError, match=r"parts must be \(B, N\)"):
         capsule_purity(points, torch.zeros(8, dtype=torch.long), points, parts[:, :3])
+
+
+def test_patch_spread_is_about_one_for_scattered_and_small_for_compact_patches() -> None:
+    torch.manual_seed(0)
+    recon = torch.rand(2, 600, 3)
+    scattered = torch.arange(600) % 6  # every capsule's points all over the cloud
+    assert patch_spread(recon, scattered) == pytest.approx(1.0, abs=0.05)
+    compact = (recon[0, :, 0] * 6).long().clamp(max=5)  # slabs along x (for the first cloud)
+    assert patch_spread(recon[:1], compact) < 0.8
+    points, _ = _two_part_shape()
+    two = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])  # each capsule one side: spread = 0.5 / mean distance to the centre
+    expected = float(
+        ((points[0, :4] - points[0, :4].mean(0)).norm(dim=-1).mean())
+        / (points[0] - points[0].mean(0)).norm(dim=-1).mean()
+    )
+    assert patch_spread(points, two) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="point_capsule"):
+        patch_spread(points, two[:3])

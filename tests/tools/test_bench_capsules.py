@@ -56,6 +56,7 @@ def test_tiny_bench(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert set(decoded) == {(m, d) for m in SMALL for d in ("patch", "heads")}
     for d in decoded.values():
         assert d["chamfer"] > 0 and 0 < d["part_purity"] <= 1 and 0 < d["part_purity_chance"] <= 1
+        assert 0 < d["patch_spread"] < 2
     assert centroid["chamfer"] == decoded[("pointcaps_centroid_small", "patch")]["chamfer"]
     assert decoded[("pointcaps_centroid_small", "heads")]["chamfer"] != centroid["chamfer"]
     assert "| pointcaps_centroid_small | heads" in out.replace("  ", "")
