@@ -409,7 +409,8 @@ class CapsuleDecoder(_GridDecoder):
     ReLU between and tanh at the end, applied to the M columns ``[g[h, m]; v_m]``. All heads run as one grouped
     convolution (group h = head h). See the module docstring for how ``H * M`` points are cut to ``num_points``.
     Capsule m's patch is the m-th point of each of H separately parameterized heads: nothing ties its points together
-    in space, and measured here each head learns a region of the shape instead (docs/benchmarks.md, the patch table).
+    in space, and measured here each head learns a region of the shape instead (docs/benchmarks.md, "Capsule part
+    decomposition").
 
     Shapes:
         caps: ``(B, M, D)``; grid: ``(B, H, 2, M)`` or None (random in training, fixed in eval);
