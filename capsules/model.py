@@ -13,20 +13,31 @@ centroid variant. The network, with N input points, P primary capsules of K = 16
                      u_hat is detached in every iteration but the last (as in the reference code)
            centroid: primary capsules -> Linear(K -> D) = the inputs; centroids from a learned linear map over
                      the P capsules (attention's ``"linear"`` init); T = 3 dense centroid-attention steps + MLP
-      -> AtlasNet decoder: H = ceil(N_out / M) heads; head h maps [grid point g[h, m] (2-D); capsule m (D)] with
-         Conv1d (D+2) -> (D+2) -> (D+2)/2 -> (D+2)/4 -> 3 (BN, ReLU, tanh at the end), one point per capsule.
-         Output point i = h * M + m comes from head h and capsule m: capsule m's patch is the m-th point of every
-         head, and :attr:`PointCapsNet.point_capsule` holds m for every output point.
+      -> decoder, H = ceil(N_out / M) grid points per capsule; output point i = h * M + m is grid point h of capsule
+         m, and :attr:`PointCapsNet.point_capsule` holds m for every output point:
+           heads (the reference, ``decoder="heads"``): H separate heads; head h maps [grid point g[h, m] (2-D);
+                     capsule m (D)] with Conv1d (D+2) -> (D+2) -> (D+2)/2 -> (D+2)/4 -> 3 (BN, ReLU, tanh at the
+                     end): capsule m's patch is the m-th point of every head
+           patch (default, ``decoder="patch"``): one MLP of the same form, shared by all points, maps [g; v_m] to a
+                     point: capsule m's patch is the image of the unit square under g -> f([g; v_m]), one continuous
+                     surface patch (AtlasNet's patches, with the capsule vector choosing the patch)
 
 Where we deviate from the reference code, and why:
 
+* **The default decoder makes each capsule one patch.** With the reference's heads, nothing ties capsule m's H points
+  together in space: each head is its own function, and training makes each *head* cover a region of the shape
+  while the capsules' points spread over all of it (measured on the synthetic parts: a capsule's points spread as
+  widely as the whole shape's, part purity at its chance level for every knob tried; docs/benchmarks.md, "Capsule
+  part decomposition"). The patch decoder shares one MLP over all points, so a capsule's points are one continuous
+  image of the grid, and the capsules decompose the shape into parts. ``decoder="heads"`` keeps the reference.
 * **2048 points from 12 capsules.** 2048 is not a multiple of 12 (the reference builds ``int(2048 / 12) = 170``
   heads and emits 2040 points). We build ``H = ceil(N_out / M)`` heads (171) and drop the last ``H * M - N_out``
   points (4), which are the last head's points for the last capsules (8..11). So every output cloud has exactly
   N_out points, the first ``N_out mod M`` capsules get one point more than the others (171 vs 170), and the choice
   is deterministic. With M dividing N_out (64 capsules, 2048 points) nothing is dropped.
-* **Grid points.** Training draws a fresh uniform grid point per (sample, head, capsule), as the reference does;
-  eval mode uses a fixed grid drawn once from a seeded generator (``grid_seed``), so eval outputs are deterministic.
+* **Grid points.** Training draws a fresh uniform grid point per (sample, head, capsule), as the reference does
+  (``decoder_grid="fixed"`` trains on the eval grid instead, an ablation); eval mode uses a fixed grid drawn once from
+  a seeded generator (``grid_seed``), so eval outputs are deterministic.
 * **Squash epsilon.** The reference divides by ``|s|``, which gives NaN at zero input; we divide by
   ``sqrt(|s|^2 + eps)``.
 * **Latent sizes by keyword.** The reference script passes the latent capsule count as the latent vector size and
@@ -69,7 +80,9 @@ from attention.centroid import LinearInit
 from engine.registry import ModelRegistry
 
 __all__ = [
+    "DECODERS",
     "FUSED_CHUNK_BYTES",
+    "GRIDS",
     "LATENT_LAYERS",
     "MODELS",
     "PRIMARY_BACKENDS",
@@ -78,6 +91,7 @@ __all__ = [
     "CapsuleLift",
     "CentroidCapsules",
     "DynamicRouting",
+    "PatchDecoder",
     "PointCapsNet",
     "PrimaryCapsules",
     "create_model",
@@ -128,6 +142,7 @@ def dynamic_routing(u_hat: Tensor, num_iterations: int = 3) -> Tensor:
 
 
 PRIMARY_BACKENDS = ("fused", "torch")
+GRIDS = ("random", "fixed")
 ROUTING_IMPLS = ("einsum", "reference")
 
 # Tile budget of the arg-max search in fused_conv_bn_max, in bytes.
@@ -345,44 +360,36 @@ LATENT_LAYERS: dict[str, type[nn.Module]] = {"routing": DynamicRouting, "centroi
 """How the latent capsules are formed from the primary capsules."""
 
 
-class CapsuleDecoder(nn.Module):
-    """AtlasNet-style decoder: H heads, each mapping (2-D grid point, capsule vector) to one point per capsule.
+class _GridDecoder(nn.Module):
+    """What both decoders share: ``H = ceil(N_out / M)`` grid points per capsule, the output layout, the eval grid.
 
-    Head h is the reference's ``PointGenCon(D + 2)``: Conv1d (D+2) -> (D+2) -> (D+2)//2 -> (D+2)//4 -> 3 with BN and
-    ReLU between and tanh at the end, applied to the M columns ``[g[h, m]; v_m]``. All heads run as one grouped
-    convolution (group h = head h). See the module docstring for how ``H * M`` points are cut to ``num_points``.
-
-    Shapes:
-        caps: ``(B, M, D)``; grid: ``(B, H, 2, M)`` or None (random in training, fixed in eval);
-        output: ``(B, num_points, 3)``, point ``i`` from head ``i // M`` and capsule ``i % M``.
+    Output point ``i = h * M + m`` is grid sample h of capsule m (the last ``H * M - N_out`` points are dropped), so
+    :attr:`point_capsule` (``i % M``) is the same for both decoders and a checkpoint's patches can be compared.
     """
 
-    def __init__(self, num_latent: int, latent_dim: int, num_points: int, grid_seed: int = 0) -> None:
+    def __init__(
+        self, num_latent: int, latent_dim: int, num_points: int, grid_seed: int = 0, grid: str = "random"
+    ) -> None:
         super().__init__()
+        if grid not in GRIDS:
+            raise ValueError(f"unknown decoder grid {grid!r}; choose one of {GRIDS}")
         if num_points < num_latent:
             raise ValueError(f"num_points={num_points} must be >= num_latent={num_latent} (one point per capsule)")
-        self.num_latent, self.latent_dim, self.num_points = num_latent, latent_dim, num_points
-        H = self.num_heads = math.ceil(num_points / num_latent)
-        c0 = latent_dim + 2
-        widths = [c0, c0, c0 // 2, c0 // 4]
-        if widths[-1] < 1:
-            raise ValueError(f"latent_dim={latent_dim} is too small: the last hidden width (D + 2) // 4 must be >= 1")
-        self.convs = nn.ModuleList(
-            nn.Conv1d(H * cin, H * cout, 1, groups=H) for cin, cout in itertools.pairwise(widths)
-        )
-        self.bns = nn.ModuleList(nn.BatchNorm1d(H * c) for c in widths[1:])
-        self.out = nn.Conv1d(H * widths[-1], H * 3, 1, groups=H)
+        self.num_latent, self.latent_dim, self.num_points, self.grid = num_latent, latent_dim, num_points, grid
+        self.num_heads = math.ceil(num_points / num_latent)
         gen = torch.Generator().manual_seed(grid_seed)
-        self.register_buffer("eval_grid", torch.rand(H, 2, num_latent, generator=gen), persistent=False)
+        self.register_buffer("eval_grid", torch.rand(self.num_heads, 2, num_latent, generator=gen), persistent=False)
         self.register_buffer("point_capsule", torch.arange(num_points) % num_latent, persistent=False)
 
     def sample_grid(self, batch: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-        """Grid points ``(B, H, 2, M)``: uniform in [0, 1]^2, fresh in training, the fixed seeded grid in eval."""
-        if self.training:
+        """Grid points ``(B, H, 2, M)`` in [0, 1]^2: the fixed seeded grid in eval (and always with ``grid="fixed"``),
+        fresh uniform samples in training with ``grid="random"`` (the reference's sampling)."""
+        if self.training and self.grid == "random":
             return torch.rand(batch, self.num_heads, 2, self.num_latent, device=device, dtype=dtype)
         return self.eval_grid.to(dtype)[None].expand(batch, -1, -1, -1)
 
-    def forward(self, caps: Tensor, grid: Tensor | None = None) -> Tensor:
+    def _inputs(self, caps: Tensor, grid: Tensor | None) -> Tensor:
+        """Checks the shapes; returns ``[g[h, m]; v_m]`` as ``(B, H, D + 2, M)``."""
         B, M, D = caps.shape
         H = self.num_heads
         if (M, D) != (self.num_latent, self.latent_dim):
@@ -392,11 +399,95 @@ class CapsuleDecoder(nn.Module):
         elif grid.shape != (B, H, 2, M):
             raise ValueError(f"grid must be (B, H, 2, M) = ({B}, {H}, 2, {M}), got {tuple(grid.shape)}")
         v = caps.transpose(1, 2)[:, None].expand(B, H, D, M)  # (B, H, D, M)
-        x = torch.cat([grid, v], dim=2).reshape(B, H * (D + 2), M)  # (B, H * (D + 2), M)
+        return torch.cat([grid, v], dim=2)  # (B, H, D + 2, M)
+
+
+class CapsuleDecoder(_GridDecoder):
+    """The reference decoder (``decoder="heads"``): H heads, each maps (grid point, capsule) to one point per capsule.
+
+    Head h is the reference's ``PointGenCon(D + 2)``: Conv1d (D+2) -> (D+2) -> (D+2)//2 -> (D+2)//4 -> 3 with BN and
+    ReLU between and tanh at the end, applied to the M columns ``[g[h, m]; v_m]``. All heads run as one grouped
+    convolution (group h = head h). See the module docstring for how ``H * M`` points are cut to ``num_points``.
+    Capsule m's patch is the m-th point of each of H separately parameterized heads: nothing ties its points together
+    in space, and measured here each head learns a region of the shape instead (docs/benchmarks.md, "Capsule part
+    decomposition").
+
+    Shapes:
+        caps: ``(B, M, D)``; grid: ``(B, H, 2, M)`` or None (random in training, fixed in eval);
+        output: ``(B, num_points, 3)``, point ``i`` from head ``i // M`` and capsule ``i % M``.
+    """
+
+    def __init__(
+        self, num_latent: int, latent_dim: int, num_points: int, grid_seed: int = 0, grid: str = "random"
+    ) -> None:
+        super().__init__(num_latent, latent_dim, num_points, grid_seed, grid)
+        H = self.num_heads
+        c0 = latent_dim + 2
+        widths = [c0, c0, c0 // 2, c0 // 4]
+        if widths[-1] < 1:
+            raise ValueError(f"latent_dim={latent_dim} is too small: the last hidden width (D + 2) // 4 must be >= 1")
+        self.convs = nn.ModuleList(
+            nn.Conv1d(H * cin, H * cout, 1, groups=H) for cin, cout in itertools.pairwise(widths)
+        )
+        self.bns = nn.ModuleList(nn.BatchNorm1d(H * c) for c in widths[1:])
+        self.out = nn.Conv1d(H * widths[-1], H * 3, 1, groups=H)
+
+    def forward(self, caps: Tensor, grid: Tensor | None = None) -> Tensor:
+        B, M, D = caps.shape
+        H = self.num_heads
+        x = self._inputs(caps, grid).reshape(B, H * (D + 2), M)  # (B, H * (D + 2), M)
         for conv, bn in zip(self.convs, self.bns, strict=True):
             x = F.relu(bn(conv(x)))
         x = torch.tanh(self.out(x)).view(B, H, 3, M)  # (B, H, 3, M)
         return x.permute(0, 1, 3, 2).reshape(B, H * M, 3)[:, : self.num_points]  # (B, N_out, 3)
+
+
+class PatchDecoder(_GridDecoder):
+    """Per-capsule patches in the AtlasNet manner (``decoder="patch"``): one shared MLP ``f([g; v_m])`` for all points.
+
+    Capsule m's patch is the image of the unit square under ``g -> f([g; v_m])``, a continuous map: its points form one
+    surface patch whose place and shape the capsule vector decides (AtlasNet, Groueix et al. 2018, with the capsule
+    vector in place of the per-patch MLP). MLP: pointwise Conv1d (D+2) -> W -> W//2 -> W//4 -> 3 with BN and ReLU
+    between and tanh at the end (W = ``width``, default 256; ``width = D + 2`` is exactly one reference head shared
+    by all points).
+    Same grid sampling and output layout as :class:`CapsuleDecoder` (point ``i = h * M + m``).
+
+    Shapes:
+        caps: ``(B, M, D)``; grid: ``(B, H, 2, M)`` or None (random in training, fixed in eval);
+        output: ``(B, num_points, 3)``, point ``i`` from grid sample ``i // M`` of capsule ``i % M``.
+    """
+
+    def __init__(
+        self,
+        num_latent: int,
+        latent_dim: int,
+        num_points: int,
+        grid_seed: int = 0,
+        grid: str = "random",
+        width: int = 256,
+    ) -> None:
+        super().__init__(num_latent, latent_dim, num_points, grid_seed, grid)
+        c0 = latent_dim + 2
+        widths = [c0, width, width // 2, width // 4]
+        if widths[-1] < 1:
+            raise ValueError(f"the decoder width must be >= 4 (its last hidden layer is width // 4), got {width}")
+        self.convs = nn.ModuleList(nn.Conv1d(cin, cout, 1) for cin, cout in itertools.pairwise(widths))
+        self.bns = nn.ModuleList(nn.BatchNorm1d(c) for c in widths[1:])
+        self.out = nn.Conv1d(widths[-1], 3, 1)
+
+    def forward(self, caps: Tensor, grid: Tensor | None = None) -> Tensor:
+        B, M, D = caps.shape
+        H = self.num_heads
+        x = self._inputs(caps, grid).permute(0, 2, 1, 3).reshape(B, D + 2, H * M)  # (B, D + 2, H * M), point-major
+        for conv, bn in zip(self.convs, self.bns, strict=True):
+            x = F.relu(bn(conv(x)))
+        x = torch.tanh(self.out(x))  # (B, 3, H * M)
+        return x.transpose(1, 2)[:, : self.num_points]  # (B, N_out, 3)
+
+
+DECODERS: dict[str, type[nn.Module]] = {"patch": PatchDecoder, "heads": CapsuleDecoder}
+"""How capsules become points: ``"patch"`` (one shared MLP, each capsule a continuous patch) or ``"heads"`` (the
+reference's H separate heads, capsule m's patch = the m-th point of every head)."""
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -423,6 +514,11 @@ class PointCapsNet(nn.Module):
         lift_rank: rank of the centroid variant's per-capsule lift (:class:`CapsuleLift`; centroid only; default 16,
             0 = one shared lift).
         routing_impl: ``"einsum"`` or ``"reference"`` (:class:`DynamicRouting`; routing only; default einsum).
+        decoder: ``"patch"`` (:class:`PatchDecoder`, default: each capsule decodes one continuous patch) or
+            ``"heads"`` (:class:`CapsuleDecoder`, the reference code's decoder) (:data:`DECODERS`).
+        decoder_width: hidden width W of the patch decoder's MLP (patch only; default 256).
+        decoder_grid: ``"random"`` (fresh grid points every training step, as the reference) or ``"fixed"`` (the
+            seeded eval grid in training too) (:data:`GRIDS`).
 
     Shapes:
         points: ``(B, N, 3)`` (any N >= 1); output: ``(B, num_points, 3)``; :meth:`encode`: ``(B, M, D)``;
@@ -444,8 +540,15 @@ class PointCapsNet(nn.Module):
         primary_backend: str = "fused",
         lift_rank: int | None = None,
         routing_impl: str | None = None,
+        decoder: str = "patch",
+        decoder_width: int | None = None,
+        decoder_grid: str = "random",
     ) -> None:
         super().__init__()
+        if decoder not in DECODERS:
+            raise ValueError(f"unknown decoder {decoder!r}; choose one of {sorted(DECODERS)}")
+        if decoder == "heads" and decoder_width is not None:
+            raise ValueError("decoder_width applies to decoder='patch' only; leave it None for 'heads'")
         if latent not in LATENT_LAYERS:
             raise ValueError(f"unknown latent layer {latent!r}; choose one of {sorted(LATENT_LAYERS)}")
         if latent == "routing" and (num_heads is not None or mlp_ratio is not None or lift_rank is not None):
@@ -472,7 +575,14 @@ class PointCapsNet(nn.Module):
             )
         else:
             self.latent = DynamicRouting(**common, impl=routing_impl or "einsum")
-        self.decoder = CapsuleDecoder(num_latent, latent_dim, num_points, grid_seed=grid_seed)
+        self.decoder_type = decoder
+        if decoder == "patch":
+            width = 256 if decoder_width is None else decoder_width
+            self.decoder = PatchDecoder(
+                num_latent, latent_dim, num_points, grid_seed=grid_seed, grid=decoder_grid, width=width
+            )
+        else:
+            self.decoder = CapsuleDecoder(num_latent, latent_dim, num_points, grid_seed=grid_seed, grid=decoder_grid)
 
     @property
     def point_capsule(self) -> Tensor:

@@ -5,6 +5,9 @@ is coloured by the capsule of its nearest decoded point, so the two halves of th
 ``highlight`` only the chosen capsules keep their colour and the others are grey (the paper's figures colour a few
 capsules and grey the rest).
 
+A legend (:func:`legend_entries`: each capsule's colour, the part most of its points lie on and its purity) and a
+title (the shape's part purity) are drawn beside the rendered picture with Pillow (:func:`add_legend`).
+
 Output: a coloured ``.ply`` (:func:`write_ply`), a PNG rendered headless (:func:`render_png`: Open3D's
 ``OffscreenRenderer``, which needs Debian's ``libvulkan1 mesa-vulkan-drivers`` or a GPU driver; else the legacy
 ``Visualizer`` with a hidden window, which needs an X display such as ``xvfb-run``), or an interactive Open3D window
@@ -24,7 +27,16 @@ import torch
 
 from attention import knn
 
-__all__ = ["GREY", "capsule_palette", "decomposition", "render_png", "show", "write_ply"]
+__all__ = [
+    "GREY",
+    "add_legend",
+    "capsule_palette",
+    "decomposition",
+    "legend_entries",
+    "render_png",
+    "show",
+    "write_ply",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -91,6 +103,71 @@ def decomposition(
     shift = np.array([(width + gap) / 2, 0.0, 0.0])
     xyz = np.concatenate([points - points.mean(0) - shift, recon - recon.mean(0) + shift])
     return xyz, np.concatenate([palette[input_capsule], palette[point_capsule]])
+
+
+def legend_entries(
+    part_label: Sequence[int],
+    purity: Sequence[float],
+    part_names: Sequence[str] | None = None,
+    highlight: Sequence[int] | None = None,
+) -> list[tuple[tuple[float, float, float], str]]:
+    """One ``(colour, text)`` per coloured capsule: ``"capsule m: <part> 0.97"``, ordered by part label.
+
+    Args:
+        part_label: each capsule's majority part label (:func:`capsules.metrics.capsule_parts`; ``< 0``: none).
+        purity: each capsule's purity (NaN: no labelled point).
+        part_names: name of each part label (e.g. ``SyntheticParts.part_labels``' part names); None: ``part <l>``.
+        highlight: only these capsules (the others are grey in the picture); None: all.
+    """
+    M = len(part_label)
+    palette = capsule_palette(M)
+    keep = range(M) if highlight is None else sorted(set(highlight))
+
+    def name(label: int) -> str:
+        if label < 0:
+            return "no labelled point"
+        return part_names[label] if part_names is not None and label < len(part_names) else f"part {label}"
+
+    order = sorted(keep, key=lambda m: (int(part_label[m]) < 0, int(part_label[m]), m))  # by part, unlabelled last
+    entries = []
+    for m in order:
+        p = float(purity[m])
+        text = f"capsule {m}: {name(int(part_label[m]))}" + ("" if np.isnan(p) else f" {p:.2f}")
+        entries.append((tuple(float(c) for c in palette[m]), text))
+    if highlight is not None and len(keep) < M:
+        entries.append((GREY, "other capsules"))
+    return entries
+
+
+def add_legend(
+    image: np.ndarray, entries: Sequence[tuple[Sequence[float], str]], title: str | None = None, panel: int = 0
+) -> np.ndarray:
+    """The image with ``panel`` white columns appended on the right holding the legend, and the title on top.
+
+    Args:
+        image: ``(H, W, 3)`` uint8 render.
+        entries: ``(rgb in [0, 1], text)`` per legend line (:func:`legend_entries`).
+        title: drawn in the top-left corner of the image.
+        panel: width in pixels of the legend panel.
+    """
+    from PIL import Image, ImageDraw, ImageFont
+
+    H, W = image.shape[:2]
+    canvas = Image.new("RGB", (W + panel, H), "white")
+    canvas.paste(Image.fromarray(np.ascontiguousarray(image[..., :3]).astype(np.uint8)), (0, 0))
+    draw = ImageDraw.Draw(canvas)
+    line = max(8, min(26, (H - 8) // max(len(entries) + 1, 1)))  # every entry fits the height
+    font = ImageFont.load_default(size=max(7, int(line * 0.7)))
+    if title:
+        draw.text((8, 6), title, fill=(0, 0, 0), font=font)
+    y = max(4, (H - line * len(entries)) // 2)
+    for rgb, text in entries:
+        colour = tuple(round(255 * c) for c in rgb)
+        box = max(4, int(line * 0.6))
+        draw.rectangle([W + 6, y + (line - box) // 2, W + 6 + box, y + (line + box) // 2], fill=colour)
+        draw.text((W + 12 + box, y + (line - box) // 2 - 1), text, fill=(0, 0, 0), font=font)
+        y += line
+    return np.asarray(canvas)
 
 
 def _point_cloud(xyz: np.ndarray, rgb: np.ndarray):
@@ -165,19 +242,26 @@ def render_png(
     height: int = 480,
     up: str = "z",
     point_size: float = 6.0,
+    legend: Sequence[tuple[Sequence[float], str]] | None = None,
+    title: str | None = None,
 ) -> Path:
-    """Render a coloured cloud to a PNG without a display; returns the path.
+    """Render a coloured cloud to a ``width`` x ``height`` PNG without a display; returns the path.
 
     Tries Open3D's ``OffscreenRenderer`` (Filament; Vulkan or EGL), then the legacy ``Visualizer`` with a hidden
     window (needs an X display, e.g. ``xvfb-run``). Raises ``RuntimeError`` naming what to install if both fail.
+    With ``legend`` (:func:`legend_entries`) the right part of the picture is a legend panel (:func:`add_legend`);
+    ``title`` goes in the top-left corner.
     """
     import open3d as o3d
 
+    panel = 0
+    if legend:
+        panel = min(max(140, int(width * 0.3)), width // 2)
     errors = []
     image = None
     for name, fn in (("OffscreenRenderer", _render_offscreen), ("legacy Visualizer", _render_legacy)):
         try:
-            image = fn(xyz, rgb, width, height, up, point_size)
+            image = fn(xyz, rgb, width - panel, height, up, point_size)
             break
         except Exception as err:
             errors.append(f"{name}: {err}")
@@ -188,6 +272,8 @@ def render_png(
             "mesa-vulkan-drivers (OffscreenRenderer) or run under xvfb-run (legacy Visualizer); tools/bootstrap.sh "
             "installs them when run as root"
         )
+    if legend or title:
+        image = add_legend(image, legend or [], title, panel)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if not o3d.io.write_image(str(path), o3d.geometry.Image(np.ascontiguousarray(image))):

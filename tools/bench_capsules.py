@@ -18,9 +18,13 @@ reference code's matmul that expands W over the batch; same function, tested equ
   The optimizer step is left out (its temporaries do not grow with the batch). Memory per sample = the slope between
   the two batch sizes; the largest batch within ``--budget-gb`` = ``floor((budget - fixed) / slope)`` with
   ``fixed`` the intercept (weights, gradients, Adam states, batch-independent temporaries);
-* Chamfer distance (``capsules.CHAMFER_DEFINITION``) and part purity on the embedded synthetic part shapes' test split
-  after ``--train-steps`` Adam steps (lr ``--lr``, batch 8, ``--chamfer-points`` points, the same shapes in the same
-  order for every model; not repeated for the reference routing impl, which trains identically).
+* Chamfer distance (``capsules.CHAMFER_DEFINITION``), part purity and its chance level (the same reconstructions cut
+  into random patches of the capsules' sizes) on the embedded synthetic part shapes' test split after
+  ``--train-steps`` Adam steps (lr ``--lr``, batch 8, ``--chamfer-points`` points, the same shapes in the same order for
+  every model), once per decoder of ``--decoders`` (``patch``, the default decoder, and ``heads``, the reference's):
+  the second table, with the patch spread (:func:`capsules.metrics.patch_spread`: about 1 when each capsule's points
+  are scattered over the whole shape). The main table's Chamfer and purity columns are the first decoder's. Not
+  repeated for the reference routing impl, which trains identically.
 
 Ratios: each centroid model against the routing model of its size (each implementation), measured in the same run.
 Targets (issue 5): centroid max batch >= 3x routing (paper 58 vs 22 at 12 capsules, 36 vs 12 at 64), params <= 1/3
@@ -46,8 +50,8 @@ from benchutil import describe_machine, peak_tensor_bytes, print_table, sync, un
 
 from capsules import CHAMFER_DEFINITION, chamfer_distance, create_model, list_models
 from capsules.data import SyntheticParts
-from capsules.metrics import capsule_purity, random_patches
-from capsules.model import ROUTING_IMPLS
+from capsules.metrics import capsule_purity, patch_spread, random_patches
+from capsules.model import DECODERS, ROUTING_IMPLS
 from engine import atomic_write_text, count_params
 
 PAIRS = {"small": ("pointcaps_routing_small", "pointcaps_centroid_small"),
@@ -96,11 +100,12 @@ def measure_memory(name: str, args: argparse.Namespace, model_kwargs: dict) -> d
             "mem_fixed_mb": fixed / 2**20, "max_batch": max(max_batch, 0)}  # fmt: skip
 
 
-def train_chamfer(name: str, args: argparse.Namespace, train, test) -> dict:
+def train_chamfer(name: str, args: argparse.Namespace, train, test, decoder: str) -> dict:
     """Chamfer and part purity on the test shapes after ``--train-steps`` Adam steps from the same seed and order."""
     torch.manual_seed(0)
     device = torch.device(args.device)
-    kwargs = {"num_points": args.chamfer_points, "primary_backend": args.primary_backend, **args.model_kwargs}
+    kwargs = {"num_points": args.chamfer_points, "primary_backend": args.primary_backend, "decoder": decoder,
+              **args.model_kwargs}  # fmt: skip
     model = create_model(name, **kwargs).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     xs = torch.stack([train[i][0] for i in range(len(train))])
@@ -121,7 +126,8 @@ def train_chamfer(name: str, args: argparse.Namespace, train, test) -> dict:
             for caps in (model.point_capsule, random_patches(model.point_capsule))
         )
     return {"chamfer": chamfer, "part_purity": float(purity[~torch.isnan(purity)].mean()),
-            "part_purity_chance": float(chance[~torch.isnan(chance)].mean()), "train_s": elapsed}  # fmt: skip
+            "part_purity_chance": float(chance[~torch.isnan(chance)].mean()),
+            "patch_spread": patch_spread(recon, model.point_capsule), "train_s": elapsed}  # fmt: skip
 
 
 def _entries(models: list[str], args: argparse.Namespace) -> list[dict]:
@@ -153,6 +159,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--primary-backend", default="fused", choices=["fused", "torch"],
                         help="primary capsules: fused (ours) or torch (Conv1d + BN + max)")  # fmt: skip
     parser.add_argument("--train-steps", type=int, default=60, help="Adam steps before the Chamfer column")
+    parser.add_argument("--decoders", nargs="+", default=["patch", "heads"], choices=sorted(DECODERS),
+                        help="decoders of the Chamfer / purity table (the first fills the main table)")  # fmt: skip
     parser.add_argument("--chamfer-points", type=int, default=256, help="points per cloud for the Chamfer column")
     parser.add_argument("--train-per-class", type=int, default=16, help="synthetic train shapes per class")
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -200,12 +208,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     classes = ("table", "chair", "airplane", "lamp", "mug")
     train = SyntheticParts("train", args.chamfer_points, classes, samples_per_class=args.train_per_class, seed=0)
     test = SyntheticParts("test", args.chamfer_points, classes, samples_per_class=4, seed=0)
+    decoded = []  # the second table: every model with every decoder
+    for name in models:  # the reference routing impl computes the same function (tested): trained once
+        for decoder in args.decoders:
+            decoded.append({"model": name, "decoder": decoder, **train_chamfer(name, args, train, test, decoder)})
     for r, times in zip(results, rounds, strict=True):
         r["step_ms"] = min(times) if args.stat == "min" else statistics.median(times)
         r["step_ms_rounds"] = times
         r.update(measure_memory(r["model"], args, r["kwargs"]))
-        if r["impl"] != "reference":  # the reference impl computes the same function (tested): same training
-            r.update(train_chamfer(r["model"], args, train, test))
+        if r["impl"] != "reference":
+            first = next(d for d in decoded if d["model"] == r["model"] and d["decoder"] == args.decoders[0])
+            r.update({k: v for k, v in first.items() if k != "model"})
         r["paper_chamfer_1e3"], r["paper_params_m"], r["paper_max_batch"] = PAPER[r["model"]]
 
     verdicts = []
@@ -239,8 +252,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             verdicts.append(line)
     impls = [i for i in args.routing_impls if any(r["impl"] == i for r in results)]
     headers = ["model", "routing impl", "params (M)", "paper params (M)", "train step (ms)", "MB / sample",
-               f"max batch ({args.budget_gb:g} GB)", "paper max batch", f"Chamfer @{args.train_steps} steps",
-               "part purity", "purity chance"]  # fmt: skip
+               f"max batch ({args.budget_gb:g} GB)", "paper max batch",
+               f"Chamfer @{args.train_steps} steps ({args.decoders[0]})", "part purity", "purity chance"]  # fmt: skip
     for impl in impls:
         headers += [f"{k} vs {impl} routing" for k in ("step", "MB/sample", "max batch")]
     headers += ["params vs routing", "Chamfer vs routing"]
@@ -257,6 +270,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         row += [q["params"], q.get("chamfer", "-")] if q else ["-"] * 2
         rows.append(row)
     print_table(headers, rows)
+    print(f"\n# decoders: Chamfer and part purity after {args.train_steps} steps ({args.chamfer_points} points)\n")
+    print_table(
+        ["model", "decoder", f"Chamfer @{args.train_steps} steps", "part purity", "purity chance",
+         "purity - chance", "patch spread"],
+        [[d["model"], d["decoder"], d["chamfer"], d["part_purity"], d["part_purity_chance"],
+          d["part_purity"] - d["part_purity_chance"], d["patch_spread"]] for d in decoded],
+    )  # fmt: skip
     print()
     for v in verdicts:
         print(v)
@@ -264,7 +284,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         r.pop("kwargs")
     if args.json:
         payload = {"tool": "bench_capsules", "machine": describe_machine(args.device), "args": vars(args),
-                   "chamfer_definition": CHAMFER_DEFINITION, "verdicts": verdicts, "results": results}  # fmt: skip
+                   "chamfer_definition": CHAMFER_DEFINITION, "verdicts": verdicts, "results": results,
+                   "decoders": decoded}  # fmt: skip
         atomic_write_text(args.json, json.dumps(payload, indent=2) + "\n")
     return results
 

@@ -9,7 +9,9 @@ reconstruction (right, each capsule's patch in its own colour; with ``--highligh
 written to ``<output-dir>/<split>_<index>.ply``. With a display (``$DISPLAY`` or ``$WAYLAND_DISPLAY``) and without
 ``--headless`` an Open3D window opens per shape; otherwise ``<split>_<index>.png`` is rendered off screen (Open3D's
 OffscreenRenderer with Debian's ``libvulkan1 mesa-vulkan-drivers``, or the legacy visualizer under ``xvfb-run``).
-The model, data and point count come from the checkpoint's config; the part purity of each shape is logged.
+The PNG carries a legend (each coloured capsule, the part most of its points lie on and its purity) and the shape's
+part purity in its title. The model, data and point count come from the checkpoint's config; the part purity of
+each shape is logged.
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 
 import torch
 
-from capsules.metrics import part_purity
+from capsules.metrics import capsule_parts
 from capsules.recipe import CapsulesConfig, build_datasets, build_model
-from capsules.visualize import decomposition, render_png, show, write_ply
+from capsules.visualize import decomposition, legend_entries, render_png, show, write_ply
 from engine import load_checkpoint, setup_logging
 
 _logger = logging.getLogger("visualize_capsules")
@@ -66,6 +68,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     out_dir = Path(args.output_dir) if args.output_dir else Path(args.checkpoint).parent / "viz"
     interactive = bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and not args.headless
     up = "z" if cfg.dataset == "synthetic_parts" else "y"
+    labels = getattr(dataset, "part_labels", None)  # synthetic parts: (class, part name) per label
+    part_names = [part for _, part in labels] if labels is not None else None
     results = []
     for index in args.index:
         if not 0 <= index < len(dataset):
@@ -73,7 +77,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         points, parts = dataset[index]
         with torch.no_grad():
             recon = model(points[None])
-        purity = part_purity(recon, model.point_capsule, points[None], parts[None])
+        label, cap_purity = capsule_parts(recon, model.point_capsule, points[None], parts[None], model.num_latent)
+        keep = ~torch.isnan(cap_purity[0])
+        purity = float(cap_purity[0][keep].mean()) if bool(keep.any()) else float("nan")
         xyz, rgb = decomposition(points.numpy(), recon[0].numpy(), model.point_capsule.numpy(), model.num_latent,
                                  highlight=args.highlight, up=up)  # fmt: skip
         stem = f"{args.split}_{index}"
@@ -82,7 +88,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if interactive:
             show(xyz, rgb, title=f"{dataset.names[index]}: input | reconstruction", point_size=args.point_size)
         else:
-            png = render_png(out_dir / f"{stem}.png", xyz, rgb, args.width, args.height, up, args.point_size)
+            legend = legend_entries(label[0].tolist(), cap_purity[0].tolist(), part_names, args.highlight)
+            title = f"{dataset.names[index]}: input | reconstruction, part purity {purity:.2f}"
+            png = render_png(out_dir / f"{stem}.png", xyz, rgb, args.width, args.height, up, args.point_size,
+                             legend=legend, title=title)  # fmt: skip
             row["png"] = str(png)
         _logger.info("%s (%s): part purity %.3f -> %s", stem, dataset.names[index], purity, row.get("png", row["ply"]))
         results.append(row)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from capsules.metrics import capsule_purity, part_purity
+from capsules.metrics import capsule_parts, capsule_purity, part_purity, patch_spread
 
 
 def _two_part_shape() -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,6 +48,15 @@ def test_nearest_input_decides_the_label() -> None:
     assert math.isnan(float(capsule_purity(recon, cap, points, parts, num_capsules=2)[0, 1]))  # no points: NaN
 
 
+def test_capsule_parts_names_each_capsules_majority_part() -> None:
+    points, parts = _two_part_shape()
+    recon = points + 0.01
+    cap = torch.tensor([0, 0, 0, 2, 2, 2, 2, 0])  # capsule 0: 3 x part 0 + 1 x part 1; capsule 1: nothing; 2: 1 + 3
+    label, purity = capsule_parts(recon, cap, points, parts, num_capsules=3)
+    torch.testing.assert_close(label, torch.tensor([[0, -1, 1]]))
+    torch.testing.assert_close(purity, torch.tensor([[0.75, float("nan"), 0.75]]), equal_nan=True)
+
+
 def test_unlabelled_points_are_left_out() -> None:
     points, parts = _two_part_shape()
     parts = parts.clone()
@@ -64,3 +73,21 @@ def test_errors_name_the_expected_shapes() -> None:
         capsule_purity(points, torch.zeros(5, dtype=torch.long), points, parts)
     with pytest.raises(ValueError, match=r"parts must be \(B, N\)"):
         capsule_purity(points, torch.zeros(8, dtype=torch.long), points, parts[:, :3])
+
+
+def test_patch_spread_is_about_one_for_scattered_and_small_for_compact_patches() -> None:
+    torch.manual_seed(0)
+    recon = torch.rand(2, 600, 3)
+    scattered = torch.arange(600) % 6  # every capsule's points all over the cloud
+    assert patch_spread(recon, scattered) == pytest.approx(1.0, abs=0.05)
+    compact = (recon[0, :, 0] * 6).long().clamp(max=5)  # slabs along x (for the first cloud)
+    assert patch_spread(recon[:1], compact) < 0.8
+    points, _ = _two_part_shape()
+    two = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])  # each capsule one side: spread = 0.5 / mean distance to the centre
+    expected = float(
+        ((points[0, :4] - points[0, :4].mean(0)).norm(dim=-1).mean())
+        / (points[0] - points[0].mean(0)).norm(dim=-1).mean()
+    )
+    assert patch_spread(points, two) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="point_capsule"):
+        patch_spread(points, two[:3])

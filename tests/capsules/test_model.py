@@ -1,4 +1,4 @@
-"""The point capsule autoencoder: registry sweep, routing math, decoder vs a per-head loop, errors."""
+"""The point capsule autoencoder: registry sweep, routing math, both decoders against plain loops, errors."""
 
 from __future__ import annotations
 
@@ -11,14 +11,22 @@ import torch.nn.functional as F
 from torch import nn
 
 import capsules
-from capsules.model import CapsuleDecoder, CapsuleLift, DynamicRouting, PointCapsNet, dynamic_routing, squash
+from capsules.model import (
+    CapsuleDecoder,
+    CapsuleLift,
+    DynamicRouting,
+    PatchDecoder,
+    PointCapsNet,
+    dynamic_routing,
+    squash,
+)
 
 # Small versions of each registered model (same code paths, CPU-friendly sizes).
 TINY = {"num_primary": 24, "num_latent": 5, "latent_dim": 16, "num_points": 67, "num_heads": 2}
 
 
-def _tiny(name: str) -> nn.Module:
-    kwargs = dict(TINY)
+def _tiny(name: str, **overrides) -> nn.Module:
+    kwargs = {**TINY, **overrides}
     if "routing" in name:
         kwargs.pop("num_heads")
     return capsules.create_model(name, **kwargs)
@@ -56,10 +64,12 @@ def test_registered_sizes(name: str, sizes: tuple[int, int, int, int]) -> None:
         assert tuple(model.latent.weight.shape) == (M, P, D, K)
 
 
+@pytest.mark.parametrize("decoder", ["patch", "heads"])
 @pytest.mark.parametrize("name", sorted(capsules.MODELS))
-def test_sweep_shapes_gradients_zero_input_and_state_dict(name: str) -> None:
+def test_sweep_shapes_gradients_zero_input_and_state_dict(name: str, decoder: str) -> None:
     torch.manual_seed(0)
-    model = _tiny(name)
+    model = _tiny(name, decoder=decoder)
+    assert model.decoder_type == decoder
     points = torch.rand(3, 41, 3) * 2 - 1
     out = model(points)
     assert out.shape == (3, 67, 3) and torch.isfinite(out).all()
@@ -81,7 +91,7 @@ def test_sweep_shapes_gradients_zero_input_and_state_dict(name: str) -> None:
     with torch.no_grad():
         a, b = model(points), model(points)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
-    clone = _tiny(name)
+    clone = _tiny(name, decoder=decoder)
     clone.load_state_dict(model.state_dict())
     clone.eval()
     with torch.no_grad():
@@ -261,6 +271,66 @@ def test_decoder_equals_a_loop_over_heads(num_points: int) -> None:
     assert (counts[: num_points % 5] == dec.num_heads).all()
 
 
+@pytest.mark.parametrize("num_points, width", [(35, 12), (33, 24)])  # 33: 2 points dropped; 12 = D + 2: one head
+def test_patch_decoder_is_one_mlp_applied_to_every_point(num_points: int, width: int) -> None:
+    """Every output point is the same pointwise MLP of ``[g; v_m]`` (BatchNorm over all points), values and grads."""
+    torch.manual_seed(0)
+    dec = PatchDecoder(num_latent=5, latent_dim=10, num_points=num_points, width=width).double().train()
+    for bn in dec.bns:
+        nn.init.normal_(bn.weight)
+        nn.init.normal_(bn.bias)
+    caps = torch.randn(3, 5, 10, dtype=torch.float64, requires_grad=True)
+    grid = torch.rand(3, dec.num_heads, 2, 5, dtype=torch.float64, requires_grad=True)
+    out = dec(caps, grid)
+    caps2, grid2 = (t.detach().clone().requires_grad_(True) for t in (caps, grid))
+    rows = [
+        torch.cat([grid2[b, h, :, m], caps2[b, m]]) for b in range(3) for h in range(dec.num_heads) for m in range(5)
+    ]
+    x = torch.stack(rows)  # (B H M, D + 2): one row per output point, point i = h M + m within each cloud
+    for conv, bn in zip(dec.convs, dec.bns, strict=True):
+        x = F.linear(x, conv.weight[:, :, 0], conv.bias)
+        x = F.relu(F.batch_norm(x, None, None, bn.weight, bn.bias, training=True, eps=bn.eps))
+    ref = torch.tanh(F.linear(x, dec.out.weight[:, :, 0], dec.out.bias)).view(3, -1, 3)[:, :num_points]
+    torch.testing.assert_close(out, ref)
+    w = torch.randn_like(ref)
+    (out * w).sum().backward()
+    (ref * w).sum().backward()
+    torch.testing.assert_close(caps.grad, caps2.grad)
+    torch.testing.assert_close(grid.grad, grid2.grad)
+    torch.testing.assert_close(dec.point_capsule, torch.arange(num_points) % 5)
+    assert sum(p.numel() for p in dec.parameters()) < sum(
+        p.numel() for p in CapsuleDecoder(5, 10, num_points).parameters()
+    )
+
+
+@pytest.mark.parametrize("decoder", ["patch", "heads"])
+def test_a_capsules_points_are_one_map_of_the_grid_only_with_the_patch_decoder(decoder: str) -> None:
+    """Patch: the same grid point of capsule m gives the same point whichever slot h it is in; heads: not."""
+    torch.manual_seed(0)
+    model = PointCapsNet(num_primary=8, num_latent=4, latent_dim=12, num_points=20, decoder=decoder).eval()
+    caps = torch.randn(2, 4, 12)
+    grid = torch.rand(2, model.decoder.num_heads, 2, 4)
+    grid[:, 1] = grid[:, 0]
+    out = model.decode(caps, grid).view(2, model.decoder.num_heads, 4, 3)  # (B, H, M, 3)
+    assert torch.allclose(out[:, 0], out[:, 1]) == (decoder == "patch")
+    # capsule m's points depend on capsule m only (both decoders)
+    caps2 = caps.clone()
+    caps2[:, 2] += 1.0
+    moved = (model.decode(caps2, grid) - model.decode(caps, grid)).abs().sum(-1) > 0  # (B, N_out)
+    assert (moved == (model.point_capsule == 2)).all()
+
+
+@pytest.mark.parametrize("decoder", ["patch", "heads"])
+def test_fixed_grid_trains_on_the_eval_grid(decoder: str) -> None:
+    torch.manual_seed(0)
+    model = PointCapsNet(num_primary=8, num_latent=4, latent_dim=12, num_points=20, decoder=decoder,
+                         decoder_grid="fixed")  # fmt: skip
+    grid = model.decoder.sample_grid(3, torch.device("cpu"), torch.float32)
+    torch.testing.assert_close(grid, model.decoder.eval_grid.expand(3, -1, -1, -1), rtol=0, atol=0)
+    points = torch.rand(3, 30, 3)
+    torch.testing.assert_close(model(points), model(points), rtol=0, atol=0)
+
+
 def test_primary_branches_are_channel_slices() -> None:
     """Branch k of the reference (Conv1d(128 -> P) + BN + max) equals slice k of the single conv."""
     torch.manual_seed(0)
@@ -298,6 +368,14 @@ def test_bad_inputs_name_what_was_expected() -> None:
         model.decode(torch.rand(2, 4, 16))
     with pytest.raises(ValueError, match="num_iterations"):
         dynamic_routing(torch.rand(1, 2, 3, 4), 0)
+    with pytest.raises(ValueError, match="unknown decoder 'atlas'; choose one of"):
+        PointCapsNet(decoder="atlas")
+    with pytest.raises(ValueError, match="decoder='patch' only"):
+        PointCapsNet(decoder="heads", decoder_width=64)
+    with pytest.raises(ValueError, match="unknown decoder grid"):
+        PointCapsNet(decoder_grid="sphere")
+    with pytest.raises(ValueError, match="width must be >= 4"):
+        PatchDecoder(4, 8, 16, width=3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

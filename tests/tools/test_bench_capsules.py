@@ -48,9 +48,18 @@ def test_tiny_bench(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert "small vs einsum routing: max batch" in out and "small vs reference routing" in out
     assert "Chamfer distance = mean over a" in out
     header = next(line for line in out.splitlines() if line.startswith("| model"))
-    assert "max batch vs reference routing" in header and "Chamfer @2 steps" in header
+    assert "max batch vs reference routing" in header and "Chamfer @2 steps (patch)" in header
     payload = json.loads(path.read_text())
     assert payload["tool"] == "bench_capsules" and len(payload["verdicts"]) == 2
+    # the decoder table: both variants with both decoders; the main table's columns are the first decoder's
+    decoded = {(d["model"], d["decoder"]): d for d in payload["decoders"]}
+    assert set(decoded) == {(m, d) for m in SMALL for d in ("patch", "heads")}
+    for d in decoded.values():
+        assert d["chamfer"] > 0 and 0 < d["part_purity"] <= 1 and 0 < d["part_purity_chance"] <= 1
+        assert 0 < d["patch_spread"] < 2
+    assert centroid["chamfer"] == decoded[("pointcaps_centroid_small", "patch")]["chamfer"]
+    assert decoded[("pointcaps_centroid_small", "heads")]["chamfer"] != centroid["chamfer"]
+    assert "| pointcaps_centroid_small | heads" in out.replace("  ", "")
 
 
 def test_rejects_unknown_models_and_bad_batches() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from capsules.visualize import GREY, capsule_palette, decomposition
+from capsules.visualize import GREY, add_legend, capsule_palette, decomposition, legend_entries
 from engine.testing import REPO, load_tool
 
 train_capsules = load_tool("train_capsules")
@@ -48,6 +48,10 @@ def test_writes_a_non_blank_png_and_a_ply_that_reads_back(tmp_path: Path) -> Non
     image = np.asarray(o3d.io.read_image(rows[0]["png"])).astype(np.float64)
     assert image.shape[:2] == (200, 320)
     assert image.std() > 5.0, f"the PNG is blank (pixel std {image.std():.2f})"
+    # the legend panel on the right shows the highlighted capsules' colours
+    panel = image[:, -140:, :3].reshape(-1, 3)
+    for c in (0, 3):
+        assert (np.abs(panel - 255 * capsule_palette(12)[c]).max(-1) < 3).sum() > 10, f"capsule {c} not in the legend"
     assert (image < 200).any(axis=-1).mean() > 0.002, "almost no coloured pixels"
     cloud = o3d.io.read_point_cloud(rows[1]["ply"])
     colors = np.asarray(cloud.colors)
@@ -72,3 +76,21 @@ def test_decomposition_colours_by_capsule_and_places_side_by_side() -> None:
         decomposition(points, recon, cap, num_capsules=3, highlight=[5])
     with pytest.raises(ValueError, match="point_capsule"):
         decomposition(points, recon, cap[:5], num_capsules=3)
+
+
+def test_legend_names_each_capsules_part_and_purity() -> None:
+    entries = legend_entries([1, 0, -1, 1], [0.5, 1.0, float("nan"), 0.875], part_names=["top", "leg"])
+    palette = capsule_palette(4)
+    # grouped by part name, then capsule
+    assert [t for _, t in entries] == ["capsule 1: top 1.00", "capsule 0: leg 0.50", "capsule 3: leg 0.88",
+                                       "capsule 2: no labelled point"]  # fmt: skip
+    np.testing.assert_allclose(entries[0][0], palette[1])
+    assert [t for _, t in legend_entries([1, 0, 0, 1], [1.0] * 4, highlight=[3])] == [
+        "capsule 3: part 1 1.00",
+        "other capsules",
+    ]
+    image = np.zeros((60, 50, 3), dtype=np.uint8)
+    out = add_legend(image, entries, title="t", panel=70)
+    assert out.shape == (60, 120, 3) and (out[:, :50] == 0).mean() > 0.9  # the render is kept
+    swatch = np.abs(out[:, 50:].reshape(-1, 3).astype(float) - 255 * palette[1]).max(-1) < 3
+    assert swatch.sum() > 4
