@@ -122,6 +122,16 @@ CLIS = {
 PARAMS = [pytest.param(cli, id=name) for name, cli in CLIS.items()]
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """In-process runs use one intra-op thread, like the CLI subprocesses (``engine.testing.tool_env``): a kill and
+    resume is bit-exact only when both halves reduce in the same order, and the thread count sets that order."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _usage_error(cli: CLI, capsys: pytest.CaptureFixture, *args: str, sets: tuple[str, ...] = ()) -> str:
     """Runs the CLI in-process, expects exit status 2 and one line on stderr without a traceback; returns it."""
     capsys.readouterr()
