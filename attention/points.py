@@ -30,7 +30,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._checks import check_index, check_points, input_checks_enabled
+from .checks import check_index, check_points, checks_active
 
 __all__ = [
     "FPS_BACKENDS",
@@ -105,7 +105,7 @@ def _point_mask(x: Tensor, mask: Tensor | None, lengths: Tensor | None, name: st
         lengths = torch.as_tensor(lengths, device=x.device)
         if lengths.shape != (B,) or lengths.is_floating_point():
             raise ValueError(f"lengths must be an integer tensor of shape ({B},), got {tuple(lengths.shape)}")
-        if input_checks_enabled() and bool(((lengths < 1) | (lengths > N)).any()):
+        if checks_active() and bool(((lengths < 1) | (lengths > N)).any()):
             raise ValueError(f"lengths must lie in [1, {N}] (empty clouds are not allowed), got {lengths.tolist()}")
         return lengths_to_mask(lengths, N)
     if mask is None:
@@ -259,7 +259,7 @@ def farthest_point_sample(
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
     mask = _point_mask(x, mask, lengths)
     n_real = mask.sum(1) if mask is not None else None
-    if num_samples > N or (n_real is not None and input_checks_enabled() and num_samples > int(n_real.min())):
+    if num_samples > N or (n_real is not None and checks_active() and num_samples > int(n_real.min())):
         have = N if n_real is None else int(n_real.min())
         raise ValueError(f"cannot sample M={num_samples} points from a cloud of N={have} (real) points: need M <= N")
     if start is None:
@@ -280,11 +280,11 @@ def farthest_point_sample(
         if start.shape != (B,):
             raise ValueError(f"start must be an int, None or a ({B},) tensor, got shape {tuple(start.shape)}")
         start = start.long()
-        if input_checks_enabled() and bool(((start < 0) | (start >= N)).any()):
+        if checks_active() and bool(((start < 0) | (start >= N)).any()):
             raise ValueError(f"start indices must lie in [0, {N}), got {start.tolist()}")
     else:
         raise TypeError(f"start must be an int, None or a (B,) tensor, got {type(start).__name__}")
-    if mask is not None and input_checks_enabled() and not bool(mask.gather(1, start[:, None]).all()):
+    if mask is not None and checks_active() and not bool(mask.gather(1, start[:, None]).all()):
         raise ValueError("start points at a padded point (mask is False there)")
     name = _resolve_backend(backend, FPS_BACKENDS, _FPS_AUTO, x.device)
     return FPS_BACKENDS[name](x, num_samples, start, mask)
@@ -427,7 +427,7 @@ def knn(
     if k > N:
         raise ValueError(f"k={k} neighbours requested but ref has only N={N} points: need k <= N")
     mask = _point_mask(ref, mask, None, "ref")
-    if mask is not None and input_checks_enabled() and not bool(mask.any(1).all()):
+    if mask is not None and checks_active() and not bool(mask.any(1).all()):
         raise ValueError("every cloud of ref needs at least one real point; mask has an all-False row (empty cloud)")
     if backend == "auto" and query.device.type == "cpu" and HAS_TORCH_CLUSTER and ref.shape[-1] <= _KNN_CLUSTER_MAX_DIM:
         backend = "cluster"

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from attention import HAS_PYTORCH3D, HAS_TORCH_CLUSTER, gather, knn
-from attention._checks import check_points
+from attention.checks import check_points
 
 __all__ = [
     "CHAMFER_BACKENDS",

@@ -35,8 +35,8 @@ import torch
 from torch import Tensor, nn
 
 from attention import CentroidBlock, MixerBlock, SelfAttentionBlock, build_mixer, input_checks, knn, nearest_upsample
-from attention._checks import check_points
 from attention.centroid import resolve_num_centroids
+from attention.checks import check_points
 
 __all__ = [
     "MODELS",
