@@ -5,12 +5,23 @@
 * :mod:`attention.centroid`: centroid attention (dense or over K nearest inputs, T steps), its inits and blocks
   (subpackage: ``functional``, ``layer``, ``inits``, ``blocks``).
 * :mod:`attention.layers`: the transformer MLP and stochastic depth shared by the blocks.
+* :mod:`attention.backends`: the backend switchboard (optional packages, what each kernel supports, ``resolve``).
 * :mod:`attention.checks`: the input validation of every public op (eager mode only; off while tracing).
 * :mod:`attention.fsat`: FSAT (Fourier sparse attention) and FAT over the FFT-pooled hidden-state cross.
 * :mod:`attention.mixers`: structured matrix mixers (softmax, linear, Toeplitz, Cauchy, Vandermonde, Hydra) and
   their non-data-dependent twins, with FSAT / FAT, in one registry (:data:`MIXERS`, :func:`build_mixer`).
 """
 
+from .backends import (
+    AUTO_ORDER,
+    BACKENDS,
+    INSTALL_HINTS,
+    INSTALLED,
+    Backend,
+    available,
+    backend_names,
+    resolve,
+)
 from .centroid import (
     ATTN_CHUNK_BYTES,
     CENTROID_INITS,
@@ -79,6 +90,8 @@ from .mixers import (
 )
 from .points import (
     FPS_BACKENDS,
+    FPSAMPLE_BUCKET_HEIGHT,
+    HAS_FPSAMPLE,
     HAS_PYTORCH3D,
     HAS_TORCH_CLUSTER,
     HAS_TRITON,
@@ -93,17 +106,24 @@ from .points import (
 
 __all__ = [
     "ATTN_CHUNK_BYTES",
+    "AUTO_ORDER",
+    "BACKENDS",
     "CENTROID_INITS",
     "EDGE_BACKENDS",
     "FEATURE_MAPS",
+    "FPSAMPLE_BUCKET_HEIGHT",
     "FPS_BACKENDS",
+    "HAS_FPSAMPLE",
     "HAS_PYTORCH3D",
     "HAS_TORCH_CLUSTER",
     "HAS_TRITON",
+    "INSTALLED",
+    "INSTALL_HINTS",
     "KNN_BACKENDS",
     "MATRIX_MIXERS",
     "MIXERS",
     "NORMALIZATIONS",
+    "Backend",
     "CauchyMatrix",
     "CentroidAttention",
     "CentroidBlock",
@@ -131,6 +151,8 @@ __all__ = [
     "TruncateGrad",
     "VandermondeMatrix",
     "apply_matrix",
+    "available",
+    "backend_names",
     "build_centroid_init",
     "build_mixer",
     "cauchy_mix",
@@ -156,6 +178,7 @@ __all__ = [
     "pooled_cross",
     "pooled_cross_reference",
     "quasiseparable_mix",
+    "resolve",
     "resolve_num_centroids",
     "set_input_checks",
     "sparse_edge_attention",

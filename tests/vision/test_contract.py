@@ -14,16 +14,16 @@ import timm
 import torch
 from timm.layers import set_scriptable
 from timm.layers._fx import get_notrace_functions, get_notrace_modules
-from timm.models import create_feature_extractor, get_graph_node_names
+from timm.models import FeatureGraphNet, create_feature_extractor
+from timm.models._registry import _model_to_module
 from torch.testing import assert_close
-from torchvision.models.feature_extraction import NodePathTracer
+from torchvision.models import feature_extraction as tv_fx
 
 import vision  # noqa: F401  (registers the models)
 
-MODULES = ("centroid_deit", "baselines", "mixer_deit")
-NAMES = sorted(n for m in MODULES for n in timm.list_models(module=m))
-CENTROID = [n for n in NAMES if n.startswith("centroid_deit_")]
-MIXER = [n for n in timm.list_models(module="mixer_deit")]
+NAMES = sorted(n for n, module in _model_to_module.items() if module in ("centroid_deit", "baselines", "mixer_deit"))
+CENTROID = [n for n in NAMES if _model_to_module[n] == "centroid_deit"]
+MIXER = [n for n in NAMES if _model_to_module[n] == "mixer_deit"]
 SCRIPTABLE = [n for n in NAMES if n not in MIXER]
 IMG = 32
 
@@ -53,17 +53,17 @@ def _create_fx_model(model: torch.nn.Module, train: bool = False) -> torch.nn.Mo
     tracer_kwargs = dict(
         leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions(), param_shapes_constant=True
     )
-    train_nodes, eval_nodes = get_graph_node_names(model, tracer_kwargs=tracer_kwargs)
+    train_nodes, eval_nodes = tv_fx.get_graph_node_names(model, tracer_kwargs=tracer_kwargs)
     eval_return_nodes = [eval_nodes[-1]]
     train_return_nodes = [train_nodes[-1]]
     if train:
-        graph = NodePathTracer(**tracer_kwargs).trace(model)
+        graph = tv_fx.NodePathTracer(**tracer_kwargs).trace(model)
         graph_nodes = list(reversed(graph.nodes))
         output_node_names = [n.name for n in graph_nodes[0]._input_nodes.keys()]
         graph_node_names = [n.name for n in graph_nodes]
         output_node_indices = [-graph_node_names.index(node_name) for node_name in output_node_names]
         train_return_nodes = [train_nodes[ix] for ix in output_node_indices]
-    return create_feature_extractor(
+    return tv_fx.create_feature_extractor(
         model,
         train_return_nodes=train_return_nodes,
         eval_return_nodes=eval_return_nodes,
@@ -88,21 +88,24 @@ def test_fx_forward_and_backward(name: str) -> None:
     x = _input()
     with torch.no_grad():
         ref = model(x)
-        out = tuple(_create_fx_model(model)(x).values())[0]
+        out = next(iter(_create_fx_model(model)(x).values()))
     assert_close(out, ref)
     fx_train = _create_fx_model(model.train(), train=True)
-    out = tuple(fx_train(x).values())[0]
+    out = next(iter(fx_train(x).values()))
     out.square().mean().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_feature_extraction_reports_the_reduction(name: str) -> None:
-    """timm's features_only (getter) and an FX feature extractor on named blocks agree on shapes."""
+    """timm's FX feature extraction (create_feature_extractor and FeatureGraphNet) on the blocks, with the
+    reduction feature_info reports (stride doubles at the centroid block)."""
     model = _model(name)
     x = _input()
     with torch.no_grad():
         feats = create_feature_extractor(model, return_nodes={"blocks.0": "b0", "blocks.1": "b1"})(x)
+        graph_net = FeatureGraphNet(model, out_indices=(0, 1))(x)
+    assert [f.shape for f in graph_net] == [feats["b0"].shape, feats["b1"].shape]
     assert feats["b0"].shape[0] == 2 and feats["b1"].shape[-1] == model.embed_dim
     reductions = [info["reduction"] for info in model.feature_info]
     if name in CENTROID:
@@ -122,18 +125,20 @@ def test_torchscript_and_fx_then_torchscript(name: str) -> None:
         ref = model(x)
         assert_close(torch.jit.script(model)(x), ref)
         fx_scripted = torch.jit.script(_create_fx_model(model))
-        assert_close(tuple(fx_scripted(x).values())[0], ref)
+        assert_close(next(iter(fx_scripted(x).values())), ref)
 
 
 @pytest.mark.parametrize("name", MIXER)
 def test_mixer_deit_scripting_fails_naming_the_mixer(name: str) -> None:
+    """TorchScript cannot compile the mixers (custom autograd Functions, chunked loops): scripting the model or its
+    FX graph names the mixer; under timm's set_scriptable(True) the model refuses to build, naming it too."""
     model = _model(name)
-    mixer = model.mixer
-    with pytest.raises(RuntimeError, match=rf"{mixer.upper() if mixer in ('fsat', 'fat') else repr(mixer)}"):
-        torch.jit.script(model)
-    with pytest.raises(RuntimeError, match=rf"{mixer.upper() if mixer in ('fsat', 'fat') else repr(mixer)}"):
-        torch.jit.script(_create_fx_model(model))
-    with set_scriptable(True), pytest.raises(RuntimeError, match=rf"mixer '{mixer}'.*set_scriptable"):
+    names = {"hydra": "quasiseparable", "fsat": "FSAT", "fat": "FAT"}  # the mixer's name in the message
+    expected = names.get(model.mixer, model.mixer)
+    for target in (model, _create_fx_model(model)):
+        with pytest.raises(RuntimeError, match=rf"the '?{expected}'? sequence mixer cannot be compiled by TorchScript"):
+            torch.jit.script(target)
+    with set_scriptable(True), pytest.raises(RuntimeError, match=rf"mixer '{model.mixer}'.*set_scriptable"):
         _model(name)
 
 
@@ -143,9 +148,7 @@ def _graph_breaks(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, list]:
     return explanation.graph_break_count, [str(b.reason) for b in explanation.break_reasons]
 
 
-@pytest.mark.parametrize(
-    "name", [n if n == CENTROID[0] else pytest.param(n, marks=pytest.mark.slow) for n in CENTROID]
-)
+@pytest.mark.parametrize("name", [n if n == CENTROID[0] else pytest.param(n, marks=pytest.mark.slow) for n in CENTROID])
 def test_centroid_deit_compiles_without_graph_breaks(name: str) -> None:
     model = _model(name)
     with torch.no_grad():
