@@ -8,6 +8,7 @@ the devices it runs on, whether its result is exact (identical to the reference)
 * ``"auto"`` walks the op's per-device preference order (measured: ``tools/bench_points.py`` and
   ``docs/benchmarks.md``) and takes the first *exact* backend that is installed, runs on the device and supports the
   shape; the reference always qualifies.
+* while FX, dynamo or ``torch.export`` trace the caller, ``"auto"`` is the reference (plain tensor code);
 * an explicit name runs that backend or raises: ``ImportError`` (with the install hint) when its package is missing,
   ``ValueError`` when it cannot take the device or the shape (never a silent fallback).
 
@@ -22,6 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
+
+from .checks import is_tracing
 
 __all__ = [
     "AUTO_ORDER",
@@ -202,6 +205,8 @@ def resolve(
     if choices is None:
         raise ValueError(f"unknown op {op!r}; choose one of {sorted(BACKENDS)}")
     reference = next(iter(choices))
+    if backend == "auto" and is_tracing():
+        return reference  # FX / dynamo / export follow plain tensor code; a compiled extension or numpy would break it
     if backend == "auto":
         for name in order if order is not None else AUTO_ORDER.get((op, device.type), (reference,)):
             b = choices[name]

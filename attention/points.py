@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from .backends import HAS_FPSAMPLE, HAS_PYTORCH3D, HAS_TORCH_CLUSTER, HAS_TRITON, resolve
-from .checks import check_index, check_points, checks_active, is_tracing
+from .checks import check_index, check_points, checks_active
 
 __all__ = [
     "FPSAMPLE_BUCKET_HEIGHT",
@@ -301,8 +301,7 @@ def farthest_point_sample(
     if mask is not None and checks_active() and not bool(mask.gather(1, start[:, None]).all()):
         raise ValueError("start points at a padded point (mask is False there)")
     shape = {"B": B, "N": N, "C": x.shape[-1], "M": num_samples, "masked": mask is not None}
-    # Under FX / dynamo / export "auto" keeps to the reference: a numpy or Triton backend would break the graph.
-    name = resolve("fps", backend, x.device, shape, order=("torch",) if is_tracing() else None)
+    name = resolve("fps", backend, x.device, shape)  # the reference while tracing (see attention.backends)
     return FPS_BACKENDS[name](x, num_samples, start, mask)
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from functools import partial
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -254,11 +255,25 @@ def list_models() -> list[str]:
     return sorted(MODELS)
 
 
-def create_model(name: str, **kwargs) -> nn.Module:
-    """Builds a registered model by name; ``kwargs`` override its defaults (e.g. ``num_steps=2``)."""
+def create_model(name: str, checkpoint: str | Path | None = None, **kwargs) -> nn.Module:
+    """Builds a registered model by name; ``kwargs`` override its defaults (e.g. ``num_steps=2``).
+
+    ``checkpoint``: a ``model.safetensors`` written by ``tools/export_weights.py``, loaded strictly (build with the
+    same ``kwargs`` as the exported model: its ``config.json`` lists them under ``model_args``).
+    """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {list_models()}")
-    return MODELS[name](**kwargs)
+    model = MODELS[name](**kwargs)
+    if checkpoint is not None:
+        from safetensors.torch import load_file
+
+        path = Path(checkpoint)
+        if path.suffix != ".safetensors" or not path.is_file():
+            raise ValueError(
+                f"checkpoint must be an existing .safetensors file (tools/export_weights.py writes one), got {path}"
+            )
+        model.load_state_dict(load_file(str(path)))
+    return model
 
 
 @register_model
