@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .backends import resolve
 from .checks import checks_active
 
 __all__ = [
@@ -163,10 +164,7 @@ def sparse_edge_attention(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Te
     E = idx.shape[-1]
     if idx.shape != (B, H, L, E) or conf.shape != idx.shape:
         raise ValueError(f"idx and conf must be (B, H, L, E) = {(B, H, L, E)}, got {tuple(idx.shape)}, {conf.shape}")
-    if backend == "auto":
-        backend = "csr" if q.device.type == "cpu" else "gather"
-    if backend not in EDGE_BACKENDS:
-        raise ValueError(f"unknown edge backend {backend!r}; choose one of {('auto', *EDGE_BACKENDS)}")
+    backend = resolve("fsat_edges", backend, q.device)  # auto: CSR on CPU, gather on CUDA (attention.backends)
     if checks_active() and idx.numel() and int(idx.max()) >= L:
         raise ValueError(f"idx must hold query positions < L = {L} (or < 0 for no edge), got max {int(idx.max())}")
     acc = torch.promote_types(q.dtype, torch.float32)  # softmax in float32 (or float64) even for bf16 inputs

@@ -56,10 +56,16 @@ def test_explicit_backend_errors_name_the_fix(monkeypatch: pytest.MonkeyPatch) -
 
 
 @pytest.mark.skipif(not backends.HAS_TRITON, reason="triton not installed")
-def test_declared_triton_fps_limits_match_the_kernel() -> None:
+def test_declared_triton_limits_match_the_kernels() -> None:
     kernel = importlib.import_module("attention.kernels.fps_triton")
     assert backends.TRITON_FPS_MAX_POINTS == kernel.MAX_POINTS
     assert backends.TRITON_FPS_MAX_CHANNELS == kernel.MAX_CHANNELS
+    mixers_kernel = importlib.import_module("attention.kernels.mixers_triton")
+    for op in ("cauchy_mix", "vandermonde_mix"):
+        assert dict(BACKENDS[op]["triton"].limits) == {
+            "D": mixers_kernel.MAX_HEAD_DIM,
+            "Dv": mixers_kernel.MAX_HEAD_DIM,
+        }
 
 
 def test_submodule_all_agree_with_the_package() -> None:
