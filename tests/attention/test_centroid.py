@@ -383,3 +383,21 @@ def test_kmeans_init_takes_separate_fps_and_knn_backends() -> None:
 def test_bad_input_is_named(call, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize("num_neighbors", [None, 4])
+def test_one_forward_traces_without_checks_or_host_syncs(num_neighbors: int | None) -> None:
+    """FX follows the layer's one forward: no validation, no isfinite reduction, no global flag in the graph; the
+    feature-space KNN and the chunked KNN product are single leaf calls; the traced graph equals eager."""
+    torch.manual_seed(0)
+    layer = CentroidAttention(16, num_heads=4, num_neighbors=num_neighbors, num_steps=2).eval()
+    x, u = torch.randn(2, 10, 16), torch.randn(2, 5, 16)
+    gm = torch.fx.symbolic_trace(layer, concrete_args={"mask": None, "neighbor_idx": None})
+    assert "isfinite" not in gm.code and "check" not in gm.code
+    if num_neighbors is not None:
+        assert gm.code.count("feature_neighbors(") == 2 and gm.code.count("knn_centroid_attention(") == 2
+    assert_close(gm(x, u), layer(x, u))
+    if num_neighbors is None:  # the dense path is TorchScript-able (the vision models' centroid block)
+        assert_close(torch.jit.script(layer)(x, u), layer(x, u))
+    with pytest.raises(ValueError, match="M <= N"):  # eager still validates
+        layer(x, torch.randn(2, 11, 16))
