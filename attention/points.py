@@ -11,7 +11,8 @@ backend        FPS                                         KNN
 ``pytorch3d``  ``pytorch3d.ops.sample_farthest_points``    ``pytorch3d.ops.knn_points``
 ``triton``     ``attention.kernels.fps_triton`` (CUDA,      --
                N <= 65536, C <= 8)
-``fpsample``   ``fpsample.fps_sampling`` (CPU, C <= 8)       --
+``fpsample``   ``fpsample.fps_sampling`` (CPU; FPS, but its  --
+               rounding differs: explicit only)
 ``fpsample_    ``fpsample.bucket_fps_kdline_sampling``       --
 bucket``       (CPU; approximate, explicit only)
 =============  ==========================================  ======================================================

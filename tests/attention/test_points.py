@@ -13,10 +13,6 @@ FPS_ALT = [
     pytest.param("cluster", marks=pytest.mark.skipif(not points.HAS_TORCH_CLUSTER, reason="torch-cluster missing")),
     pytest.param("pytorch3d", marks=pytest.mark.skipif(not points.HAS_PYTORCH3D, reason="pytorch3d missing")),
 ]
-FPS_ALT_CPU = [
-    *FPS_ALT,
-    pytest.param("fpsample", marks=pytest.mark.skipif(not points.HAS_FPSAMPLE, reason="fpsample missing")),
-]
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
@@ -91,7 +87,7 @@ def test_fps_backend_equals_reference(backend: str, device: str, shape: tuple[in
     assert torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("backend", FPS_ALT_CPU)
+@pytest.mark.parametrize("backend", FPS_ALT)
 def test_fps_backend_ragged_equals_reference(backend: str) -> None:
     x = torch.rand(3, 63, 5)
     mask = torch.rand(3, 63) > 0.3
@@ -102,14 +98,22 @@ def test_fps_backend_ragged_equals_reference(backend: str) -> None:
 
 
 @pytest.mark.skipif(not points.HAS_FPSAMPLE, reason="fpsample missing")
-@pytest.mark.parametrize("shape,m", [((3, 63, 5), 20), ((2, 1024, 3), 512), ((4, 100, 3), 1), ((1, 3000, 8), 700)])
-def test_fpsample_fps_equals_reference(shape: tuple[int, int, int], m: int) -> None:
-    """Identical indices up to C = 8 (the backend's declared limit: in more channels fpsample sums the squared
-    differences in another order, and near-ties can resolve differently; measured at C = 60)."""
+@pytest.mark.parametrize("shape,m", [((3, 63, 5), 20), ((2, 1024, 3), 512), ((4, 100, 3), 1), ((1, 3000, 60), 700)])
+def test_fpsample_fps_is_farthest_point_sampling(shape: tuple[int, int, int], m: int) -> None:
+    """fpsample runs the same greedy rule; its rounding differs, so a near-tie can send it down another (equally
+    valid) path: the start is kept, samples are distinct, and the coverage matches the reference's closely."""
     x = torch.rand(*shape)
     start = torch.randint(0, shape[1], (shape[0],))
     ref = farthest_point_sample(x, m, start=start, backend="torch")
-    assert torch.equal(farthest_point_sample(x, m, start=start, backend="fpsample"), ref)
+    out = farthest_point_sample(x, m, start=start, backend="fpsample")
+    assert torch.equal(out[:, 0], start) and all(row.unique().numel() == m for row in out)
+    for b in range(shape[0]):
+        assert _coverage(x[b : b + 1], out[b : b + 1]) <= 1.05 * _coverage(x[b : b + 1], ref[b : b + 1])
+    mask = torch.rand(shape[:2]) > 0.3
+    mask[torch.arange(shape[0]), start] = True
+    m_real = min(m, int(mask.sum(1).min()))
+    ragged = farthest_point_sample(x, m_real, start=start, mask=mask, backend="fpsample")
+    assert torch.equal(ragged[:, 0], start) and bool(mask.gather(1, ragged).all())  # real points only
 
 
 def _coverage(x: torch.Tensor, idx: torch.Tensor) -> float:
@@ -126,9 +130,6 @@ def test_fpsample_bucket_is_an_explicit_approximation_with_close_coverage() -> N
     assert bucket.unique().numel() == 1024  # fpsample's bucket FPS does not keep the start point first
     assert _coverage(x, bucket) <= 1.25 * _coverage(x, exact)
     assert torch.equal(farthest_point_sample(x, 1024), exact)  # auto never picks the approximation
-    with pytest.raises(ValueError, match=r"supports C <= 8, got C=9"):
-        farthest_point_sample(torch.rand(1, 50, 9), 5, backend="fpsample")
-    assert farthest_point_sample(torch.rand(1, 50, 9), 5).shape == (1, 5)  # auto moves on to the reference
 
 
 @pytest.mark.gpu
