@@ -2,15 +2,30 @@
 
 * :mod:`attention.points`: farthest point sampling, k nearest neighbours, gather and interpolation, with a plain
   PyTorch reference and optional fast backends (torch-cluster, pytorch3d, Triton).
-* :mod:`attention.centroid`: centroid attention (dense or over K nearest inputs, T steps), its inits and blocks.
+* :mod:`attention.centroid`: centroid attention (dense or over K nearest inputs, T steps), its inits and blocks
+  (subpackage: ``functional``, ``layer``, ``inits``, ``blocks``).
+* :mod:`attention.layers`: the transformer MLP and stochastic depth shared by the blocks.
+* :mod:`attention.backends`: the backend switchboard (optional packages, what each kernel supports, ``resolve``).
+* :mod:`attention.checks`: the input validation of every public op (eager mode only; off while tracing).
 * :mod:`attention.fsat`: FSAT (Fourier sparse attention) and FAT over the FFT-pooled hidden-state cross.
 * :mod:`attention.mixers`: structured matrix mixers (softmax, linear, Toeplitz, Cauchy, Vandermonde, Hydra) and
   their non-data-dependent twins, with FSAT / FAT, in one registry (:data:`MIXERS`, :func:`build_mixer`).
 """
 
-from ._checks import input_checks, set_input_checks
+from .backends import (
+    AUTO_ORDER,
+    BACKENDS,
+    INSTALL_HINTS,
+    INSTALLED,
+    Backend,
+    available,
+    backend_names,
+    resolve,
+)
 from .centroid import (
+    ATTN_CHUNK_BYTES,
     CENTROID_INITS,
+    NORMALIZATIONS,
     CentroidAttention,
     CentroidBlock,
     CentroidOutput,
@@ -19,22 +34,42 @@ from .centroid import (
     KMeansInit,
     LinearInit,
     MeanPoolInit,
-    Mlp,
     RandomInit,
     SelfAttentionBlock,
     build_centroid_init,
     centroid_attention,
-    edge_projection,
+    check_neighbor_idx,
+    dense_centroid_attention,
+    edge_attention,
+    feature_neighbors,
+    knn_centroid_attention,
+    resolve_num_centroids,
+)
+from .checks import (
+    check_index,
+    check_points,
+    checks_active,
+    input_checks,
+    input_checks_enabled,
+    is_tracing,
+    set_input_checks,
 )
 from .fsat import (
+    EDGE_BACKENDS,
     FEATURE_MAPS,
+    ConvFeatureMap,
     FourierAttention,
     FourierCross,
     FourierSparseAttention,
+    MlpFeatureMap,
+    TruncateGrad,
     fold_cross,
     pooled_cross,
+    pooled_cross_reference,
     sparse_edge_attention,
+    sparse_edge_attention_reference,
 )
+from .layers import DropPath, Mlp
 from .mixers import (
     MATRIX_MIXERS,
     MIXERS,
@@ -47,6 +82,7 @@ from .mixers import (
     SoftmaxMatrix,
     ToeplitzMatrix,
     VandermondeMatrix,
+    apply_matrix,
     build_mixer,
     cauchy_mix,
     quasiseparable_mix,
@@ -55,6 +91,8 @@ from .mixers import (
 )
 from .points import (
     FPS_BACKENDS,
+    FPSAMPLE_BUCKET_HEIGHT,
+    HAS_FPSAMPLE,
     HAS_PYTORCH3D,
     HAS_TORCH_CLUSTER,
     HAS_TRITON,
@@ -68,20 +106,32 @@ from .points import (
 )
 
 __all__ = [
+    "ATTN_CHUNK_BYTES",
+    "AUTO_ORDER",
+    "BACKENDS",
     "CENTROID_INITS",
+    "EDGE_BACKENDS",
     "FEATURE_MAPS",
+    "FPSAMPLE_BUCKET_HEIGHT",
     "FPS_BACKENDS",
+    "HAS_FPSAMPLE",
     "HAS_PYTORCH3D",
     "HAS_TORCH_CLUSTER",
     "HAS_TRITON",
+    "INSTALLED",
+    "INSTALL_HINTS",
     "KNN_BACKENDS",
     "MATRIX_MIXERS",
     "MIXERS",
+    "NORMALIZATIONS",
+    "Backend",
     "CauchyMatrix",
     "CentroidAttention",
     "CentroidBlock",
     "CentroidOutput",
+    "ConvFeatureMap",
     "DWConv2dInit",
+    "DropPath",
     "FPSInit",
     "FourierAttention",
     "FourierCross",
@@ -94,29 +144,47 @@ __all__ = [
     "MeanPoolInit",
     "MixerBlock",
     "Mlp",
+    "MlpFeatureMap",
     "QuasiseparableMatrix",
     "RandomInit",
     "SelfAttentionBlock",
     "SoftmaxMatrix",
     "ToeplitzMatrix",
+    "TruncateGrad",
     "VandermondeMatrix",
+    "apply_matrix",
+    "available",
+    "backend_names",
     "build_centroid_init",
     "build_mixer",
     "cauchy_mix",
     "centroid_attention",
-    "edge_projection",
+    "check_index",
+    "check_neighbor_idx",
+    "check_points",
+    "checks_active",
+    "dense_centroid_attention",
+    "edge_attention",
     "farthest_point_sample",
+    "feature_neighbors",
     "fold_cross",
     "gather",
     "input_checks",
+    "input_checks_enabled",
     "interpolate",
+    "is_tracing",
     "knn",
+    "knn_centroid_attention",
     "lengths_to_mask",
     "nearest_upsample",
     "pooled_cross",
+    "pooled_cross_reference",
     "quasiseparable_mix",
+    "resolve",
+    "resolve_num_centroids",
     "set_input_checks",
     "sparse_edge_attention",
+    "sparse_edge_attention_reference",
     "toeplitz_mix",
     "vandermonde_mix",
 ]

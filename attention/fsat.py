@@ -49,7 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import input_checks_enabled
+from .backends import resolve
+from .checks import checks_active
 
 __all__ = [
     "EDGE_BACKENDS",
@@ -163,11 +164,8 @@ def sparse_edge_attention(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Te
     E = idx.shape[-1]
     if idx.shape != (B, H, L, E) or conf.shape != idx.shape:
         raise ValueError(f"idx and conf must be (B, H, L, E) = {(B, H, L, E)}, got {tuple(idx.shape)}, {conf.shape}")
-    if backend == "auto":
-        backend = "csr" if q.device.type == "cpu" else "gather"
-    if backend not in EDGE_BACKENDS:
-        raise ValueError(f"unknown edge backend {backend!r}; choose one of {('auto', *EDGE_BACKENDS)}")
-    if input_checks_enabled() and idx.numel() and int(idx.max()) >= L:
+    backend = resolve("fsat_edges", backend, q.device)  # auto: CSR on CPU, gather on CUDA (attention.backends)
+    if checks_active() and idx.numel() and int(idx.max()) >= L:
         raise ValueError(f"idx must hold query positions < L = {L} (or < 0 for no edge), got max {int(idx.max())}")
     acc = torch.promote_types(q.dtype, torch.float32)  # softmax in float32 (or float64) even for bf16 inputs
     N = B * H * L
@@ -470,6 +468,14 @@ class FourierAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
+    def __prepare_scriptable__(self) -> nn.Module:
+        # torch.jit.script calls this before compiling: name the mixer instead of a TorchScript compiler error.
+        raise RuntimeError(
+            "the FAT sequence mixer cannot be compiled by TorchScript "
+            "(its FFT-pooled cross uses dynamic list sizes TorchScript cannot type); "
+            "use torch.fx, torch.compile or torch.export instead (timm: build the model outside set_scriptable(True))"
+        )
+
     def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
         _check_input(x, self.dim, None, attn_mask, supports_mask=True)
         B, L, C = x.shape
@@ -553,6 +559,14 @@ class FourierSparseAttention(nn.Module):
         conf = torch.exp(-((idx.to(acc) - mean) ** 2) / (2 * var)) / math.sqrt(2 * math.pi * var)
         idx = torch.where(idx < L, idx, torch.full_like(idx, -1))  # past the sequence: dropped
         return idx, TruncateGrad.apply(conf)
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        # torch.jit.script calls this before compiling: name the mixer instead of a TorchScript compiler error.
+        raise RuntimeError(
+            "the FSAT sequence mixer cannot be compiled by TorchScript "
+            "(its sparse edge products are custom autograd Functions); "
+            "use torch.fx, torch.compile or torch.export instead (timm: build the model outside set_scriptable(True))"
+        )
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
         _check_input(x, self.dim, self.max_len, attn_mask, supports_mask=False)

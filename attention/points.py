@@ -9,12 +9,24 @@ backend        FPS                                         KNN
 ``torch``      loop over M, batched (reference)            chunked brute force, memory bounded (reference)
 ``cluster``    ``torch_cluster.fps`` (CPU, CUDA)           ``torch_cluster.knn`` (CPU kd-tree, CUDA brute force)
 ``pytorch3d``  ``pytorch3d.ops.sample_farthest_points``    ``pytorch3d.ops.knn_points``
-``triton``     ``attention.kernels.fps_triton`` (CUDA)     --
+``triton``     ``attention.kernels.fps_triton`` (CUDA,      --
+               N <= 65536, C <= 8)
+``fpsample``   ``fpsample.fps_sampling`` (CPU; FPS, but its  --
+               rounding differs: explicit only)
+``fpsample_    ``fpsample.bucket_fps_kdline_sampling``       --
+bucket``       (CPU; approximate, explicit only)
 =============  ==========================================  ======================================================
 
-``backend="auto"`` picks, per device, the fastest backend that is installed (see ``tools/bench_points.py`` and
-``docs/benchmarks.md`` for the measurements behind the choice). An explicitly requested backend that is not installed
-raises an ``ImportError`` that says what to install.
+Backends are declared and chosen in :mod:`attention.backends`: ``backend="auto"`` picks, per device and shape, the
+fastest *exact* backend that is installed and supports the shape (see ``tools/bench_points.py`` and
+``docs/benchmarks.md`` for the measurements behind the order). An explicitly requested backend that is not installed
+raises an ``ImportError`` that says what to install; one that cannot take the device or the shape raises a
+``ValueError`` (no silent fallback).
+
+``fpsample_bucket`` is a documented approximation for large single clouds: fpsample's bucket FPS (kd-tree buckets,
+``h`` = :data:`FPSAMPLE_BUCKET_HEIGHT`) returns a well-spread subset but not the exact FPS indices; its coverage
+(largest distance from a point to its nearest sample) against exact FPS is measured in ``docs/benchmarks.md``; its
+first sample is not ``start``. Under FX, dynamo or ``torch.export``, ``"auto"`` runs the reference (traceable).
 
 Conventions: points and features are ``(B, N, C)``; indices are int64 ``(B, M)`` or ``(B, M, K)`` into the N axis of
 their batch element; distances are squared L2. Ragged batches are padded to a common N and described by a boolean
@@ -23,17 +35,19 @@ their batch element; distances are squared L2. Ragged batches are padded to a co
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 
 import torch
 from torch import Tensor
 
-from ._checks import check_index, check_points, input_checks_enabled
+from .backends import HAS_FPSAMPLE, HAS_PYTORCH3D, HAS_TORCH_CLUSTER, HAS_TRITON, resolve
+from .checks import check_index, check_points, checks_active
 
 __all__ = [
+    "FPSAMPLE_BUCKET_HEIGHT",
     "FPS_BACKENDS",
+    "HAS_FPSAMPLE",
     "HAS_PYTORCH3D",
     "HAS_TORCH_CLUSTER",
     "HAS_TRITON",
@@ -48,47 +62,8 @@ __all__ = [
 
 _logger = logging.getLogger(__name__)
 
-# Optional packages are probed once, without importing them; each backend imports its package inside its branch.
-HAS_TORCH_CLUSTER = importlib.util.find_spec("torch_cluster") is not None
-HAS_PYTORCH3D = importlib.util.find_spec("pytorch3d") is not None
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-
-_INSTALL_HINTS = {
-    "cluster": "torch-cluster: `pip install --no-build-isolation torch-cluster` after torch (or `pip install "
-    "--no-build-isolation -e '.[cluster]'`); tools/bootstrap.sh does it",
-    "pytorch3d": "pytorch3d (not on PyPI: build it from source, see its INSTALL.md)",
-    "triton": "triton (installed with CUDA builds of torch) and a CUDA device",
-}
-
 # Default memory budget of one chunk of the brute-force distance matrix, in bytes.
 KNN_CHUNK_BYTES = 32 * 2**20
-
-
-def _available(backend: str, device: torch.device) -> bool:
-    if backend == "torch":
-        return True
-    if backend == "cluster":
-        return HAS_TORCH_CLUSTER
-    if backend == "pytorch3d":
-        return HAS_PYTORCH3D
-    if backend == "triton":
-        return HAS_TRITON and device.type == "cuda"
-    return False
-
-
-def _resolve_backend(backend: str, choices: dict, auto_order: dict[str, tuple[str, ...]], device: torch.device) -> str:
-    if backend == "auto":
-        for name in auto_order.get(device.type, ("torch",)):
-            if _available(name, device):
-                return name
-        return "torch"
-    if backend not in choices:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {['auto', *choices]}")
-    if not _available(backend, device):
-        if backend == "triton" and HAS_TRITON:
-            raise ImportError("backend 'triton' needs a CUDA tensor; use backend='torch' or 'cluster' on CPU")
-        raise ImportError(f"backend {backend!r} is not installed; install {_INSTALL_HINTS[backend]}")
-    return backend
 
 
 def lengths_to_mask(lengths: Tensor, max_len: int) -> Tensor:
@@ -105,7 +80,7 @@ def _point_mask(x: Tensor, mask: Tensor | None, lengths: Tensor | None, name: st
         lengths = torch.as_tensor(lengths, device=x.device)
         if lengths.shape != (B,) or lengths.is_floating_point():
             raise ValueError(f"lengths must be an integer tensor of shape ({B},), got {tuple(lengths.shape)}")
-        if input_checks_enabled() and bool(((lengths < 1) | (lengths > N)).any()):
+        if checks_active() and bool(((lengths < 1) | (lengths > N)).any()):
             raise ValueError(f"lengths must lie in [1, {N}] (empty clouds are not allowed), got {lengths.tolist()}")
         return lengths_to_mask(lengths, N)
     if mask is None:
@@ -222,9 +197,48 @@ def _fps_triton(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None)
     return fps_triton(x.detach(), num_samples, start, mask)
 
 
-FPS_BACKENDS = {"torch": _fps_torch, "cluster": _fps_cluster, "pytorch3d": _fps_pytorch3d, "triton": _fps_triton}
-# Chosen from tools/bench_points.py: on CPU the batched reference beats torch_cluster's per-cloud loop.
-_FPS_AUTO = {"cpu": ("torch",), "cuda": ("triton", "pytorch3d", "cluster", "torch")}
+# Height of fpsample's kd-line buckets (its docs suggest 3-9 for large clouds); a larger height is faster and
+# coarser.
+FPSAMPLE_BUCKET_HEIGHT = 7
+
+
+def _fps_fpsample(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None, bucket: bool = False) -> Tensor:
+    """fpsample (Rust, CPU, one cloud at a time): exact FPS, or its bucket approximation when ``bucket``.
+
+    A padded cloud runs on its real points only (the start point mapped to its rank among them) and maps back.
+    """
+    import fpsample
+    import numpy as np
+
+    pts = x.detach().float().cpu().numpy()
+    starts = start.tolist()
+    keep = None if mask is None else mask.cpu().numpy()
+    out = np.empty((x.shape[0], num_samples), dtype=np.int64)
+    for b in range(x.shape[0]):
+        cloud, first, real = pts[b], starts[b], None
+        if keep is not None:
+            real = np.flatnonzero(keep[b])  # original index of each real point
+            cloud, first = cloud[real], int(np.searchsorted(real, first))
+        if bucket:
+            idx = fpsample.bucket_fps_kdline_sampling(cloud, num_samples, FPSAMPLE_BUCKET_HEIGHT, start_idx=first)
+        else:
+            idx = fpsample.fps_sampling(cloud, num_samples, start_idx=first)
+        out[b] = idx if real is None else real[idx]
+    return torch.from_numpy(out).to(x.device)
+
+
+def _fps_fpsample_bucket(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None) -> Tensor:
+    return _fps_fpsample(x, num_samples, start, mask, bucket=True)
+
+
+FPS_BACKENDS = {
+    "torch": _fps_torch,
+    "cluster": _fps_cluster,
+    "pytorch3d": _fps_pytorch3d,
+    "triton": _fps_triton,
+    "fpsample": _fps_fpsample,
+    "fpsample_bucket": _fps_fpsample_bucket,
+}
 
 
 def farthest_point_sample(
@@ -246,7 +260,8 @@ def farthest_point_sample(
             real point per cloud (drawn from ``generator``). Given ``start`` the result is deterministic.
         mask: optional ``(B, N)`` bool, True for real points of a padded (ragged) batch.
         lengths: optional ``(B,)`` number of real points per cloud (real points first); exclusive with ``mask``.
-        backend: ``"auto"``, ``"torch"``, ``"cluster"``, ``"pytorch3d"`` or ``"triton"`` (CUDA).
+        backend: ``"auto"`` or a name of :data:`FPS_BACKENDS` (see the module docstring); ``"fpsample_bucket"`` is
+            approximate.
         generator: random generator for ``start=None``.
 
     Returns:
@@ -259,7 +274,7 @@ def farthest_point_sample(
         raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
     mask = _point_mask(x, mask, lengths)
     n_real = mask.sum(1) if mask is not None else None
-    if num_samples > N or (n_real is not None and input_checks_enabled() and num_samples > int(n_real.min())):
+    if num_samples > N or (n_real is not None and checks_active() and num_samples > int(n_real.min())):
         have = N if n_real is None else int(n_real.min())
         raise ValueError(f"cannot sample M={num_samples} points from a cloud of N={have} (real) points: need M <= N")
     if start is None:
@@ -280,13 +295,14 @@ def farthest_point_sample(
         if start.shape != (B,):
             raise ValueError(f"start must be an int, None or a ({B},) tensor, got shape {tuple(start.shape)}")
         start = start.long()
-        if input_checks_enabled() and bool(((start < 0) | (start >= N)).any()):
+        if checks_active() and bool(((start < 0) | (start >= N)).any()):
             raise ValueError(f"start indices must lie in [0, {N}), got {start.tolist()}")
     else:
         raise TypeError(f"start must be an int, None or a (B,) tensor, got {type(start).__name__}")
-    if mask is not None and input_checks_enabled() and not bool(mask.gather(1, start[:, None]).all()):
+    if mask is not None and checks_active() and not bool(mask.gather(1, start[:, None]).all()):
         raise ValueError("start points at a padded point (mask is False there)")
-    name = _resolve_backend(backend, FPS_BACKENDS, _FPS_AUTO, x.device)
+    shape = {"B": B, "N": N, "C": x.shape[-1], "M": num_samples, "masked": mask is not None}
+    name = resolve("fps", backend, x.device, shape)  # the reference while tracing (see attention.backends)
     return FPS_BACKENDS[name](x, num_samples, start, mask)
 
 
@@ -389,7 +405,6 @@ def _knn_pytorch3d(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chun
 
 
 KNN_BACKENDS = {"torch": _knn_torch, "cluster": _knn_cluster, "pytorch3d": _knn_pytorch3d}
-_KNN_AUTO = {"cpu": ("torch",), "cuda": ("pytorch3d", "torch")}
 # torch_cluster's CPU kd-tree beats the brute-force reference only in low dimensions (tools/bench_points.py: about 2x
 # faster for C = 3, 1.5x slower at C = 8, 3x slower at C = 64), so "auto" uses it for coordinates only.
 _KNN_CLUSTER_MAX_DIM = 4
@@ -427,11 +442,12 @@ def knn(
     if k > N:
         raise ValueError(f"k={k} neighbours requested but ref has only N={N} points: need k <= N")
     mask = _point_mask(ref, mask, None, "ref")
-    if mask is not None and input_checks_enabled() and not bool(mask.any(1).all()):
+    if mask is not None and checks_active() and not bool(mask.any(1).all()):
         raise ValueError("every cloud of ref needs at least one real point; mask has an all-False row (empty cloud)")
-    if backend == "auto" and query.device.type == "cpu" and HAS_TORCH_CLUSTER and ref.shape[-1] <= _KNN_CLUSTER_MAX_DIM:
-        backend = "cluster"
-    name = _resolve_backend(backend, KNN_BACKENDS, _KNN_AUTO, query.device)
+    order = None
+    if query.device.type == "cpu" and ref.shape[-1] <= _KNN_CLUSTER_MAX_DIM:
+        order = ("cluster", "torch")
+    name = resolve("knn", backend, query.device, {"N": N, "C": ref.shape[-1]}, order=order)
     if name != "torch" and mask is not None and int(mask.sum(1).min()) < k:
         name = "torch"  # torch_cluster and pytorch3d cannot pad missing neighbours with inf; the reference can
     return KNN_BACKENDS[name](query, ref, k, mask, chunk_bytes)

@@ -37,8 +37,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from attention import HAS_PYTORCH3D, HAS_TORCH_CLUSTER, gather, knn
-from attention._checks import check_points
+from attention import gather, knn, resolve
+from attention.checks import check_points
 
 __all__ = [
     "CHAMFER_BACKENDS",
@@ -65,11 +65,6 @@ _DENSE_AUTO_BYTES = 2 * 2**20
 # used for low dimensions only, where a kd-tree beats brute force.
 _CLUSTER_MAX_DIM = 4
 
-_INSTALL_HINTS = {
-    "knn_cluster": "torch-cluster: `pip install --no-build-isolation torch-cluster` after torch (or `pip install "
-    "--no-build-isolation -e '.[cluster]'`); tools/bootstrap.sh does it",
-    "pytorch3d": "pytorch3d (not on PyPI: build it from source, see its INSTALL.md)",
-}
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -203,30 +198,22 @@ CHAMFER_BACKENDS = {
 }
 
 
-def _available(backend: str) -> bool:
-    if backend == "knn_cluster":
-        return HAS_TORCH_CLUSTER
-    if backend == "pytorch3d":
-        return HAS_PYTORCH3D
-    return True
-
-
 def _resolve_backend(backend: str, a: Tensor, b: Tensor) -> str:
-    if backend == "auto":
-        if a.device.type == "cuda":
-            return "pytorch3d" if HAS_PYTORCH3D else "chunked"
-        B, N, C = a.shape
-        if B * N * b.shape[1] * C * a.element_size() <= _DENSE_AUTO_BYTES:
-            return "dense"
-        # torch_cluster's kd-tree searches in float32: keep float64 inputs on the exact chunked search.
-        if HAS_TORCH_CLUSTER and C <= _CLUSTER_MAX_DIM and a.dtype != torch.float64:
-            return "knn_cluster"
-        return "chunked"
-    if backend not in CHAMFER_BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {['auto', *CHAMFER_BACKENDS]}")
-    if not _available(backend):
-        raise ImportError(f"chamfer backend {backend!r} is not installed; install {_INSTALL_HINTS[backend]}")
-    return backend
+    """The backend for these clouds, through :func:`attention.backends.resolve` (the one switchboard).
+
+    ``auto``'s preference depends on the shape: the dense reference while its difference tensor is small, the kd-tree
+    for low-dimensional float32 clouds, else the chunked search; on CUDA pytorch3d when installed.
+    """
+    B, N, C = a.shape
+    if a.device.type == "cuda":
+        order = ("pytorch3d", "chunked")
+    elif B * N * b.shape[1] * C * a.element_size() <= _DENSE_AUTO_BYTES:
+        order = ("dense",)
+    elif C <= _CLUSTER_MAX_DIM and a.dtype != torch.float64:  # the kd-tree searches in float32
+        order = ("knn_cluster", "chunked")
+    else:
+        order = ("chunked",)
+    return resolve("chamfer", backend, a.device, {"C": C}, order=order)
 
 
 def _safe_sqrt(x: Tensor) -> Tensor:

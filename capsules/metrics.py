@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from attention import knn
-from attention._checks import check_points
+from attention.checks import check_points
 
 __all__ = ["capsule_parts", "capsule_purity", "part_purity", "patch_spread", "random_patches"]
 

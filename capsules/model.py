@@ -75,8 +75,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attention import CentroidBlock
-from attention._checks import check_points
 from attention.centroid import LinearInit
+from attention.checks import check_points
 from engine.registry import ModelRegistry
 
 __all__ = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -45,11 +46,25 @@ class ModelRegistry:
         """Sorted registered names matching the shell-style ``pattern`` (e.g. ``"*_routing_*"``)."""
         return sorted(name for name in self.models if fnmatch.fnmatchcase(name, pattern))
 
-    def create_model(self, name: str, **kwargs: Any) -> nn.Module:
-        """Builds model ``name``; ``kwargs`` override its defaults (a keyword it does not take is named)."""
+    def create_model(self, name: str, checkpoint: str | Path | None = None, **kwargs: Any) -> nn.Module:
+        """Builds model ``name``; ``kwargs`` override its defaults (a keyword it does not take is named).
+
+        ``checkpoint``: a ``model.safetensors`` written by ``tools/export_weights.py``, loaded strictly (build with
+        the same ``kwargs`` as the exported model: its ``config.json`` lists them under ``model_args``).
+        """
         if name not in self.models:
             raise ValueError(f"unknown model {name!r}; the {self.domain} models are {self.list_models()}")
-        return create_with_kwargs(self.models[name], name, kwargs)
+        model = create_with_kwargs(self.models[name], name, kwargs)
+        if checkpoint is not None:
+            from safetensors.torch import load_file
+
+            path = Path(checkpoint)
+            if path.suffix != ".safetensors" or not path.is_file():
+                raise ValueError(
+                    f"checkpoint must be an existing .safetensors file (tools/export_weights.py writes one), got {path}"
+                )
+            model.load_state_dict(load_file(str(path)))
+        return model
 
     def __contains__(self, name: object) -> bool:
         return name in self.models

@@ -35,8 +35,8 @@ import torch
 from torch import Tensor, nn
 
 from attention import CentroidBlock, MixerBlock, SelfAttentionBlock, build_mixer, input_checks, knn, nearest_upsample
-from attention._checks import check_points
 from attention.centroid import resolve_num_centroids
+from attention.checks import check_points
 from engine.registry import ModelRegistry
 
 __all__ = [
@@ -247,7 +247,7 @@ _registry = ModelRegistry("point cloud")
 MODELS = _registry.models
 register_model = _registry.register_model
 list_models = _registry.list_models
-create_model = _registry.create_model  # kwargs override a model's defaults (e.g. ``num_steps=2``)
+create_model = _registry.create_model  # kwargs override a model's defaults (e.g. ``num_steps=2``); checkpoint=
 
 
 @register_model

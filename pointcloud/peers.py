@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from attention import farthest_point_sample, gather, input_checks, knn
-from attention._checks import check_points, input_checks_enabled
+from attention.checks import check_points, input_checks_enabled
 
 from .model import PointClassifier, classifier_head, register_model
 

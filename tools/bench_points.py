@@ -7,6 +7,11 @@ Grid: B in {8, 32}, N in {1024, 4096}, M in {N/2, N/4}. FPS samples M of N point
 N points for each of the M sampled points, in xyz (C = 3) and in a 64-d feature space. ``speedup vs cluster`` =
 torch_cluster's time / the backend's time (> 1: faster than torch_cluster). Every backend's FPS indices are checked
 against the reference in the same run.
+
+Large single clouds (``--large``, default 50K / M = 4096 and 100K / M = 8192, CPU): every exact FPS backend and the
+approximate ``fpsample_bucket``, with each one's time relative to the bucket FPS and its coverage (the largest
+distance from a point to its nearest sample, which FPS greedily minimizes) relative to exact FPS. The ``auto`` row
+shows which backend ``backend="auto"`` resolves to for that shape (:func:`attention.backends.resolve`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,37 @@ from functools import partial
 import torch
 from benchutil import describe_machine, print_table, time_fn
 
-from attention import points
+from attention import backends, points
+
+
+def _coverage(x: torch.Tensor, idx: torch.Tensor) -> float:
+    """Largest distance from a point to its nearest sample (the quantity FPS greedily minimizes)."""
+    return float(points.knn(x, points.gather(x, idx), 1, backend="torch")[0].max().sqrt())
+
+
+def large_cloud_rows(sizes: list[tuple[int, int]], device: torch.device, repeats: int) -> list[list]:
+    """FPS on one large cloud per size: every installed backend, times relative to the bucket FPS, coverage."""
+    rows = []
+    names = [b for b in points.FPS_BACKENDS if backends.available("fps", b, device)]
+    for N, M in sizes:
+        x = torch.rand(1, N, 3, device=device, generator=torch.Generator(device).manual_seed(N))
+        start = torch.zeros(1, dtype=torch.long, device=device)
+        ref = points.farthest_point_sample(x, M, start=start, backend="torch")
+        ref_cov = _coverage(x, ref)
+        results = {}
+        for b in names:
+            if backends.BACKENDS["fps"][b].unsupported(device, {"N": N, "C": 3}) is not None:
+                continue
+            fn = partial(points.farthest_point_sample, x, M, start=start, backend=b)
+            idx = fn()
+            results[b] = (time_fn(fn, device, repeats=repeats), torch.equal(idx, ref), _coverage(x, idx) / ref_cov)
+        bucket_ms = results.get("fpsample_bucket", (float("nan"),))[0]
+        auto = backends.resolve("fps", "auto", device, {"N": N, "C": 3, "M": M, "masked": False})
+        for b, (ms, same, cov) in results.items():
+            exact = backends.BACKENDS["fps"][b].exact
+            name = f"{b} (auto)" if b == auto else b
+            rows.append([N, M, name, "exact" if exact else "approx", ms, ms / bucket_ms, "yes" if same else "no", cov])
+    return rows
 
 
 def main() -> None:
@@ -30,12 +65,21 @@ def main() -> None:
     parser.add_argument("--channels", type=int, nargs="+", default=[3, 64], help="KNN dims (xyz, features)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument(
+        "--large",
+        type=int,
+        nargs="*",
+        default=[50000, 4096, 100000, 8192],
+        help="single-cloud FPS rows as N M pairs (empty: skip)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    backends = [b for b in ("torch", "cluster", "pytorch3d", "triton") if points._available(b, device)]
-    print(f"# bench_points on {device}: {describe_machine(device)}; backends: {', '.join(backends)}\n")
+    # every installed FPS backend but the bucket approximation (it has its own table); `same indices` shows which
+    # ones are exact
+    names = [b for b in points.FPS_BACKENDS if b != "fpsample_bucket" and backends.available("fps", b, device)]
+    print(f"# bench_points on {device}: {describe_machine(device)}; FPS backends: {', '.join(names)}\n")
     fps_rows, knn_rows = [], []
     for B, N in itertools.product(args.batch, args.points):
         x = torch.rand(B, N, 3, device=device, generator=None)
@@ -43,7 +87,7 @@ def main() -> None:
             start = torch.zeros(B, dtype=torch.long, device=device)
             ref = points.farthest_point_sample(x, M, start=start, backend="torch")
             times = {}
-            for b in backends:
+            for b in names:
                 fn = partial(points.farthest_point_sample, x, M, start=start, backend=b)
                 same = torch.equal(fn(), ref)
                 times[b] = (time_fn(fn, device, repeats=args.repeats), same)
@@ -54,7 +98,7 @@ def main() -> None:
                 feats = x if C == 3 else torch.randn(B, N, C, device=device)
                 q = points.gather(feats, ref)
                 ktimes = {}
-                for b in [b for b in backends if b in points.KNN_BACKENDS]:
+                for b in [b for b in points.KNN_BACKENDS if backends.available("knn", b, device)]:
                     fn = partial(points.knn, q, feats, args.k, backend=b)
                     ktimes[b] = time_fn(fn, device, repeats=args.repeats)
                 kbase = ktimes.get("cluster", float("nan"))
@@ -64,6 +108,13 @@ def main() -> None:
     print_table(["B", "N", "M", "backend", "ms", "speedup vs cluster", "same indices"], fps_rows)
     print("\n## K nearest neighbours (M queries, N references)\n")
     print_table(["B", "N", "M", "C", "k", "backend", "ms", "speedup vs cluster"], knn_rows)
+    if args.large:
+        sizes = list(zip(args.large[::2], args.large[1::2]))
+        print("\n## FPS on one large cloud (C = 3)\n")
+        print_table(
+            ["N", "M", "backend", "kind", "ms", "time / bucket", "same indices as exact", "coverage / exact"],
+            large_cloud_rows(sizes, device, args.repeats),
+        )
 
 
 if __name__ == "__main__":

@@ -37,27 +37,26 @@ full-resolution blocks, which suggests an off-by-one in the paper's labels for t
 params are not explained by any block placement (placement does not change the parameter count) and we do not add
 parameters to chase them. The registered names keep the paper's "c7".
 
-Implementation notes: the centroid block is :class:`attention.CentroidAttention` (dense, T = 1) with the
-depth-wise conv init :class:`attention.DWConv2dInit`; the subclasses here only give both a tensor-in, tensor-out
-``forward`` for a fixed grid, without the core's data-dependent input checks, so that ``torch.fx`` and TorchScript
-can trace the model (the core's ``forward`` raises on FX proxies and uses autograd Functions TorchScript cannot
-compile). They compute the same function as the core's dense path (tested). All grid sizes are computed from
-``img_size`` at construction.
+Implementation notes: the centroid block is the core's :class:`attention.CentroidAttention` (dense, T = 1, with
+DropPath on its update) and :class:`attention.DWConv2dInit`, unchanged: their forward is traceable (validation runs
+in eager mode only), so ``torch.fx``, TorchScript, dynamo and ``torch.export`` follow the model. This module does not
+use ``from __future__ import annotations``: ``torch.fx`` copies the root ``forward``'s annotations into its generated
+code, where a string annotation (``"Tensor"``) becomes the name ``_Tensor_`` that TorchScript cannot resolve when
+scripting the FX graph. All grid sizes are computed from ``img_size`` at construction.
 """
-
-from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import (
     Attention,
     DropPath,
     Mlp,
     PatchEmbed,
+    is_scriptable,
+    register_notrace_module,
     resample_abs_pos_embed,
     resample_patch_embed,
     to_2tuple,
@@ -74,9 +73,7 @@ from attention.mixers import MIXERS, build_mixer
 __all__ = [
     "Block",
     "CentroidViT",
-    "GridCentroidAttention",
     "GridCentroidBlock",
-    "GridDWConvInit",
     "OverlapPatchEmbed",
     "checkpoint_filter_fn",
 ]
@@ -161,53 +158,6 @@ class Block(nn.Module):
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
-class GridDWConvInit(DWConv2dInit):
-    """:class:`attention.DWConv2dInit` on a fixed grid with a tensor-only ``forward`` (FX- and TorchScript-friendly).
-
-    Shapes:
-        x: ``(B, N, C)`` patch tokens of the ``grid_size`` grid (row-major); output: ``(B, M, C)``, M = out grid h * w.
-    """
-
-    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
-        B, N, C = x.shape
-        gh, gw = self.grid_size
-        grid = x.transpose(1, 2).reshape(B, C, gh, gw)  # (B, C, H, W)
-        return self.conv(grid).flatten(2).transpose(1, 2)  # (B, M, C)
-
-
-class GridCentroidAttention(CentroidAttention):
-    """Dense :class:`attention.CentroidAttention` (``normalize="inputs"``) with a traceable ``forward``.
-
-    ``u <- u + DropPath(Proj(MHA(q(LN_q(u)), k(LN_kv(x)), v(LN_kv(x)))))``, ``num_steps`` times; with
-    ``drop_path=0`` this is the core's dense forward without its input checks.
-
-    Shapes:
-        x: ``(B, N, C)`` inputs (keys and values); centroids: ``(B, M, C)``; output: ``(B, M, C)``.
-    """
-
-    def __init__(self, dim: int, num_heads: int = 8, drop_path: float = 0.0, **kwargs) -> None:
-        if kwargs.get("num_neighbors") is not None or kwargs.get("normalize", "inputs") != "inputs":
-            raise ValueError(
-                "GridCentroidAttention is the dense, normalize='inputs' path: drop num_neighbors/normalize"
-            )
-        super().__init__(dim, num_heads=num_heads, **kwargs)
-        self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-
-    def forward(self, x: Tensor, centroids: Tensor) -> Tensor:  # type: ignore[override]
-        B, N, C = x.shape
-        M = centroids.shape[1]
-        H, D = self.num_heads, self.head_dim
-        kv = self.kv(self.norm_kv(x)).reshape(B, N, 2, H, D).permute(2, 0, 3, 1, 4)  # (2, B, H, N, D)
-        k, v = kv.unbind(0)
-        dropout_p = self.attn_drop if self.training else 0.0
-        u = centroids
-        for _ in range(self.num_steps):
-            q = self.q(self.norm_q(u)).reshape(B, M, H, D).transpose(1, 2)  # (B, H, M, D)
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (B, H, M, D)
-            u = u + self.drop_path(self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, M, C))))
-        return u
-
-
 class GridCentroidBlock(nn.Module):
     """The centroid block: N grid tokens -> M = N/4 centroids (depth-wise conv init, one attention step, MLP).
 
@@ -243,10 +193,10 @@ class GridCentroidBlock(nn.Module):
     ) -> None:
         super().__init__()
         self.num_prefix_tokens = num_prefix_tokens
-        self.init = GridDWConvInit(dim, grid_size, kernel_size=3, stride=2, avg_init=True)
+        self.init = DWConv2dInit(dim, grid_size, kernel_size=3, stride=2, avg_init=True)
         self.grid_size = self.init.grid_size
         self.out_grid_size = self.init.out_grid_size
-        self.attn = GridCentroidAttention(
+        self.attn = CentroidAttention(
             dim,
             num_heads=num_heads,
             num_steps=num_steps,
@@ -263,7 +213,7 @@ class GridCentroidBlock(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         P = self.num_prefix_tokens
         prefix, patches = x[:, :P], x[:, P:]  # (B, P, C), (B, N, C)
-        u = torch.cat([prefix, self.init(patches)], dim=1)  # (B, P + M, C) queries
+        u = torch.cat([prefix, self.init(patches).x], dim=1)  # (B, P + M, C) queries
         u = self.attn(x, u)  # keys / values: all P + N tokens
         return u + self.drop_path2(self.mlp(self.norm2(u)))
 
@@ -323,6 +273,11 @@ class CentroidViT(nn.Module):
         super().__init__()
         if mixer is not None and mixer not in MIXERS:
             raise ValueError(f"unknown mixer {mixer!r}; choose one of {sorted(MIXERS)} (None: multi-head attention)")
+        if mixer is not None and is_scriptable():
+            raise RuntimeError(
+                f"mixer {mixer!r} cannot be scripted by TorchScript, but timm's set_scriptable(True) is on: build the "
+                "model outside set_scriptable, and use torch.fx, torch.compile or torch.export instead"
+            )
         if global_pool not in ("token", "avg", ""):
             raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
         if centroid_index is not None and not 0 <= centroid_index < depth:
@@ -381,11 +336,17 @@ class CentroidViT(nn.Module):
         self.init_weights()
 
     def _make_mixer(self, index: int, grid: tuple[int, int]) -> nn.Module | None:
-        """Token mixer of ordinary block ``index`` on a ``grid`` of patch tokens; None = multi-head self-attention."""
+        """Token mixer of ordinary block ``index`` on a ``grid`` of patch tokens; None = multi-head self-attention.
+
+        The mixer's class is registered as an FX leaf (timm's ``register_notrace_module``): its chunked loops and
+        custom autograd Functions run as one call in FX graphs (feature extraction), as timm does for its own.
+        """
         if self.mixer is None:
             return None
         seq_len = self.num_prefix_tokens + grid[0] * grid[1]
-        return build_mixer(self.mixer, self.embed_dim, self._num_heads, max_len=seq_len, qkv_bias=self._qkv_bias)
+        module = build_mixer(self.mixer, self.embed_dim, self._num_heads, max_len=seq_len, qkv_bias=self._qkv_bias)
+        register_notrace_module(type(module))
+        return module
 
     def init_weights(self) -> None:
         """timm's ViT init: trunc-normal(0.02) linear weights and position embedding; convs keep their own init."""

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..points import HAS_TRITON
+from ..backends import HAS_TRITON, resolve
 
 __all__ = [
     "HAS_TRITON",
@@ -43,7 +43,7 @@ __all__ = [
 
 DEFAULT_BUDGET_BYTES = 64 * 2**20  # per-chunk scratch of the Cauchy / Vandermonde paths
 
-# HAS_TRITON is probed once in attention.points; the kernel module (which imports triton) is imported in the branch.
+# HAS_TRITON is probed once in attention.backends; the kernel module (which imports triton) is imported in the branch.
 MIX_BACKENDS = ("torch", "triton")  # of cauchy_mix / vandermonde_mix, besides "auto"
 
 
@@ -51,18 +51,19 @@ def _triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")  # it runs CPU tensors
 
 
-def _use_triton(backend: str, x: Tensor, v: Tensor) -> bool:
+def _use_triton(backend: str, x: Tensor, v: Tensor, op: str = "cauchy_mix") -> bool:
     """Resolves ``backend`` of :func:`cauchy_mix` / :func:`vandermonde_mix` for these inputs: True for the kernel."""
     if backend not in ("auto", *MIX_BACKENDS):
         raise ValueError(f"unknown backend {backend!r}; choose one of {['auto', *MIX_BACKENDS]}")
     if backend == "torch":
         return False
     if backend == "auto":  # float64 keeps the reference's precision (the kernel computes in float32)
-        if not (HAS_TRITON and x.is_cuda and x.dtype != torch.float64):
+        if x.dtype == torch.float64:
             return False
-    elif not HAS_TRITON:
+        return resolve(op, "auto", x.device, {"D": x.shape[-1], "Dv": v.shape[-1]}) == "triton"
+    if not HAS_TRITON:
         raise ImportError("backend 'triton' is not installed; install triton (it comes with CUDA builds of torch)")
-    elif not (x.is_cuda or _triton_interpreted()):
+    if not (x.is_cuda or _triton_interpreted()):
         raise ImportError(
             f"backend 'triton' needs CUDA tensors, got {x.device}; use backend='torch' (or 'auto') on CPU, "
             "or set TRITON_INTERPRET=1 before importing triton to run the kernel in Triton's interpreter"
@@ -71,8 +72,6 @@ def _use_triton(backend: str, x: Tensor, v: Tensor) -> bool:
 
     if max(x.shape[-1], v.shape[-1]) <= MAX_HEAD_DIM:
         return True
-    if backend == "auto":
-        return False
     raise ValueError(
         f"backend 'triton' supports head dims D, Dv <= {MAX_HEAD_DIM}, got D={x.shape[-1]}, Dv={v.shape[-1]}; "
         "use backend='torch' or 'auto'"
@@ -239,7 +238,7 @@ def vandermonde_mix(
         ``(B, H, L, Dv)`` in ``v``'s dtype.
     """
     B, H, L, D = q.shape
-    if _use_triton(backend, q, v):
+    if _use_triton(backend, q, v, op="vandermonde_mix"):
         from ..kernels.mixers_triton import VandermondeMixTriton
 
         with torch.autocast(device_type=v.device.type, enabled=False):

@@ -474,6 +474,14 @@ class MatrixMixer(nn.Module):
     def _out(self, y: Tensor, B: int, L: int) -> Tensor:
         return self.proj_drop(self.proj(y.transpose(1, 2).reshape(B, L, self.dim)))  # (B, L, C)
 
+    def __prepare_scriptable__(self) -> nn.Module:
+        # torch.jit.script calls this before compiling: name the mixer instead of a TorchScript compiler error.
+        raise RuntimeError(
+            f"the {self.matrix_name!r} sequence mixer cannot be compiled by TorchScript "
+            "(the matrix mixers use custom autograd Functions, chunked loops and untyped Python); "
+            "use torch.fx, torch.compile or torch.export instead (timm: build the model outside set_scriptable(True))"
+        )
+
     def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
         self._check(x, attn_mask)
         B, L, _ = x.shape

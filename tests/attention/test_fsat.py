@@ -109,7 +109,7 @@ def test_sparse_attention_backends_agree_in_float32_and_reject_unknown_names() -
     with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 q / k / v: the CSR path computes in float32
         out = sparse_edge_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), idx, conf.float(), backend="csr")
     assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
-    with pytest.raises(ValueError, match="unknown edge backend 'dense'"):
+    with pytest.raises(ValueError, match=r"unknown backend 'dense' for fsat_edges; choose one of \['auto', 'csr'"):
         sparse_edge_attention(q, k, v, idx, conf, backend="dense")
     with pytest.raises(ValueError, match="unknown edge_backend"):
         FourierSparseAttention(16, num_heads=2, edge_backend="dense")

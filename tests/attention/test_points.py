@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from attention import CentroidAttention, points
+from attention import CentroidAttention, backends, points
 from attention.points import farthest_point_sample, gather, interpolate, knn, nearest_upsample
 
 FPS_ALT = [
@@ -95,6 +95,41 @@ def test_fps_backend_ragged_equals_reference(backend: str) -> None:
     start = torch.full((3,), 4)
     ref = farthest_point_sample(x, 12, start=start, mask=mask, backend="torch")
     assert torch.equal(farthest_point_sample(x, 12, start=start, mask=mask, backend=backend), ref)
+
+
+@pytest.mark.skipif(not points.HAS_FPSAMPLE, reason="fpsample missing")
+@pytest.mark.parametrize("shape,m", [((3, 63, 5), 20), ((2, 1024, 3), 512), ((4, 100, 3), 1), ((1, 3000, 60), 700)])
+def test_fpsample_fps_is_farthest_point_sampling(shape: tuple[int, int, int], m: int) -> None:
+    """fpsample runs the same greedy rule; its rounding differs, so a near-tie can send it down another (equally
+    valid) path: the start is kept, samples are distinct, and the coverage matches the reference's closely."""
+    x = torch.rand(*shape)
+    start = torch.randint(0, shape[1], (shape[0],))
+    ref = farthest_point_sample(x, m, start=start, backend="torch")
+    out = farthest_point_sample(x, m, start=start, backend="fpsample")
+    assert torch.equal(out[:, 0], start) and all(row.unique().numel() == m for row in out)
+    for b in range(shape[0]):
+        assert _coverage(x[b : b + 1], out[b : b + 1]) <= 1.05 * _coverage(x[b : b + 1], ref[b : b + 1])
+    mask = torch.rand(shape[:2]) > 0.3
+    mask[torch.arange(shape[0]), start] = True
+    m_real = min(m, int(mask.sum(1).min()))
+    ragged = farthest_point_sample(x, m_real, start=start, mask=mask, backend="fpsample")
+    assert torch.equal(ragged[:, 0], start) and bool(mask.gather(1, ragged).all())  # real points only
+
+
+def _coverage(x: torch.Tensor, idx: torch.Tensor) -> float:
+    """Largest distance from a point to its nearest sample (what FPS greedily minimizes)."""
+    return float(knn(x, gather(x, idx), 1, backend="torch")[0].max().sqrt())
+
+
+@pytest.mark.skipif(not points.HAS_FPSAMPLE, reason="fpsample missing")
+def test_fpsample_bucket_is_an_explicit_approximation_with_close_coverage() -> None:
+    torch.manual_seed(0)
+    x = torch.rand(1, 20000, 3)
+    exact = farthest_point_sample(x, 1024, backend="torch")
+    bucket = farthest_point_sample(x, 1024, backend="fpsample_bucket")
+    assert bucket.unique().numel() == 1024  # fpsample's bucket FPS does not keep the start point first
+    assert _coverage(x, bucket) <= 1.25 * _coverage(x, exact)
+    assert torch.equal(farthest_point_sample(x, 1024), exact)  # auto never picks the approximation
 
 
 @pytest.mark.gpu
@@ -279,16 +314,20 @@ def test_mismatched_cuda_devices_are_named() -> None:
 
 
 def test_missing_backend_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(points, "HAS_TORCH_CLUSTER", False)
+    monkeypatch.setitem(backends.INSTALLED, "torch_cluster", False)
+    monkeypatch.setitem(backends.INSTALLED, "fpsample", False)
     with pytest.raises(ImportError, match="torch-cluster"):
         farthest_point_sample(torch.rand(1, 10, 3), 3, backend="cluster")
-    with pytest.raises(ImportError, match="CUDA"):
+    with pytest.raises(ImportError, match="pip install fpsample"):
+        farthest_point_sample(torch.rand(1, 10, 3), 3, backend="fpsample")
+    monkeypatch.setitem(backends.INSTALLED, "triton", True)
+    with pytest.raises(ValueError, match="runs on cuda, got a cpu tensor"):
         farthest_point_sample(torch.rand(1, 10, 3), 3, backend="triton")
 
 
 def test_auto_backend_works_without_optional_packages(monkeypatch: pytest.MonkeyPatch) -> None:
-    for flag in ("HAS_TORCH_CLUSTER", "HAS_PYTORCH3D", "HAS_TRITON"):
-        monkeypatch.setattr(points, flag, False)
+    for package in ("torch_cluster", "pytorch3d", "triton", "fpsample"):
+        monkeypatch.setitem(backends.INSTALLED, package, False)
     x = torch.rand(2, 30, 3)
     assert torch.equal(farthest_point_sample(x, 5), farthest_point_sample(x, 5, backend="torch"))
     assert torch.equal(knn(x, x, 3)[1], knn(x, x, 3, backend="torch")[1])
@@ -296,10 +335,11 @@ def test_auto_backend_works_without_optional_packages(monkeypatch: pytest.Monkey
 
 def test_auto_knn_picks_cluster_for_coordinates_only(monkeypatch: pytest.MonkeyPatch) -> None:
     used = []
+    reference = points.KNN_BACKENDS["torch"]
     for name, fn in list(points.KNN_BACKENDS.items()):
         monkeypatch.setitem(points.KNN_BACKENDS, name, lambda *a, _n=name, _f=fn: used.append(_n) or _f(*a))
-    monkeypatch.setattr(points, "HAS_TORCH_CLUSTER", True)
-    monkeypatch.setitem(points.KNN_BACKENDS, "cluster", lambda *a: used.append("cluster") or points._knn_torch(*a))
+    monkeypatch.setitem(backends.INSTALLED, "torch_cluster", True)
+    monkeypatch.setitem(points.KNN_BACKENDS, "cluster", lambda *a: used.append("cluster") or reference(*a))
     knn(torch.rand(1, 5, 3), torch.rand(1, 20, 3), 2)
     knn(torch.rand(1, 5, 16), torch.rand(1, 20, 16), 2)
     assert used == ["cluster", "torch"]
@@ -319,14 +359,15 @@ def test_input_checks_can_be_switched_off() -> None:
 _INTERPRETED_FPS = """
 import torch
 from attention.kernels.fps_triton import fps_triton
-from attention.points import _fps_torch
+from attention.points import FPS_BACKENDS
+fps_torch = FPS_BACKENDS["torch"]
 torch.manual_seed(0)
 for B, N, C, M in [(3, 63, 5, 20), (2, 100, 3, 50)]:
     x, s = torch.rand(B, N, C), torch.randint(0, N, (B,))
-    assert torch.equal(fps_triton(x, M, s, None), _fps_torch(x, M, s, None))
+    assert torch.equal(fps_triton(x, M, s, None), fps_torch(x, M, s, None))
     mask = torch.rand(B, N) > 0.3
     mask[torch.arange(B), s] = True
-    assert torch.equal(fps_triton(x, M // 3, s, mask), _fps_torch(x, M // 3, s, mask))
+    assert torch.equal(fps_triton(x, M // 3, s, mask), fps_torch(x, M // 3, s, mask))
 print("ok")
 """
 

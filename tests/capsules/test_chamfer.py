@@ -11,12 +11,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import capsules
+from attention import available, backends
 from capsules import chamfer as chamfer_mod
 from capsules.chamfer import CHAMFER_BACKENDS, CHAMFER_DEFINITION, ChamferOutput, chamfer_definition, chamfer_distance
 
 FAST = [name for name in CHAMFER_BACKENDS if name != "dense"]
 BACKENDS = [
-    pytest.param(name, marks=pytest.mark.skipif(not chamfer_mod._available(name), reason=f"{name} not installed"))
+    pytest.param(name, marks=pytest.mark.skipif(not available("chamfer", name), reason=f"{name} not installed"))
     for name in FAST
 ]
 SIZES = [(63, 50, 3), (50, 63, 5), (63, 63, 3), (7, 1, 3)]
@@ -210,19 +211,19 @@ def test_auto_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     small = torch.zeros(2, 10, 3), torch.zeros(2, 12, 3)
     large = torch.zeros(8, 2048, 3), torch.zeros(8, 2048, 3)
     assert chamfer_mod._resolve_backend("auto", *small) == "dense"
-    big = "knn_cluster" if chamfer_mod.HAS_TORCH_CLUSTER else "chunked"
+    big = "knn_cluster" if available("chamfer", "knn_cluster") else "chunked"
     assert chamfer_mod._resolve_backend("auto", *large) == big
     assert chamfer_mod._resolve_backend("auto", *(x.double() for x in large)) == "chunked"  # exact search for fp64
     assert chamfer_mod._resolve_backend("auto", torch.zeros(8, 2048, 8), torch.zeros(8, 2048, 8)) == "chunked"
-    monkeypatch.setattr(chamfer_mod, "HAS_TORCH_CLUSTER", False)
+    monkeypatch.setitem(backends.INSTALLED, "torch_cluster", False)
     assert chamfer_mod._resolve_backend("auto", *large) == "chunked"
     assert chamfer_mod._resolve_backend("knn_torch", *large) == "knn_torch"
 
 
 def test_missing_backend_raises_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = _clouds(1, 4, 5, 3, torch.float32)
-    monkeypatch.setattr(chamfer_mod, "HAS_PYTORCH3D", False)
-    monkeypatch.setattr(chamfer_mod, "HAS_TORCH_CLUSTER", False)
+    monkeypatch.setitem(backends.INSTALLED, "pytorch3d", False)
+    monkeypatch.setitem(backends.INSTALLED, "torch_cluster", False)
     with pytest.raises(ImportError, match=r"pytorch3d.*INSTALL"):
         chamfer_distance(a, b, backend="pytorch3d")
     with pytest.raises(ImportError, match="pip install --no-build-isolation torch-cluster"):

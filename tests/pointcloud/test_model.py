@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from attention import edge_projection
 from pointcloud.model import create_model, list_models
 
 SMALL = {"num_centroids": (64, 32), "num_neighbors": 8}
@@ -62,13 +61,3 @@ def test_fractional_centroid_counts_follow_the_input_size() -> None:
     assert model.stage_sizes(102) == (51, 26) and model.stage_sizes(2) == (1, 1)  # rounded, at least 1
     assert model(torch.rand(1, 100, 3)).shape == (1, 40)
     assert model.blocks[1].init.num_centroids == 0.5
-
-
-def test_per_edge_evaluation_gives_the_same_logits() -> None:
-    torch.manual_seed(0)
-    model = create_model("centroid_transformer_modelnet40", num_neighbors=6).eval()
-    points = torch.randn(2, 64, 3)
-    with torch.no_grad():
-        ref = model(points)
-        with edge_projection():
-            assert_close(model(points), ref, rtol=1e-4, atol=1e-4)

@@ -9,8 +9,8 @@ from timm.models import create_feature_extractor
 from torch.testing import assert_close
 
 import vision
-from attention.centroid import CentroidAttention
-from vision.centroid_deit import CentroidViT, GridCentroidAttention, GridDWConvInit, checkpoint_filter_fn
+from attention.centroid import CentroidAttention, DWConv2dInit
+from vision.centroid_deit import CentroidViT, checkpoint_filter_fn
 
 NAMES = [
     "centroid_deit_tiny_c6_patch16_224",
@@ -228,16 +228,19 @@ def test_distilled_checkpoint_layout(deit_tiny):
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def test_grid_layers_equal_core():
-    torch.manual_seed(0)
-    attn = GridCentroidAttention(48, num_heads=4, qkv_bias=True).eval()
-    x, u = torch.randn(2, 17, 48), torch.randn(2, 5, 48)
-    assert_close(attn(x, u), CentroidAttention.forward(attn, x, u))
-    init = GridDWConvInit(48, (4, 4))
-    grid = torch.randn(2, 16, 48)
-    assert_close(init(grid), super(GridDWConvInit, init).forward(grid).x)
-    with pytest.raises(ValueError, match="dense"):
-        GridCentroidAttention(48, num_heads=4, num_neighbors=4)
+def test_centroid_block_is_the_core_layer():
+    """Vision holds no copy of the core: the centroid block runs attention.CentroidAttention and DWConv2dInit."""
+    import inspect
+
+    import vision
+
+    model = _model(NAMES[0])
+    blk = model.blocks[model.centroid_index]
+    assert type(blk.attn) is CentroidAttention and type(blk.init) is DWConv2dInit
+    for module in (vision.centroid_deit, vision.baselines, vision.mixer_deit):
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            assert not (cls is not CentroidAttention and issubclass(cls, CentroidAttention)), cls
+            assert not (cls is not DWConv2dInit and issubclass(cls, DWConv2dInit)), cls
 
 
 def test_model_surface():

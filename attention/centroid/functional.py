@@ -1,0 +1,342 @@
+"""Centroid attention: attention from M centroids to N inputs, the layer that lets a network shorten its sequence.
+
+Wu et al., "Centroid Transformers: Learning to Abstract with Attention", arXiv:2102.08606.
+
+Inputs ``x_1..x_N``, centroids ``u_1..u_M`` (M <= N). Unrolling T gradient steps of a soft k-means objective under a
+learned similarity gives the update (paper eq. 4-6, in its multi-head, pre-norm transformer form)::
+
+    u^0     = I(x)                                                        # an init: FPS, random, mean pool, ...
+    u^{t+1} = u^t + W_o [ sum_i softmax_i( q_h(u^t) . k_h(x_i) / sqrt(D) ) v_h(x_i) ]_h      t = 0 .. T-1
+
+followed by an MLP with a residual, as in a transformer block. Self-attention is the special case M = N,
+``u^0 = x``, T = 1. With ``num_neighbors=K`` each centroid attends only to its K nearest inputs in feature space,
+cost O(M K D) and memory O(M K) instead of O(M N): the ``(B, H, M, N)`` score matrix is never built, and the
+neighbours' keys and values are gathered one chunk of centroids at a time (in the forward pass and again in the
+backward pass), so the KNN path's memory is O(M K H) plus a fixed chunk.
+
+Two normalizations of the attention weights:
+
+* ``normalize="inputs"`` (default): softmax over the inputs of each centroid, i.e. ordinary attention.
+* ``normalize="centroids"``: the soft k-means form, where each input's weights are a softmax over the centroids
+  (its soft assignment, paper eq. 3); each centroid's row is then divided by its total mass, so the update is the
+  assignment-weighted mean of the values (the k-means step with step size 1 / mass). With KNN the softmax runs over
+  the centroids that selected the input: an input picked by a single centroid gives it weight 1 whatever its score.
+
+Deviations from the paper: the same projections are shared by all T steps (the unrolled steps descend one
+objective); KNN neighbours are recomputed at every step from the current centroids (the paper leaves it open).
+
+Cost accounting: with K neighbours, the keys and values are projected once per input and then gathered per
+(centroid, neighbour) edge. Gathering the inputs first and projecting per edge computes the same function with K times
+the projection MACs; ``tools/model_stats.py`` swaps :class:`attention.CentroidAttention` for such a per-edge module
+to set our point model next to the paper's GMACs (tested equal to the default path). The layer's own forward has no
+such switch.
+
+Tracing: :func:`centroid_attention` validates its inputs and dispatches; :func:`dense_centroid_attention` (the path
+of every vision model) is plain tensor code that FX, TorchScript, dynamo, ``torch.export`` and ONNX follow.
+:func:`knn_centroid_attention` runs two custom autograd Functions (chunked gather products) that TorchScript cannot
+compile; it is registered as an FX leaf (``torch.fx.wrap`` and timm's ``register_notrace_function``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from ..checks import checks_active
+from ..points import gather
+
+__all__ = [
+    "ATTN_CHUNK_BYTES",
+    "NORMALIZATIONS",
+    "centroid_attention",
+    "check_neighbor_idx",
+    "dense_centroid_attention",
+    "edge_attention",
+    "knn_centroid_attention",
+]
+
+NORMALIZATIONS = ("inputs", "centroids")
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Functional reference op
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _sparse_softmax_over_centroids(scores: Tensor, idx: Tensor, num_inputs: int, valid: Tensor | None) -> Tensor:
+    """Softmax of KNN scores over the centroids that picked the same input (each input's soft assignment).
+
+    Args:
+        scores: ``(B, H, M, K)`` scores of centroid m with its k-th neighbour ``idx[b, m, k]``.
+        idx: ``(B, M, K)`` neighbour indices into N.
+        num_inputs: N.
+        valid: ``(B, M, K)`` bool, False for padded neighbours (weight 0), or None.
+
+    Returns:
+        ``(B, H, M, K)`` weights; for every input j the weights of all (m, k) with ``idx[b, m, k] = j`` sum to 1.
+    """
+    B, H, M, K = scores.shape
+    if valid is not None:
+        scores = scores.masked_fill(~valid[:, None], -math.inf)
+    flat = scores.reshape(B, H, M * K)
+    j = idx.reshape(B, 1, M * K).expand(B, H, M * K)
+    # Per-input max for stability; a stabilizer only, so no gradient flows through it.
+    peak = flat.new_full((B, H, num_inputs), -math.inf).scatter_reduce(2, j, flat.detach(), "amax")
+    e = torch.exp(flat - peak.gather(2, j).nan_to_num(neginf=0.0))  # masked entries: exp(-inf) = 0
+    denom = torch.zeros_like(peak).scatter_add(2, j, e)
+    return (e / denom.gather(2, j).clamp_min(torch.finfo(e.dtype).tiny)).view(B, H, M, K)
+
+
+def check_neighbor_idx(idx: Tensor, name: str, B: int, M: int, N: int, device: torch.device) -> None:
+    """``idx`` must be an integer ``(B, M, K)`` tensor on ``device`` with values in [0, N)."""
+    if not isinstance(idx, Tensor) or idx.dim() != 3 or idx.shape[:2] != (B, M):
+        shape = tuple(idx.shape) if isinstance(idx, Tensor) else type(idx).__name__
+        raise ValueError(f"{name} must be a (B, M, K) = ({B}, {M}, K) index tensor, got {shape}")
+    if idx.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must hold int64 (or int32) indices, got {idx.dtype}")
+    if idx.device != device:
+        raise ValueError(f"{name} is on {idx.device} but the inputs are on {device}")
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= N):
+        raise ValueError(f"{name} must index the N={N} inputs, got values in [{int(idx.min())}, {int(idx.max())}]")
+
+
+def centroid_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    idx: Tensor | None = None,
+    *,
+    mask: Tensor | None = None,
+    normalize: str = "inputs",
+    dropout_p: float = 0.0,
+    eps: float = 1e-6,
+    chunk_bytes: int | None = None,
+    reference: bool = False,
+) -> Tensor:
+    """Multi-head attention from centroid queries to inputs, dense or restricted to each centroid's neighbours.
+
+    The KNN path (``idx`` given) gathers the neighbours' keys and values one chunk of centroids at a time, in the
+    forward and again in the backward pass, so its memory is O(B M K H) plus one chunk; ``reference=True`` runs the
+    plain version that gathers all of them at once and lets autograd keep them (the ground truth of the tests).
+
+    Args:
+        q: ``(B, H, M, D)`` centroid queries.
+        k: ``(B, H, N, D)`` input keys.
+        v: ``(B, H, N, D)`` input values.
+        idx: ``(B, M, K)`` indices of the inputs each centroid attends to, or None for all N (dense).
+        mask: ``(B, N)`` bool, True for real inputs; padded inputs get zero weight.
+        normalize: ``"inputs"`` (softmax over inputs) or ``"centroids"`` (soft k-means assignment, see module doc).
+        dropout_p: dropout on the attention weights (pass 0 in eval).
+        eps: keeps the row normalization of ``normalize="centroids"`` finite for a centroid with no mass.
+        chunk_bytes: memory budget of one chunk of gathered keys or values (default :data:`ATTN_CHUNK_BYTES`).
+        reference: use the plain gather-everything KNN path.
+
+    Returns:
+        ``(B, H, M, D)`` attended values (before the output projection and skip).
+    """
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape or q.shape[::3] != k.shape[::3] or q.shape[1] != k.shape[1]:
+        raise ValueError(
+            f"q must be (B, H, M, D) and k, v (B, H, N, D) with the same B, H, D, got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    B, H, M, D = q.shape
+    N = k.shape[2]
+    if checks_active():
+        if idx is not None:
+            check_neighbor_idx(idx, "idx", B, M, N, q.device)
+        if mask is not None and (mask.shape != (B, N) or mask.dtype != torch.bool):
+            raise ValueError(f"mask must be a bool tensor of shape ({B}, {N}), got {mask.dtype} {tuple(mask.shape)}")
+    if idx is None:
+        return dense_centroid_attention(q, k, v, mask, normalize, dropout_p, eps)
+    if reference:
+        K = idx.shape[-1]
+        # Gather keys and values of each centroid's neighbours, (B, M, K, H, D) each, and let autograd keep them.
+        kn = gather(k.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
+        vn = gather(v.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
+        return edge_attention(q, kn, vn, idx, N, mask=mask, normalize=normalize, dropout_p=dropout_p, eps=eps)
+    return knn_centroid_attention(q, k, v, idx, mask, normalize, dropout_p, eps, chunk_bytes)
+
+
+def dense_centroid_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    normalize: str = "inputs",
+    dropout_p: float = 0.0,
+    eps: float = 1e-6,
+) -> Tensor:
+    """The dense path of :func:`centroid_attention` without validation: q ``(B, H, M, D)``, k and v
+    ``(B, H, N, D)``, mask ``(B, N)`` bool or None; returns ``(B, H, M, D)``. Plain tensor code (traceable)."""
+    if normalize == "inputs":
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :], dropout_p=dropout_p)
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, M, N)
+    if mask is not None:
+        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    attn = scores.softmax(dim=-2).nan_to_num(0.0)  # over centroids; a padded input's column is all -inf
+    attn = attn / (attn.sum(-1, keepdim=True) + eps)
+    attn = F.dropout(attn, dropout_p, training=dropout_p > 0)
+    return attn @ v
+
+
+def knn_centroid_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    idx: Tensor,
+    mask: Tensor | None = None,
+    normalize: str = "inputs",
+    dropout_p: float = 0.0,
+    eps: float = 1e-6,
+    chunk_bytes: int | None = None,
+) -> Tensor:
+    """The chunked KNN path of :func:`centroid_attention` without validation: q ``(B, H, M, D)``, k and v
+    ``(B, H, N, D)``, idx ``(B, M, K)``; returns ``(B, H, M, D)``. An FX leaf (custom autograd Functions)."""
+    B, H, M, D = q.shape
+    N, K = k.shape[2], idx.shape[-1]
+    rows = _chunk_rows(B, M, K, H, D, q.element_size(), ATTN_CHUNK_BYTES if chunk_bytes is None else chunk_bytes)
+    scores = _GatherDot.apply(q.transpose(1, 2), k.transpose(1, 2), idx, rows).permute(0, 3, 1, 2) * D**-0.5
+    attn = _knn_weights(scores, idx, N, mask, normalize, dropout_p, eps)  # (B, H, M, K)
+    out = _GatherWeightedSum.apply(attn.permute(0, 2, 3, 1), v.transpose(1, 2), idx, rows)  # (B, M, H, D)
+    return out.transpose(1, 2)
+
+
+def _knn_weights(
+    scores: Tensor, idx: Tensor, N: int, mask: Tensor | None, normalize: str, dropout_p: float, eps: float
+) -> Tensor:
+    """Attention weights ``(B, H, M, K)`` from the scaled scores of each centroid's K neighbours."""
+    valid = None if mask is None else gather(mask, idx)  # (B, M, K)
+    if normalize == "inputs":
+        if valid is not None:
+            scores = scores.masked_fill(~valid[:, None], -math.inf)
+        attn = scores.softmax(dim=-1)
+    else:
+        attn = _sparse_softmax_over_centroids(scores, idx, N, valid)
+        attn = attn / (attn.sum(-1, keepdim=True) + eps)
+    return F.dropout(attn, dropout_p, training=dropout_p > 0)
+
+
+def edge_attention(
+    q: Tensor,
+    kn: Tensor,
+    vn: Tensor,
+    idx: Tensor,
+    N: int,
+    *,
+    mask: Tensor | None,
+    normalize: str,
+    dropout_p: float,
+    eps: float,
+) -> Tensor:
+    """KNN attention over keys and values given per edge: q ``(B, H, M, D)``, kn and vn ``(B, M, K, H, D)``, idx
+    ``(B, M, K)`` into the N inputs; returns ``(B, H, M, D)``. The plain reference of the chunked KNN path."""
+    scores = torch.einsum("bhmd,bmkhd->bhmk", q, kn) * q.shape[-1] ** -0.5  # (B, H, M, K)
+    attn = _knn_weights(scores, idx, N, mask, normalize, dropout_p, eps)
+    return torch.einsum("bhmk,bmkhd->bhmd", attn, vn)
+
+
+# Memory budget of the gathered keys (or values) of one chunk of centroids in the KNN path, in bytes.
+ATTN_CHUNK_BYTES = 16 * 2**20
+
+
+def _chunk_rows(B: int, M: int, K: int, H: int, D: int, itemsize: int, budget: int) -> int:
+    return max(1, min(M, budget // max(1, B * K * H * D * itemsize)))
+
+
+def _flat_rows(idx: Tensor, N: int) -> Tensor:
+    """``(B, M, K)`` per-cloud indices -> indices into the flattened ``(B * N)`` rows."""
+    return idx + (torch.arange(idx.shape[0], device=idx.device) * N).view(-1, 1, 1)
+
+
+class _GatherDot(torch.autograd.Function):
+    """``s[b, m, k, h] = q[b, m, h] . k[b, idx[b, m, k], h]`` over chunks of centroids.
+
+    Only one chunk of gathered keys, ``(B, rows, K, H, D)``, exists at a time, in the forward and in the backward
+    pass (which gathers again instead of keeping the gathered keys alive): the KNN path's memory stays at
+    O(B M K H) for the scores plus the chunk, instead of O(B M K H D).
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, idx: Tensor, rows: int) -> Tensor:
+        B, M, H, D = q.shape  # q: (B, M, H, D), k: (B, N, H, D), idx: (B, M, K)
+        N, K = k.shape[1], idx.shape[-1]
+        flat = _flat_rows(idx, N)
+        kf = k.reshape(B * N, H, D)
+        out = q.new_empty(B, M, K, H)
+        for s in range(0, M, rows):
+            f = flat[:, s : s + rows]
+            kn = kf.index_select(0, f.reshape(-1)).view(*f.shape, H, D)  # (B, r, K, H, D)
+            out[:, s : s + rows] = torch.einsum("bmhd,bmkhd->bmkh", q[:, s : s + rows], kn)
+        ctx.save_for_backward(q, k, flat)
+        ctx.rows = rows
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        q, k, flat = ctx.saved_tensors
+        B, M, H, D = q.shape
+        N = k.shape[1]
+        kf = k.reshape(B * N, H, D)
+        dq = torch.empty_like(q) if ctx.needs_input_grad[0] else None
+        dk = torch.zeros(B * N, H, D, dtype=k.dtype, device=k.device) if ctx.needs_input_grad[1] else None
+        for s in range(0, M, ctx.rows):
+            f = flat[:, s : s + ctx.rows]
+            g = grad[:, s : s + ctx.rows].to(q.dtype)  # (B, r, K, H)
+            if dq is not None:
+                kn = kf.index_select(0, f.reshape(-1)).view(*f.shape, H, D)
+                dq[:, s : s + ctx.rows] = torch.einsum("bmkh,bmkhd->bmhd", g, kn)
+            if dk is not None:
+                contrib = torch.einsum("bmkh,bmhd->bmkhd", g, q[:, s : s + ctx.rows])
+                dk.index_add_(0, f.reshape(-1), contrib.reshape(-1, H, D).to(dk.dtype))
+        return dq, None if dk is None else dk.view(B, N, H, D), None, None
+
+
+class _GatherWeightedSum(torch.autograd.Function):
+    """``out[b, m, h] = sum_k a[b, m, k, h] v[b, idx[b, m, k], h]``, chunked like :class:`_GatherDot`."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, v: Tensor, idx: Tensor, rows: int) -> Tensor:
+        B, M, K, H = a.shape  # a: (B, M, K, H), v: (B, N, H, D), idx: (B, M, K)
+        N, D = v.shape[1], v.shape[-1]
+        flat = _flat_rows(idx, N)
+        vf = v.reshape(B * N, H, D)
+        out = v.new_empty(B, M, H, D)
+        for s in range(0, M, rows):
+            f = flat[:, s : s + rows]
+            vn = vf.index_select(0, f.reshape(-1)).view(*f.shape, H, D)  # (B, r, K, H, D)
+            out[:, s : s + rows] = torch.einsum("bmkh,bmkhd->bmhd", a[:, s : s + rows].to(vn.dtype), vn)
+        ctx.save_for_backward(a, v, flat)
+        ctx.rows = rows
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        a, v, flat = ctx.saved_tensors
+        B, M, K, H = a.shape
+        N, D = v.shape[1], v.shape[-1]
+        vf = v.reshape(B * N, H, D)
+        da = torch.empty_like(a) if ctx.needs_input_grad[0] else None
+        dv = torch.zeros(B * N, H, D, dtype=v.dtype, device=v.device) if ctx.needs_input_grad[1] else None
+        for s in range(0, M, ctx.rows):
+            f = flat[:, s : s + ctx.rows]
+            g = grad[:, s : s + ctx.rows].to(v.dtype)  # (B, r, H, D)
+            if da is not None:
+                vn = vf.index_select(0, f.reshape(-1)).view(*f.shape, H, D)
+                da[:, s : s + ctx.rows] = torch.einsum("bmhd,bmkhd->bmkh", g, vn)
+            if dv is not None:
+                contrib = torch.einsum("bmkh,bmhd->bmkhd", a[:, s : s + ctx.rows].to(v.dtype), g)
+                dv.index_add_(0, f.reshape(-1), contrib.reshape(-1, H, D))
+        return da, None if dv is None else dv.view(B, N, H, D), None, None
+
+
+torch.fx.wrap("knn_centroid_attention")  # FX keeps it as one call: its autograd Functions loop over chunks

@@ -1,0 +1,164 @@
+"""The centroid-attention layer: T steps of multi-head attention from M centroids to N inputs, plus the skip.
+
+Wu et al., "Centroid Transformers: Learning to Abstract with Attention", arXiv:2102.08606, eq. 4-6; the math and
+the two normalizations are in :mod:`attention.centroid.functional`.
+
+One forward for every consumer (point model, capsules, vision): no process-global switch and no data-dependent
+Python branch is read inside it once it is traced. Input validation (:meth:`CentroidAttention.check_inputs`) runs
+only in eager mode, behind :func:`attention.checks.checks_active` (off under FX, TorchScript, dynamo and export);
+feature-space KNN (a no-grad search with its own backend choice) and the chunked KNN product are FX leaves.
+No ``from __future__ import annotations`` here: TorchScript resolves the signatures of the ``@torch.jit.unused``
+methods from their live annotations, not from strings.
+"""
+
+import torch
+from torch import Tensor, nn
+
+from ..checks import check_points, checks_active
+from ..layers import DropPath
+from ..points import knn
+from .functional import NORMALIZATIONS, check_neighbor_idx, dense_centroid_attention, knn_centroid_attention
+
+__all__ = ["CentroidAttention", "feature_neighbors"]
+
+
+def feature_neighbors(u: Tensor, x: Tensor, k: int, mask: Tensor | None, backend: str) -> Tensor:
+    """``(B, M, K)`` indices of the K inputs nearest each centroid in feature space (no gradient)."""
+    with torch.no_grad():
+        _, idx = knn(u.detach(), x.detach(), k, mask=mask, backend=backend)
+    return idx
+
+
+# FX keeps these as single calls: a no-grad search with backend dispatch, and chunked custom autograd Functions.
+torch.fx.wrap("feature_neighbors")
+torch.fx.wrap("knn_centroid_attention")
+
+
+class CentroidAttention(nn.Module):
+    """T steps of ``u <- u + proj(MHA(q(norm(u)), k(norm(x)), v(norm(x))))``, dense or over K nearest inputs.
+
+    Args:
+        dim: channels C of inputs and centroids.
+        num_heads: H; ``dim`` must be divisible by it.
+        num_neighbors: K, the number of nearest inputs (in feature space) each centroid attends to; None = all.
+        num_steps: T, the number of unrolled steps (shared weights).
+        normalize: ``"inputs"`` or ``"centroids"`` (see the module docstring).
+        qkv_bias: bias in the q, k, v projections.
+        attn_drop: dropout on the attention weights.
+        proj_drop: dropout after the output projection.
+        norm_layer: pre-norm applied to centroids (each step) and inputs; None for no norm.
+        share_norm: use one norm for centroids and inputs (a self-attention block).
+        knn_backend: backend of :func:`attention.knn`.
+        drop_path: stochastic depth on each step's update (timm's DropPath; the vision models use it).
+
+    Shapes:
+        x: ``(B, N, C)`` inputs; centroids: ``(B, M, C)``; mask: ``(B, N)`` bool (True = real input);
+        neighbor_idx: ``(B, M, K)`` fixed neighbours (e.g. from coordinates) instead of feature-space KNN;
+        output: ``(B, M, C)``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 4,
+        num_neighbors: int | None = None,
+        num_steps: int = 1,
+        normalize: str = "inputs",
+        qkv_bias: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] | None = nn.LayerNorm,
+        share_norm: bool = False,
+        knn_backend: str = "auto",
+        drop_path: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
+        if normalize not in NORMALIZATIONS:
+            raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
+        if num_neighbors is not None and num_neighbors < 1:
+            raise ValueError(f"num_neighbors must be None or a positive int, got {num_neighbors}")
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.num_neighbors = num_neighbors
+        self.num_steps = num_steps
+        self.normalize = normalize
+        self.knn_backend = knn_backend
+        self.norm_q = norm_layer(dim) if norm_layer is not None else nn.Identity()
+        self.norm_kv = self.norm_q if share_norm else (norm_layer(dim) if norm_layer is not None else nn.Identity())
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+        self.attn_drop = attn_drop
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, num_heads={self.num_heads}, num_neighbors={self.num_neighbors}, "
+            f"num_steps={self.num_steps}, normalize={self.normalize!r}"
+        )
+
+    @torch.jit.unused
+    def check_inputs(
+        self, x: Tensor, centroids: Tensor, mask: Tensor | None = None, neighbor_idx: Tensor | None = None
+    ) -> None:
+        """Raises a ``ValueError`` / ``TypeError`` naming what was expected if the inputs of :meth:`forward` are
+        malformed (ranks, channels, M <= N, K <= N, mask, neighbour indices, NaN/Inf)."""
+        check_points(x, "x", channels=self.dim)
+        check_points(centroids, "centroids", like=x, like_name="x")
+        B, N, _ = x.shape
+        M = centroids.shape[1]
+        if M > N:
+            raise ValueError(f"centroid attention maps N inputs to M <= N centroids, got M={M} > N={N}")
+        if self.num_neighbors is not None and self.num_neighbors > N:
+            raise ValueError(f"num_neighbors K={self.num_neighbors} exceeds the N={N} inputs: need K <= N")
+        if mask is not None:
+            if mask.shape != (B, N) or mask.dtype != torch.bool:
+                raise ValueError(
+                    f"mask must be a bool tensor of shape ({B}, {N}), got {mask.dtype} {tuple(mask.shape)}"
+                )
+            if not bool(mask.any(1).all()):
+                raise ValueError("every cloud needs at least one real input; mask has an all-False row")
+        if neighbor_idx is not None:
+            check_neighbor_idx(neighbor_idx, "neighbor_idx", B, M, N, x.device)
+
+    def forward(
+        self, x: Tensor, centroids: Tensor, mask: Tensor | None = None, neighbor_idx: Tensor | None = None
+    ) -> Tensor:
+        if not torch.jit.is_scripting():  # nested: TorchScript skips the whole branch, condition included
+            if checks_active():
+                self.check_inputs(x, centroids, mask, neighbor_idx)
+        B, N, C = x.shape
+        M = centroids.shape[1]
+        H, D = self.num_heads, self.head_dim
+        k, v = self.kv(self.norm_kv(x)).view(B, N, 2, H, D).unbind(2)  # (B, N, H, D) each
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, D)
+        dropout_p = self.attn_drop if self.training else 0.0
+        u = centroids
+        for _ in range(self.num_steps):
+            q = self.q(self.norm_q(u)).view(B, M, H, D).transpose(1, 2)  # (B, H, M, D)
+            idx = neighbor_idx
+            if idx is None and self.num_neighbors is not None:
+                idx = self._feature_neighbors(u, x, mask)  # (B, M, K)
+            if idx is None:
+                out = dense_centroid_attention(q, k, v, mask, self.normalize, dropout_p)
+            else:
+                out = self._knn_attention(q, k, v, idx, mask, dropout_p)
+            u = u + self.drop_path(self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, M, C))))
+        return u
+
+    @torch.jit.unused
+    def _feature_neighbors(self, u: Tensor, x: Tensor, mask: Tensor | None) -> Tensor:
+        return feature_neighbors(u, x, self.num_neighbors, mask, self.knn_backend)
+
+    @torch.jit.unused
+    def _knn_attention(
+        self, q: Tensor, k: Tensor, v: Tensor, idx: Tensor, mask: Tensor | None, dropout_p: float
+    ) -> Tensor:
+        # TorchScript cannot compile the chunked autograd Functions: a scripted KNN layer raises here.
+        return knn_centroid_attention(q, k, v, idx, mask, self.normalize, dropout_p)

@@ -1,0 +1,136 @@
+"""Input validation shared by the public ops of :mod:`attention` (and by the models built on them).
+
+Every public op checks its inputs once at the edge and raises a ``ValueError`` / ``TypeError`` that names what was
+expected and what came. The finiteness check is one reduction over the input; hot loops that have already validated
+their data can switch all checks off with :func:`set_input_checks` or the :func:`input_checks` context manager.
+
+Checks are eager-mode only: :func:`checks_active` is False while FX, TorchScript, ``torch.jit.trace``, dynamo
+(``torch.compile``) or ``torch.export`` trace a model, so no data-dependent check (``isfinite`` reductions, host
+syncs) and no read of the process-global switch ends up in a traced graph. Validate a model's input in eager mode
+(e.g. ``model.check_inputs``) before exporting it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "check_index",
+    "check_points",
+    "checks_active",
+    "input_checks",
+    "input_checks_enabled",
+    "is_tracing",
+    "set_input_checks",
+]
+
+_ENABLED = True
+
+# torch >= 2.12 splits FX symbolic tracing from export tracing (is_fx_tracing covers both and warns); older torch
+# has only is_fx_tracing.
+_is_fx_tracing = (
+    getattr(torch.fx._symbolic_trace, "is_fx_symbolic_tracing", None) or torch.fx._symbolic_trace.is_fx_tracing
+)
+
+
+def set_input_checks(enabled: bool) -> None:
+    """Turns the validation of inputs (ranks, dtypes, NaN/Inf, devices) of every public op on or off."""
+    global _ENABLED
+    _ENABLED = bool(enabled)
+
+
+def input_checks_enabled() -> bool:
+    """The process-wide switch of :func:`set_input_checks` (eager mode; see :func:`checks_active`)."""
+    return _ENABLED
+
+
+def is_tracing() -> bool:
+    """True while FX, ``torch.jit.trace``, dynamo (``torch.compile``) or ``torch.export`` trace the caller."""
+    return _is_fx_tracing() or torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+def checks_active() -> bool:
+    """Whether a layer's forward should validate its inputs now: the switch is on and nothing is tracing it.
+
+    Callers guard with ``if not torch.jit.is_scripting() and checks_active():`` so TorchScript skips the check too.
+    """
+    return _ENABLED and not is_tracing()
+
+
+@contextlib.contextmanager
+def input_checks(enabled: bool) -> Iterator[None]:
+    """Context manager form of :func:`set_input_checks`; restores the previous setting on exit."""
+    previous = _ENABLED
+    set_input_checks(enabled)
+    try:
+        yield
+    finally:
+        set_input_checks(previous)
+
+
+def check_points(
+    x: Tensor,
+    name: str,
+    *,
+    channels: int | None = None,
+    min_points: int = 1,
+    like: Tensor | None = None,
+    like_name: str = "",
+) -> None:
+    """Checks that ``x`` is a finite floating ``(B, N, C)`` tensor.
+
+    Args:
+        x: the tensor to check.
+        name: its argument name, used in messages.
+        channels: the required size of the last dim, if any.
+        min_points: the smallest acceptable N.
+        like: another tensor whose batch size, channel count and device ``x`` must match.
+        like_name: the argument name of ``like``.
+    """
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape (B, N, C), got {type(x).__name__}")
+    if not checks_active():
+        return
+    expected = f"(B, N, {channels})" if channels is not None else "(B, N, C)"
+    if x.dim() != 3:
+        raise ValueError(f"{name} must be {expected}, got a {x.dim()}-d tensor of shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating point tensor (float32, float16, bfloat16, float64), got {x.dtype}")
+    if channels is not None and x.shape[-1] != channels:
+        raise ValueError(f"{name} must be {expected}, got shape {tuple(x.shape)}")
+    if x.shape[1] < min_points:
+        what = "an empty point set" if x.shape[1] == 0 else f"{x.shape[1]} points"
+        raise ValueError(f"{name} must hold at least {min_points} point(s) per batch element, got {what}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{name} must have a batch size of at least 1, got shape {tuple(x.shape)}")
+    if like is not None:
+        if x.device != like.device:
+            raise ValueError(f"{name} is on {x.device} but {like_name} is on {like.device}: move both to one device")
+        if x.shape[0] != like.shape[0]:
+            raise ValueError(
+                f"{name} and {like_name} must have the same batch size, got {x.shape[0]} and {like.shape[0]}"
+            )
+        if x.shape[-1] != like.shape[-1]:
+            raise ValueError(
+                f"{name} and {like_name} must have the same channel count C, got {x.shape[-1]} and {like.shape[-1]}"
+            )
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name} contains NaN or Inf values; clean or mask them before calling")
+
+
+def check_index(idx: Tensor, name: str, *, batch: int, device: torch.device) -> None:
+    """Checks that ``idx`` is an integer index tensor with a leading batch dim ``batch`` on ``device``."""
+    if not isinstance(idx, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of integer indices, got {type(idx).__name__}")
+    if not checks_active():
+        return
+    if idx.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must hold int64 (or int32) indices, got {idx.dtype}")
+    if idx.dim() < 1 or idx.shape[0] != batch:
+        raise ValueError(f"{name} must have the batch size {batch} as its first dim, got shape {tuple(idx.shape)}")
+    if idx.device != device:
+        raise ValueError(f"{name} is on {idx.device} but the data is on {device}: move both to one device")
