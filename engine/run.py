@@ -138,6 +138,8 @@ def run(recipe: type[Recipe], cfg: Any, options: RunOptions | None = None, **kwa
         torch.manual_seed(cfg.seed)
         r = recipe(cfg, ctx, opts.data_root)
         r.run_dir = out_dir
+        # A refused resume (changed config, best/last disagreeing) fails here, before the data is read.
+        state = None if opts.eval_only else _load_resume(r, out_dir, opts)
         train_set, eval_set = r.build_datasets()
         _check_dataset(train_set, "train")
         _check_dataset(eval_set, "evaluation")
@@ -155,7 +157,6 @@ def run(recipe: type[Recipe], cfg: Any, options: RunOptions | None = None, **kwa
         if opts.eval_only:
             metrics = _eval_only(r, model, info, out_dir, opts)
         else:
-            state = _load_resume(r, out_dir, opts)
             trainer = _trainer(r, model, out_dir, opts)
             trainer.fit(state=state)
             metrics = trainer.final_metrics()
