@@ -29,6 +29,9 @@ autocast (bf16 has 8 mantissa bits: a sum of L products would lose all of them).
   learns only through them.
   Inference uses the predicted edges only and is deterministic.
 
+TorchScript compiles FAT (its eager input checks sit behind ``torch.jit.is_scripting()``); FSAT's edge products and
+gradient truncation are custom autograd Functions, so scripting FSAT raises an error naming it.
+
 Choices the paper leaves open (documented deviations):
 
 * **Queries that no edge reaches** get a zero attention output (so ``proj`` gives its bias only, and in a residual

@@ -49,8 +49,13 @@ the Hydra gates: dt, dt' and the diagonal, per position) replaced by learned par
 first L rows are used): M no longer depends on the input; only V does. (The reference's Hydra twin keeps a
 data-dependent diagonal ``fc_D(x)`` and one dt per head.)
 
-Each core has ``forward(q, k, v, g)`` (the efficient path) and ``materialize(q, k, g)``, the dense matrix used only
-by the tests as the reference (``(B, H, L, L)``, or ``(B, H, D, L, L)`` for the per-channel Toeplitz).
+Each core has ``forward(q, k, v, g, attn_mask)`` (the efficient path; only softmax reads ``attn_mask``, the
+:class:`MatrixMixer` rejects one for the others) and ``materialize(q, k, g)``, the dense matrix used only by the tests
+as the reference (``(B, H, L, L)``, or ``(B, H, D, L, L)`` for the per-channel Toeplitz).
+
+TorchScript compiles every :class:`MatrixMixer` (one forward; its eager input checks sit behind
+``torch.jit.is_scripting()``) except those in :data:`UNSCRIPTABLE_MATRICES`, Cauchy and Vandermonde, whose products
+are custom autograd Functions: scripting one raises an error naming it.
 """
 
 from __future__ import annotations
