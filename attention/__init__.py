@@ -73,6 +73,8 @@ from .layers import DropPath, Mlp
 from .mixers import (
     MATRIX_MIXERS,
     MIXERS,
+    UNSCRIPTABLE_MATRICES,
+    UNSCRIPTABLE_MIXERS,
     CauchyMatrix,
     LinearAttentionMatrix,
     LowRankMatrix,
@@ -124,6 +126,8 @@ __all__ = [
     "MATRIX_MIXERS",
     "MIXERS",
     "NORMALIZATIONS",
+    "UNSCRIPTABLE_MATRICES",
+    "UNSCRIPTABLE_MIXERS",
     "Backend",
     "CauchyMatrix",
     "CentroidAttention",

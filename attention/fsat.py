@@ -29,6 +29,9 @@ autocast (bf16 has 8 mantissa bits: a sum of L products would lose all of them).
   learns only through them.
   Inference uses the predicted edges only and is deterministic.
 
+TorchScript compiles FAT (its eager input checks sit behind ``torch.jit.is_scripting()``); FSAT's edge products and
+gradient truncation are custom autograd Functions, so scripting FSAT raises an error naming it.
+
 Choices the paper leaves open (documented deviations):
 
 * **Queries that no edge reaches** get a zero attention output (so ``proj`` gives its bias only, and in a residual
@@ -95,15 +98,23 @@ def pooled_cross(a: Tensor, b: Tensor) -> Tensor:
     Returns:
         ``(B, 2L-1, C)`` float32.
     """
-    _check_seq(a, "a")
-    if a.shape != b.shape:
-        raise ValueError(f"a and b must have the same shape (B, L, C), got {tuple(a.shape)} and {tuple(b.shape)}")
+    if not torch.jit.is_scripting():  # eager validation (TorchScript skips the branch, its condition included)
+        _check_seq(a, "a")
+        if a.shape != b.shape:
+            raise ValueError(f"a and b must have the same shape (B, L, C), got {tuple(a.shape)} and {tuple(b.shape)}")
     L = a.shape[1]
-    n = 1 << (2 * L - 2).bit_length()  # a power of two >= 2L-1: linear, not circular, convolution
+    n = 1
+    while n < 2 * L - 1:  # a power of two >= 2L-1: linear, not circular, convolution
+        n *= 2
+    if torch.jit.is_scripting():  # TorchScript cannot enter torch.autocast with a runtime device type
+        return _cross_fft(a.float(), b.float(), n)[:, : 2 * L - 1]
     with torch.autocast(device_type=a.device.type, enabled=False):
-        fa = torch.fft.rfft(a.float(), n=n, dim=1)  # (B, n/2+1, C) complex64
-        fb = torch.fft.rfft(b.float(), n=n, dim=1)
-        return torch.fft.irfft(fa * fb, n=n, dim=1)[:, : 2 * L - 1]  # (B, 2L-1, C)
+        return _cross_fft(a.float(), b.float(), n)[:, : 2 * L - 1]  # (B, 2L-1, C)
+
+
+def _cross_fft(a: Tensor, b: Tensor, n: int) -> Tensor:
+    """``IRFFT(RFFT(a, n) * RFFT(b, n))`` along the sequence (dim 1): the zero-padded linear convolution."""
+    return torch.fft.irfft(torch.fft.rfft(a, n=n, dim=1) * torch.fft.rfft(b, n=n, dim=1), n=n, dim=1)
 
 
 def pooled_cross_reference(a: Tensor, b: Tensor) -> Tensor:
@@ -125,9 +136,10 @@ def fold_cross(c0: Tensor, a: Tensor, b: Tensor) -> Tensor:
     Returns:
         ``(B, L, C)`` in ``c0``'s dtype.
     """
-    B, L, C = a.shape
-    if c0.shape != (B, 2 * L - 1, C):
-        raise ValueError(f"c0 must be (B, 2L-1, C) = {(B, 2 * L - 1, C)}, got {tuple(c0.shape)}")
+    if not torch.jit.is_scripting():  # eager validation (TorchScript skips the branch, its condition included)
+        B, L, C = a.shape
+        if c0.shape != (B, 2 * L - 1, C):
+            raise ValueError(f"c0 must be (B, 2L-1, C) = {(B, 2 * L - 1, C)}, got {tuple(c0.shape)}")
     even = c0[:, 0::2]  # (B, L, C): antidiagonals 0, 2, .., 2L-2
     odd = F.pad(c0[:, 1::2], (0, 0, 0, 1))  # (B, L, C): 1, 3, .., 2L-3, then a zero row
     return even + odd - a.to(c0.dtype) * b.to(c0.dtype)
@@ -468,16 +480,9 @@ class FourierAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def __prepare_scriptable__(self) -> nn.Module:
-        # torch.jit.script calls this before compiling: name the mixer instead of a TorchScript compiler error.
-        raise RuntimeError(
-            "the FAT sequence mixer cannot be compiled by TorchScript "
-            "(its FFT-pooled cross uses dynamic list sizes TorchScript cannot type); "
-            "use torch.fx, torch.compile or torch.export instead (timm: build the model outside set_scriptable(True))"
-        )
-
     def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
-        _check_input(x, self.dim, None, attn_mask, supports_mask=True)
+        if not torch.jit.is_scripting():  # eager validation (TorchScript skips the branch, its condition included)
+            _check_input(x, self.dim, None, attn_mask, supports_mask=True)
         B, L, C = x.shape
         H, D = self.num_heads, self.head_dim
         c = self.cross(x)  # (B, L, C)

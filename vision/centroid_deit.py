@@ -68,7 +68,7 @@ from timm.models._manipulate import checkpoint
 from torch import Tensor, nn
 
 from attention.centroid import CentroidAttention, DWConv2dInit
-from attention.mixers import MIXERS, build_mixer
+from attention.mixers import MIXERS, UNSCRIPTABLE_MIXERS, build_mixer
 
 __all__ = [
     "Block",
@@ -273,7 +273,7 @@ class CentroidViT(nn.Module):
         super().__init__()
         if mixer is not None and mixer not in MIXERS:
             raise ValueError(f"unknown mixer {mixer!r}; choose one of {sorted(MIXERS)} (None: multi-head attention)")
-        if mixer is not None and is_scriptable():
+        if mixer in UNSCRIPTABLE_MIXERS and is_scriptable():
             raise RuntimeError(
                 f"mixer {mixer!r} cannot be scripted by TorchScript, but timm's set_scriptable(True) is on: build the "
                 "model outside set_scriptable, and use torch.fx, torch.compile or torch.export instead"

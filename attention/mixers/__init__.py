@@ -20,6 +20,7 @@ from .block import MixerBlock
 from .functional import cauchy_mix, quasiseparable_mix, toeplitz_mix, vandermonde_mix
 from .structured import (
     MATRIX_MIXERS,
+    UNSCRIPTABLE_MATRICES,
     CauchyMatrix,
     LinearAttentionMatrix,
     LowRankMatrix,
@@ -34,6 +35,8 @@ from .structured import (
 __all__ = [
     "MATRIX_MIXERS",
     "MIXERS",
+    "UNSCRIPTABLE_MATRICES",
+    "UNSCRIPTABLE_MIXERS",
     "CauchyMatrix",
     "LinearAttentionMatrix",
     "LowRankMatrix",
@@ -73,6 +76,11 @@ MIXERS: dict[str, Callable[..., nn.Module]] = {
 }
 
 _NEEDS_MAX_LEN = {"fsat", *(name for name in MIXERS if name.endswith("_static"))}
+
+# Mixers TorchScript cannot compile: their products are custom autograd Functions (FSAT's sparse edge products and
+# gradient truncation, the chunked Cauchy / Vandermonde paths and their Triton kernels). Scripting one raises an
+# error naming it; every other mixer scripts, as a module and inside an FX graph (tests/attention/test_mixers.py).
+UNSCRIPTABLE_MIXERS = frozenset({"fsat", *(name for name in MIXERS if name.split("_")[0] in UNSCRIPTABLE_MATRICES)})
 
 
 def build_mixer(

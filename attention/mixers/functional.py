@@ -269,14 +269,21 @@ def toeplitz_mix(kernel: Tensor, v: Tensor) -> Tensor:
     """
     L = v.shape[2]
     if kernel.shape[2] != 2 * L - 1:
-        raise ValueError(f"kernel must have 2L-1 = {2 * L - 1} offsets on dim 2, got shape {tuple(kernel.shape)}")
-    n = 1 << (3 * L - 3).bit_length()  # >= 3L-2: the full linear convolution fits
+        raise ValueError(f"kernel must have 2L-1 = {2 * L - 1} offsets on dim 2, got shape {list(kernel.shape)}")
+    n = 1
+    while n < 3 * L - 2:  # a power of two >= 3L-2: the full linear convolution fits
+        n *= 2
     acc = _acc(v)
+    if torch.jit.is_scripting():  # TorchScript cannot enter torch.autocast with a runtime device type
+        return _toeplitz_fft(kernel.to(acc), v.to(acc), n)[:, :, L - 1 : 2 * L - 1].to(v.dtype)
     with torch.autocast(device_type=v.device.type, enabled=False):
-        fk = torch.fft.rfft(kernel.to(acc), n=n, dim=2)
-        fv = torch.fft.rfft(v.to(acc), n=n, dim=2)
-        full = torch.fft.irfft(fk * fv, n=n, dim=2)  # full[m] = sum_j kernel[m - j] v_j
+        full = _toeplitz_fft(kernel.to(acc), v.to(acc), n)
     return full[:, :, L - 1 : 2 * L - 1].to(v.dtype)  # y_i = full[i + L - 1]
+
+
+def _toeplitz_fft(kernel: Tensor, v: Tensor, n: int) -> Tensor:
+    """``full[m] = sum_j kernel[m - j] v_j`` (the linear convolution along dim 2) by real FFTs of size ``n``."""
+    return torch.fft.irfft(torch.fft.rfft(kernel, n=n, dim=2) * torch.fft.rfft(v, n=n, dim=2), n=n, dim=2)
 
 
 # --------------------------------------------------------------------------------------------------------------------

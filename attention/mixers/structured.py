@@ -49,8 +49,13 @@ the Hydra gates: dt, dt' and the diagonal, per position) replaced by learned par
 first L rows are used): M no longer depends on the input; only V does. (The reference's Hydra twin keeps a
 data-dependent diagonal ``fc_D(x)`` and one dt per head.)
 
-Each core has ``forward(q, k, v, g)`` (the efficient path) and ``materialize(q, k, g)``, the dense matrix used only
-by the tests as the reference (``(B, H, L, L)``, or ``(B, H, D, L, L)`` for the per-channel Toeplitz).
+Each core has ``forward(q, k, v, g, attn_mask)`` (the efficient path; only softmax reads ``attn_mask``, the
+:class:`MatrixMixer` rejects one for the others) and ``materialize(q, k, g)``, the dense matrix used only by the tests
+as the reference (``(B, H, L, L)``, or ``(B, H, D, L, L)`` for the per-channel Toeplitz).
+
+TorchScript compiles every :class:`MatrixMixer` (one forward; its eager input checks sit behind
+``torch.jit.is_scripting()``) except those in :data:`UNSCRIPTABLE_MATRICES`, Cauchy and Vandermonde, whose products
+are custom autograd Functions: scripting one raises an error naming it.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ from .functional import MIX_BACKENDS, cauchy_mix, hydra_factors, hydra_mix, toep
 
 __all__ = [
     "MATRIX_MIXERS",
+    "UNSCRIPTABLE_MATRICES",
     "CauchyMatrix",
     "LinearAttentionMatrix",
     "LowRankMatrix",
@@ -108,7 +114,9 @@ class SoftmaxMatrix(nn.Module):
     def materialize(self, q: Tensor, k: Tensor, g: Tensor | None = None) -> Tensor:
         return torch.softmax((q @ k.transpose(-1, -2)) * self.scale, dim=-1)
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, attn_mask: Tensor | None = None):
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, attn_mask: Tensor | None = None
+    ) -> Tensor:
         if self.sdpa:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         s = (q @ k.transpose(-1, -2)) * self.scale  # (B, H, L, L)
@@ -136,7 +144,9 @@ class LinearAttentionMatrix(nn.Module):
         s = self._phi(q) @ self._phi(k).transpose(-1, -2)  # (B, H, L, L), positive
         return s / s.sum(-1, keepdim=True)
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None) -> Tensor:
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, attn_mask: Tensor | None = None
+    ) -> Tensor:
         pq, pk = self._phi(q), self._phi(k)
         kv = pk.transpose(-1, -2) @ v  # (B, H, D, Dv)
         z = pq @ pk.sum(2, keepdim=True).transpose(-1, -2)  # (B, H, L, 1)
@@ -159,7 +169,9 @@ class LowRankMatrix(nn.Module):
     def materialize(self, q: Tensor, k: Tensor, g: Tensor | None = None) -> Tensor:
         return (q @ k.transpose(-1, -2)) * (q.shape[2] * q.shape[3]) ** -0.5  # (B, H, L, L)
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None) -> Tensor:
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, attn_mask: Tensor | None = None
+    ) -> Tensor:
         return (q * (q.shape[2] * q.shape[3]) ** -0.5) @ (k.transpose(-1, -2) @ v)  # (B, H, D, Dv) in the middle
 
 
@@ -190,7 +202,9 @@ class ToeplitzMatrix(nn.Module):
         offset = pos[:, None] - pos[None, :] + L - 1  # (L, L): i - j + L - 1
         return t[:, :, offset].permute(0, 1, 4, 2, 3)  # (B, H, D, L, L)
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None) -> Tensor:
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, attn_mask: Tensor | None = None
+    ) -> Tensor:
         return toeplitz_mix(self.kernel(q, k), v)
 
 
@@ -231,7 +245,9 @@ class CauchyMatrix(nn.Module):
         a, b = self._terms(q, k)
         return (a.unsqueeze(3) + b.unsqueeze(2)).reciprocal().sum(-1) / q.shape[2]  # (B, H, L, L) via B H L L D
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None) -> Tensor:
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, attn_mask: Tensor | None = None
+    ) -> Tensor:
         a, b = self._terms(q, k)
         return cauchy_mix(a, b, v / q.shape[2], chunk=self.chunk_size, backend=self.backend)
 
@@ -273,7 +289,9 @@ class VandermondeMatrix(nn.Module):
         m = torch.cos(w * q.unsqueeze(3) * pos[:, None]) - torch.cos(w * k.unsqueeze(2) * pos[:, None, None])
         return m.sum(-1) / L  # (B, H, L, L) via B H L L D
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None) -> Tensor:
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, attn_mask: Tensor | None = None
+    ) -> Tensor:
         L = q.shape[2]
         return vandermonde_mix(q, k, v / L, self._freq(L), chunk=self.chunk_size, backend=self.backend)
 
@@ -363,7 +381,9 @@ class QuasiseparableMatrix(nn.Module):
         upper = (c_next @ b_b.transpose(-1, -2)).to(upper.dtype) * upper
         return (lower + upper + torch.diag_embed(diag)).to(q.dtype)
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None) -> Tensor:
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, attn_mask: Tensor | None = None
+    ) -> Tensor:
         assert g is not None, "the quasiseparable matrix needs its gates g (B, H, L, 3)"
         return hydra_mix(q, k, v, g, self.A_log, self.state_dim, self.chunk_size)
 
@@ -379,6 +399,9 @@ MATRIX_MIXERS: dict[str, Callable[..., nn.Module]] = {
     "quasiseparable": partial(QuasiseparableMatrix, shared_bc=True),
 }
 _PER_HEAD_PARAMS = ("cauchy", "hydra", "quasiseparable")  # matrices that take num_heads
+# matrices whose product is a custom autograd Function (the chunked path, the Triton kernels): TorchScript cannot
+# compile them, so MatrixMixer names them when scripted; every other matrix scripts (model and FX graph)
+UNSCRIPTABLE_MATRICES = ("cauchy", "vandermonde")
 
 
 class MatrixMixer(nn.Module):
@@ -420,12 +443,15 @@ class MatrixMixer(nn.Module):
         H, D = num_heads, dim // num_heads
         self.dim, self.num_heads, self.head_dim = dim, H, D
         self.matrix_name, self.data_dependent, self.max_len = matrix, data_dependent, max_len
+        self.scriptable = matrix not in UNSCRIPTABLE_MATRICES  # TorchScript can compile it (model and FX graph)
         if matrix in _PER_HEAD_PARAMS:
             matrix_kwargs.setdefault("num_heads", H)
         self.matrix = MATRIX_MIXERS[matrix](D, **matrix_kwargs)
         G = self.matrix.num_gates
         self.qk_dim = getattr(self.matrix, "qk_dim", D)  # width of q and k per head (Hydra: both SSMs' C, B)
         gate_init = self.matrix.gate_init() if G else None  # (H, G)
+        # the other variant's modules and parameters are None: TorchScript compiles only the branch that exists
+        self.qkv = self.gate = self.gate_bias = self.v = self.q_param = self.k_param = self.gate_param = None
         if data_dependent:
             self.qkv = nn.Linear(dim, 2 * H * self.qk_dim + dim, bias=qkv_bias)  # [q | k | v]
             # the gates' bias is a parameter of its own so that model-wide Linear inits (timm's zero biases) keep it
@@ -446,48 +472,53 @@ class MatrixMixer(nn.Module):
         """``q, k`` ``(B, H, L, qk_dim)``, ``v`` ``(B, H, L, D)`` and the gates ``(B, H, L, G)`` (or None) of ``x``."""
         B, L, C = x.shape
         H, D = self.num_heads, self.head_dim
-        if self.data_dependent:
+        g: Tensor | None = None
+        if self.qkv is not None:  # data-dependent
             qk, v = self.qkv(x).split([2 * H * self.qk_dim, C], dim=-1)
             q, k = qk.view(B, L, 2, H, self.qk_dim).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, L, qk_dim) each
             v = v.view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
-            g = None
-            if self.gate is not None:
+            if self.gate is not None and self.gate_bias is not None:
                 g = (self.gate(x) + self.gate_bias).view(B, L, H, -1).transpose(1, 2)  # (B, H, L, G)
             return q, k, v, g
+        assert self.v is not None and self.q_param is not None and self.k_param is not None and self.max_len is not None
         if L > self.max_len:
             raise ValueError(f"sequence length L={L} exceeds max_len={self.max_len} of the non-data-dependent twin")
         v = self.v(x).view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
         q = self.q_param[:, :, :L].expand(B, -1, -1, -1).to(v.dtype)
         k = self.k_param[:, :, :L].expand(B, -1, -1, -1).to(v.dtype)
-        g = self.gate_param[:, :, :L].expand(B, -1, -1, -1) if self.gate_param is not None else None
+        if self.gate_param is not None:
+            g = self.gate_param[:, :, :L].expand(B, -1, -1, -1)
         return q, k, v, g
 
-    def _check(self, x: Tensor, attn_mask: Tensor | None) -> None:
+    def _check(self, x: Tensor) -> None:
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
             got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x must be (B, L, {self.dim}), got {got}")
         if x.shape[1] < 1:
             raise ValueError("x must hold at least one token")
-        if attn_mask is not None and self.matrix_name != "softmax":
-            raise ValueError(f"attn_mask is supported by the softmax matrix only, not {self.matrix_name!r}: pass None")
 
     def _out(self, y: Tensor, B: int, L: int) -> Tensor:
         return self.proj_drop(self.proj(y.transpose(1, 2).reshape(B, L, self.dim)))  # (B, L, C)
 
     def __prepare_scriptable__(self) -> nn.Module:
         # torch.jit.script calls this before compiling: name the mixer instead of a TorchScript compiler error.
-        raise RuntimeError(
-            f"the {self.matrix_name!r} sequence mixer cannot be compiled by TorchScript "
-            "(the matrix mixers use custom autograd Functions, chunked loops and untyped Python); "
-            "use torch.fx, torch.compile or torch.export instead (timm: build the model outside set_scriptable(True))"
-        )
+        if not self.scriptable:
+            raise RuntimeError(
+                f"the {self.matrix_name!r} sequence mixer cannot be compiled by TorchScript "
+                "(its chunked product is a custom autograd Function); "
+                "use torch.fx, torch.compile or torch.export instead "
+                "(timm: build the model outside set_scriptable(True))"
+            )
+        return self
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
-        self._check(x, attn_mask)
+        if not torch.jit.is_scripting():  # eager validation (TorchScript skips the branch, its condition included)
+            self._check(x)
+        if attn_mask is not None and self.matrix_name != "softmax":
+            raise ValueError(f"attn_mask is supported by the softmax matrix only, not '{self.matrix_name}': pass None")
         B, L, _ = x.shape
         q, k, v, g = self.inputs(x)
-        y = self.matrix(q, k, v, g, attn_mask=attn_mask) if attn_mask is not None else self.matrix(q, k, v, g)
-        return self._out(y, B, L)
+        return self._out(self.matrix(q, k, v, g, attn_mask), B, L)
 
     def materialize(self, x: Tensor) -> Tensor:
         """The dense mixing matrix of ``x`` (tests only): ``(B, H, L, L)`` or ``(B, H, D, L, L)``."""
@@ -496,7 +527,7 @@ class MatrixMixer(nn.Module):
 
     def forward_reference(self, x: Tensor) -> Tensor:
         """:meth:`forward` through the dense matrix (tests only)."""
-        self._check(x, None)
+        self._check(x)
         B, L, _ = x.shape
         q, k, v, g = self.inputs(x)
         return self._out(apply_matrix(self.matrix.materialize(q, k, g), v), B, L)

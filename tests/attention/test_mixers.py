@@ -1,5 +1,5 @@
 """Structured matrix mixers: efficient path == dense matrix (outputs and gradients, odd L), bidirectionality, bf16,
-the registry, and the chunked paths' memory bound."""
+the registry, TorchScript (scripted == eager, or an error naming the mixer), and the chunked paths' memory bound."""
 
 from __future__ import annotations
 
@@ -7,7 +7,15 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from attention.mixers import MATRIX_MIXERS, MIXERS, MatrixMixer, build_mixer, cauchy_mix, vandermonde_mix
+from attention.mixers import (
+    MATRIX_MIXERS,
+    MIXERS,
+    UNSCRIPTABLE_MIXERS,
+    MatrixMixer,
+    build_mixer,
+    cauchy_mix,
+    vandermonde_mix,
+)
 
 SMALL_CHUNKS = {
     "cauchy": {"chunk_size": 4},
@@ -186,3 +194,45 @@ def test_bad_inputs_raise_clear_errors() -> None:
         MatrixMixer(16, 2, matrix="hankel")
     with pytest.raises(ValueError, match="divisible"):
         MatrixMixer(15, 2)
+
+
+def _grads(out: torch.Tensor, w: torch.Tensor, x: torch.Tensor, module: torch.nn.Module) -> list:
+    params = [p for p in module.parameters() if p.requires_grad]
+    return list(torch.autograd.grad((out * w).sum(), [x, *params], allow_unused=True))
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_torchscript_compiles_every_mixer_but_the_custom_function_ones(name: str) -> None:
+    """Scripted == eager (outputs and gradients, two lengths: nothing specialized) for every mixer outside
+    UNSCRIPTABLE_MIXERS; those (custom autograd Functions) raise an error that names the mixer."""
+    torch.manual_seed(0)
+    m = build_mixer(name, 16, num_heads=2, max_len=12, **SMALL_CHUNKS.get(name.split("_")[0], {})).double().eval()
+    if name in UNSCRIPTABLE_MIXERS:
+        label = "FSAT" if name == "fsat" else f"'{name.split('_')[0]}'"
+        with pytest.raises(RuntimeError, match=rf"the {label} sequence mixer cannot be compiled by TorchScript"):
+            torch.jit.script(m)
+        return
+    scripted = torch.jit.script(m)
+    for L in (9, 12):
+        x = torch.randn(2, L, 16, dtype=torch.float64, requires_grad=True)
+        out, ref = scripted(x), m(x)
+        torch.testing.assert_close(out, ref)
+        w = torch.randn_like(ref)
+        for a, b in zip(_grads(out, w, x, scripted), _grads(ref, w, x, m)):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(a, b)
+
+
+def test_scripted_mixers_keep_their_errors_and_the_softmax_mask() -> None:
+    torch.manual_seed(2)
+    x = torch.randn(2, 11, 16)
+    mask = torch.rand(2, 1, 11, 11) > 0.3
+    mask[..., 0] = True
+    softmax = MatrixMixer(16, 2, matrix="softmax").eval()
+    torch.testing.assert_close(torch.jit.script(softmax)(x, attn_mask=mask), softmax(x, attn_mask=mask))
+    with pytest.raises(torch.jit.Error, match="softmax matrix only"):
+        torch.jit.script(MatrixMixer(16, 2, matrix="toeplitz"))(x, attn_mask=mask)
+    twin = torch.jit.script(MatrixMixer(16, 2, matrix="hydra", data_dependent=False, max_len=8))
+    with pytest.raises(torch.jit.Error, match="exceeds max_len=8"):
+        twin(torch.randn(1, 9, 16))

@@ -3,8 +3,9 @@ TorchScript of the model and of its FX graph, torch.compile without graph breaks
 
 Mirrors timm's own tests/test_models.py (``_create_fx_model``, ``test_model_forward_fx``,
 ``test_model_forward_torchscript``, ``test_model_forward_fx_torchscript``) on tiny overrides of each variant
-(32 px images, 2 blocks, the centroid block at index 1), so the sweep stays CPU-cheap; the mixer DeiTs, which
-TorchScript cannot compile, must fail with an error that names the mixer, and honour timm's ``set_scriptable``.
+(32 px images, 2 blocks, the centroid block at index 1), so the sweep stays CPU-cheap. The mixer DeiTs whose mixer
+TorchScript cannot compile (custom autograd Functions: FSAT, Cauchy, Vandermonde) must fail with an error that names
+the mixer, and refuse to build under timm's ``set_scriptable(True)``; the others script like the rest.
 """
 
 from __future__ import annotations
@@ -20,16 +21,19 @@ from torch.testing import assert_close
 from torchvision.models import feature_extraction as tv_fx
 
 import vision  # noqa: F401  (registers the models)
+from attention.mixers import MIXERS, UNSCRIPTABLE_MIXERS
 
 NAMES = sorted(n for n, module in _model_to_module.items() if module in ("centroid_deit", "baselines", "mixer_deit"))
 CENTROID = [n for n in NAMES if _model_to_module[n] == "centroid_deit"]
 MIXER = [n for n in NAMES if _model_to_module[n] == "mixer_deit"]
-SCRIPTABLE = [n for n in NAMES if n not in MIXER]
+UNSCRIPTABLE = [n for n in MIXER if n.split("_")[0] in UNSCRIPTABLE_MIXERS]  # fsat_, cauchy_, vandermonde_
+SCRIPTABLE = [n for n in NAMES if n not in UNSCRIPTABLE]
 IMG = 32
 
 
 def test_every_registered_name_is_swept() -> None:
     assert len(NAMES) == 22 and len(CENTROID) == 6 and len(MIXER) == 12
+    assert len(UNSCRIPTABLE) == 6 and len(SCRIPTABLE) == 16  # fat_, hydra_, toeplitz_ DeiTs script
 
 
 def _overrides(name: str) -> dict:
@@ -128,12 +132,27 @@ def test_torchscript_and_fx_then_torchscript(name: str) -> None:
         assert_close(next(iter(fx_scripted(x).values())), ref)
 
 
-@pytest.mark.parametrize("name", MIXER)
+@pytest.mark.parametrize("mixer", sorted(set(MIXERS) - UNSCRIPTABLE_MIXERS))
+def test_centroid_deit_with_a_scriptable_mixer_scripts(mixer: str) -> None:
+    """``mixer=`` on a centroid DeiT: every mixer TorchScript can compile (softmax, linear, lowrank, toeplitz, hydra,
+    quasiseparable, their static twins, FAT) scripts with the centroid block, model and FX graph equal to eager."""
+    name = CENTROID[0]
+    with set_scriptable(True):
+        model = _model(name, mixer=mixer)
+    x = _input()
+    with torch.no_grad():
+        ref = model(x)
+        assert_close(torch.jit.script(model)(x), ref)
+        assert_close(next(iter(torch.jit.script(_create_fx_model(model))(x).values())), ref)
+
+
+@pytest.mark.parametrize("name", UNSCRIPTABLE)
 def test_mixer_deit_scripting_fails_naming_the_mixer(name: str) -> None:
-    """TorchScript cannot compile the mixers (custom autograd Functions, chunked loops): scripting the model or its
-    FX graph names the mixer; under timm's set_scriptable(True) the model refuses to build, naming it too."""
+    """TorchScript cannot compile the FSAT, Cauchy and Vandermonde mixers (custom autograd Functions): scripting the
+    model or its FX graph names the mixer; under timm's set_scriptable(True) the model refuses to build, naming it
+    too."""
     model = _model(name)
-    names = {"fsat": "FSAT", "fat": "FAT"}  # the mixer's name in the message
+    names = {"fsat": "FSAT"}  # the mixer's name in the message
     expected = names.get(model.mixer, model.mixer)
     for target in (model, _create_fx_model(model)):
         with pytest.raises(RuntimeError, match=rf"the '?{expected}'? sequence mixer cannot be compiled by TorchScript"):
