@@ -227,6 +227,23 @@ def _fps_fpsample(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | Non
     return torch.from_numpy(out).to(x.device)
 
 
+def _fps_numba(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None) -> Tensor:
+    """Exact FPS with kd-tree pruning (attention/kernels/fps_numba.py), one cloud at a time."""
+    import numpy as np
+
+    from .kernels.fps_numba import fps_numba_cloud
+
+    pts = x.detach().float().cpu().numpy()
+    starts = start.tolist()
+    keep = None if mask is None else mask.cpu().numpy()
+    every = np.arange(x.shape[1], dtype=np.int64)
+    out = np.empty((x.shape[0], num_samples), dtype=np.int64)
+    for b in range(x.shape[0]):
+        real = every if keep is None else np.flatnonzero(keep[b]).astype(np.int64)
+        out[b] = fps_numba_cloud(np.ascontiguousarray(pts[b]), real, int(starts[b]), num_samples)
+    return torch.from_numpy(out).to(x.device)
+
+
 def _fps_fpsample_bucket(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None) -> Tensor:
     return _fps_fpsample(x, num_samples, start, mask, bucket=True)
 
@@ -238,6 +255,7 @@ FPS_BACKENDS = {
     "triton": _fps_triton,
     "fpsample": _fps_fpsample,
     "fpsample_bucket": _fps_fpsample_bucket,
+    "numba": _fps_numba,
 }
 
 
