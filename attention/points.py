@@ -41,13 +41,14 @@ import math
 import torch
 from torch import Tensor
 
-from .backends import HAS_FPSAMPLE, HAS_PYTORCH3D, HAS_TORCH_CLUSTER, HAS_TRITON, resolve
+from .backends import HAS_FPSAMPLE, HAS_NUMBA, HAS_PYTORCH3D, HAS_TORCH_CLUSTER, HAS_TRITON, resolve
 from .checks import check_index, check_points, checks_active
 
 __all__ = [
     "FPSAMPLE_BUCKET_HEIGHT",
     "FPS_BACKENDS",
     "HAS_FPSAMPLE",
+    "HAS_NUMBA",
     "HAS_PYTORCH3D",
     "HAS_TORCH_CLUSTER",
     "HAS_TRITON",

@@ -90,8 +90,8 @@ def _build(pts, real, depth):
                     v = pts[order[j], c]
                     lo = min(lo, v)
                     hi = max(hi, v)
-                if float(hi) - float(lo) > width:
-                    width = float(hi) - float(lo)
+                if np.float64(hi) - np.float64(lo) > width:
+                    width = np.float64(hi) - np.float64(lo)
                     best = c
             for j in range(s, e):
                 key[order[j]] = pts[order[j], best]
@@ -151,8 +151,8 @@ def _fps_cloud(pts, real, first, num_samples, leaf_size):
                 hi[k, c] = -np.inf
             for j in range(start[k], stop[k]):
                 for c in range(C):
-                    lo[k, c] = min(lo[k, c], float(xs[c, j]))
-                    hi[k, c] = max(hi[k, c], float(xs[c, j]))
+                    lo[k, c] = min(lo[k, c], np.float64(xs[c, j]))
+                    hi[k, c] = max(hi[k, c], np.float64(xs[c, j]))
             node_arg[k] = n  # no point yet; replaced at the first visit (dist starts at inf everywhere)
         else:
             for c in range(C):
@@ -179,10 +179,10 @@ def _fps_cloud(pts, real, first, num_samples, leaf_size):
             top -= 1
             lower = 0.0
             for c in range(C):
-                sc = float(s[c])
+                sc = np.float64(s[c])
                 gap = max(lo[k, c] - sc, sc - hi[k, c], 0.0)
                 lower += gap * gap
-            if _can_skip(lower, float(node_max[k]), slack):
+            if _can_skip(lower, np.float64(node_max[k]), slack):
                 continue
             if k >= first_leaf:
                 best = np.float32(-np.inf)
