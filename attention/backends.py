@@ -163,7 +163,7 @@ _register(
 # reference ends every list. Callers may narrow the choice by shape (e.g. KNN uses torch_cluster's kd-tree only in
 # low dimensions) through the shape checks and limits above, or by passing their own order.
 AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
-    ("fps", "cpu"): ("torch",),
+    ("fps", "cpu"): ("torch",),  # farthest_point_sample passes ("numba", "torch") for coordinates (C <= 4)
     ("fps", "cuda"): ("triton", "pytorch3d", "cluster", "torch"),
     ("knn", "cpu"): ("torch",),
     ("knn", "cuda"): ("pytorch3d", "torch"),

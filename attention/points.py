@@ -15,6 +15,8 @@ backend        FPS                                         KNN
                rounding differs: explicit only)
 ``fpsample_    ``fpsample.bucket_fps_kdline_sampling``       --
 bucket``       (CPU; approximate, explicit only)
+``numba``      ``attention.kernels.fps_numba`` (CPU;         --
+               exact, kd-tree pruning, any C)
 =============  ==========================================  ======================================================
 
 Backends are declared and chosen in :mod:`attention.backends`: ``backend="auto"`` picks, per device and shape, the
@@ -22,6 +24,12 @@ fastest *exact* backend that is installed and supports the shape (see ``tools/be
 ``docs/benchmarks.md`` for the measurements behind the order). An explicitly requested backend that is not installed
 raises an ``ImportError`` that says what to install; one that cannot take the device or the shape raises a
 ``ValueError`` (no silent fallback).
+
+``numba`` is exact FPS with spatial pruning (QuickFPS-like): a kd-tree over each cloud skips, per step, every subtree
+whose box is provably too far from the new sample to lower any min-distance, and computes the rest with the
+reference's float32 arithmetic, so its indices are the reference's bit for bit. ``"auto"`` uses it on CPU for
+coordinates (C <= 4), where the pruning pays; its first call in a fresh environment compiles (cached on disk
+afterwards, ``docs/benchmarks.md`` has the cost).
 
 ``fpsample_bucket`` is a documented approximation for large single clouds: fpsample's bucket FPS (kd-tree buckets,
 ``h`` = :data:`FPSAMPLE_BUCKET_HEIGHT`) returns a well-spread subset but not the exact FPS indices; its coverage
@@ -249,6 +257,11 @@ def _fps_fpsample_bucket(x: Tensor, num_samples: int, start: Tensor, mask: Tenso
     return _fps_fpsample(x, num_samples, start, mask, bucket=True)
 
 
+# The numba FPS prunes with a kd-tree, which skips most of a cloud in low dimensions only: tools/bench_points.py
+# measured it 3-30x faster than the reference for C = 3 on every CPU shape tried (B = 1-32, N = 512-100K), but not
+# reliably faster from C = 8 up (random 8-64-d features), so "auto" uses it for coordinates only.
+_FPS_NUMBA_MAX_DIM = 4
+
 FPS_BACKENDS = {
     "torch": _fps_torch,
     "cluster": _fps_cluster,
@@ -280,7 +293,7 @@ def farthest_point_sample(
         mask: optional ``(B, N)`` bool, True for real points of a padded (ragged) batch.
         lengths: optional ``(B,)`` number of real points per cloud (real points first); exclusive with ``mask``.
         backend: ``"auto"`` or a name of :data:`FPS_BACKENDS` (see the module docstring); ``"fpsample_bucket"`` is
-            approximate.
+            approximate; ``"numba"`` is exact and pruned (auto's CPU choice for C <= 4).
         generator: random generator for ``start=None``.
 
     Returns:
@@ -321,7 +334,10 @@ def farthest_point_sample(
     if mask is not None and checks_active() and not bool(mask.gather(1, start[:, None]).all()):
         raise ValueError("start points at a padded point (mask is False there)")
     shape = {"B": B, "N": N, "C": x.shape[-1], "M": num_samples, "masked": mask is not None}
-    name = resolve("fps", backend, x.device, shape)  # the reference while tracing (see attention.backends)
+    order = None
+    if x.device.type == "cpu" and x.shape[-1] <= _FPS_NUMBA_MAX_DIM:
+        order = ("numba", "torch")
+    name = resolve("fps", backend, x.device, shape, order=order)  # the reference while tracing (attention.backends)
     return FPS_BACKENDS[name](x, num_samples, start, mask)
 
 

@@ -348,6 +348,19 @@ def test_auto_knn_picks_cluster_for_coordinates_only(monkeypatch: pytest.MonkeyP
     assert used == ["cluster", "torch"]
 
 
+def test_auto_fps_picks_numba_on_cpu_for_coordinates_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    used = []
+    reference = points.FPS_BACKENDS["torch"]
+    monkeypatch.setitem(backends.INSTALLED, "numba", True)
+    monkeypatch.setitem(points.FPS_BACKENDS, "torch", lambda *a: used.append("torch") or reference(*a))
+    monkeypatch.setitem(points.FPS_BACKENDS, "numba", lambda *a: used.append("numba") or reference(*a))
+    farthest_point_sample(torch.rand(2, 20, 3), 5)
+    farthest_point_sample(torch.rand(2, 20, 16), 5)
+    monkeypatch.setitem(backends.INSTALLED, "numba", False)
+    farthest_point_sample(torch.rand(2, 20, 3), 5)
+    assert used == ["numba", "torch", "torch"]
+
+
 def test_input_checks_can_be_switched_off() -> None:
     from attention import input_checks
 
