@@ -262,6 +262,12 @@ def _fps_fpsample_bucket(x: Tensor, num_samples: int, start: Tensor, mask: Tenso
 # reliably faster from C = 8 up (random 8-64-d features), so "auto" uses it for coordinates only.
 _FPS_NUMBA_MAX_DIM = 4
 
+
+def _fps_auto_order(device: torch.device, channels: int) -> tuple[str, ...] | None:
+    """The "auto" preference of FPS for points of ``channels`` dimensions on ``device`` (None: the default order)."""
+    return ("numba", "torch") if device.type == "cpu" and channels <= _FPS_NUMBA_MAX_DIM else None
+
+
 FPS_BACKENDS = {
     "torch": _fps_torch,
     "cluster": _fps_cluster,
@@ -334,10 +340,9 @@ def farthest_point_sample(
     if mask is not None and checks_active() and not bool(mask.gather(1, start[:, None]).all()):
         raise ValueError("start points at a padded point (mask is False there)")
     shape = {"B": B, "N": N, "C": x.shape[-1], "M": num_samples, "masked": mask is not None}
-    order = None
-    if x.device.type == "cpu" and x.shape[-1] <= _FPS_NUMBA_MAX_DIM:
-        order = ("numba", "torch")
-    name = resolve("fps", backend, x.device, shape, order=order)  # the reference while tracing (attention.backends)
+    name = resolve(
+        "fps", backend, x.device, shape, order=_fps_auto_order(x.device, x.shape[-1])
+    )  # the reference while tracing (attention.backends)
     return FPS_BACKENDS[name](x, num_samples, start, mask)
 
 
