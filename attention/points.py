@@ -62,6 +62,7 @@ __all__ = [
     "HAS_TRITON",
     "KNN_BACKENDS",
     "farthest_point_sample",
+    "fps_auto_order",
     "gather",
     "interpolate",
     "knn",
@@ -263,7 +264,7 @@ def _fps_fpsample_bucket(x: Tensor, num_samples: int, start: Tensor, mask: Tenso
 _FPS_NUMBA_MAX_DIM = 4
 
 
-def _fps_auto_order(device: torch.device, channels: int) -> tuple[str, ...] | None:
+def fps_auto_order(device: torch.device, channels: int) -> tuple[str, ...] | None:
     """The "auto" preference of FPS for points of ``channels`` dimensions on ``device`` (None: the default order)."""
     return ("numba", "torch") if device.type == "cpu" and channels <= _FPS_NUMBA_MAX_DIM else None
 
@@ -341,7 +342,7 @@ def farthest_point_sample(
         raise ValueError("start points at a padded point (mask is False there)")
     shape = {"B": B, "N": N, "C": x.shape[-1], "M": num_samples, "masked": mask is not None}
     name = resolve(
-        "fps", backend, x.device, shape, order=_fps_auto_order(x.device, x.shape[-1])
+        "fps", backend, x.device, shape, order=fps_auto_order(x.device, x.shape[-1])
     )  # the reference while tracing (attention.backends)
     return FPS_BACKENDS[name](x, num_samples, start, mask)
 

@@ -82,7 +82,7 @@ def large_cloud_rows(sizes: list[tuple[int, int]], device: torch.device, repeats
         bucket_ms = results.get("fpsample_bucket", (float("nan"),))[0]
         ref_ms = results["torch"][0]
         shape = {"B": 1, "N": N, "C": 3, "M": M, "masked": False}
-        auto = backends.resolve("fps", "auto", device, shape, order=points._fps_auto_order(device, 3))
+        auto = backends.resolve("fps", "auto", device, shape, order=points.fps_auto_order(device, 3))
         for b, (ms, same, cov) in results.items():
             exact = backends.BACKENDS["fps"][b].exact
             name = f"{b} (auto)" if b == auto else b
