@@ -259,7 +259,7 @@ def _fps_fpsample_bucket(x: Tensor, num_samples: int, start: Tensor, mask: Tenso
 
 
 # The numba FPS prunes with a kd-tree, which skips most of a cloud in low dimensions only: tools/bench_points.py
-# measured it 3-30x faster than the reference for C = 3 on every CPU shape tried (B = 1-32, N = 512-100K), but not
+# measured it 1.5-40x faster than the reference for C = 3 on every CPU shape tried (B = 1-32, N = 512-100K), but not
 # reliably faster from C = 8 up (random 8-64-d features), so "auto" uses it for coordinates only.
 _FPS_NUMBA_MAX_DIM = 4
 
