@@ -30,6 +30,7 @@ __all__ = [
     "AUTO_ORDER",
     "BACKENDS",
     "HAS_FPSAMPLE",
+    "HAS_NUMBA",
     "HAS_PYTORCH3D",
     "HAS_TORCH_CLUSTER",
     "HAS_TRITON",
@@ -45,6 +46,7 @@ HAS_TORCH_CLUSTER = importlib.util.find_spec("torch_cluster") is not None
 HAS_PYTORCH3D = importlib.util.find_spec("pytorch3d") is not None
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_FPSAMPLE = importlib.util.find_spec("fpsample") is not None
+HAS_NUMBA = importlib.util.find_spec("numba") is not None
 
 INSTALL_HINTS = {
     "torch_cluster": "torch-cluster: `pip install --no-build-isolation torch-cluster` after torch (or `pip install "
@@ -52,6 +54,7 @@ INSTALL_HINTS = {
     "pytorch3d": "pytorch3d (not on PyPI: build it from source, see its INSTALL.md)",
     "triton": "triton (installed with CUDA builds of torch) and a CUDA device",
     "fpsample": "fpsample: `pip install fpsample` (or `pip install -e '.[fps]'`)",
+    "numba": "numba: `pip install numba` (or `pip install -e '.[fps]'`)",
 }
 
 # package -> installed, probed once (tests may override an entry to exercise a dispatch path)
@@ -61,6 +64,7 @@ INSTALLED: dict[str | None, bool] = {
     "pytorch3d": HAS_PYTORCH3D,
     "triton": HAS_TRITON,
     "fpsample": HAS_FPSAMPLE,
+    "numba": HAS_NUMBA,
 }
 
 
@@ -135,6 +139,9 @@ _register(
     # fpsample's bucket FPS (kd-line buckets): much faster on large clouds, but an approximation (other indices, its
     # first sample is not ``start``, coverage measured in docs/benchmarks.md); explicit only.
     Backend("fps", "fpsample_bucket", "fpsample", devices=("cpu",), exact=False),
+    # attention/kernels/fps_numba.py: exact FPS (the reference's indices) with kd-tree pruning, one cloud at a time;
+    # any C, masks and lengths.
+    Backend("fps", "numba", "numba", devices=("cpu",)),
     Backend("knn", "torch"),
     Backend("knn", "cluster", "torch_cluster"),
     Backend("knn", "pytorch3d", "pytorch3d"),
@@ -156,7 +163,7 @@ _register(
 # reference ends every list. Callers may narrow the choice by shape (e.g. KNN uses torch_cluster's kd-tree only in
 # low dimensions) through the shape checks and limits above, or by passing their own order.
 AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
-    ("fps", "cpu"): ("torch",),
+    ("fps", "cpu"): ("torch",),  # farthest_point_sample passes ("numba", "torch") for coordinates (C <= 4)
     ("fps", "cuda"): ("triton", "pytorch3d", "cluster", "torch"),
     ("knn", "cpu"): ("torch",),
     ("knn", "cuda"): ("pytorch3d", "torch"),

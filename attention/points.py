@@ -15,6 +15,8 @@ backend        FPS                                         KNN
                rounding differs: explicit only)
 ``fpsample_    ``fpsample.bucket_fps_kdline_sampling``       --
 bucket``       (CPU; approximate, explicit only)
+``numba``      ``attention.kernels.fps_numba`` (CPU;         --
+               exact, kd-tree pruning, any C)
 =============  ==========================================  ======================================================
 
 Backends are declared and chosen in :mod:`attention.backends`: ``backend="auto"`` picks, per device and shape, the
@@ -22,6 +24,12 @@ fastest *exact* backend that is installed and supports the shape (see ``tools/be
 ``docs/benchmarks.md`` for the measurements behind the order). An explicitly requested backend that is not installed
 raises an ``ImportError`` that says what to install; one that cannot take the device or the shape raises a
 ``ValueError`` (no silent fallback).
+
+``numba`` is exact FPS with spatial pruning (QuickFPS-like): a kd-tree over each cloud skips, per step, every subtree
+whose box is provably too far from the new sample to lower any min-distance, and computes the rest with the
+reference's float32 arithmetic, so its indices are the reference's bit for bit. ``"auto"`` uses it on CPU for
+coordinates (C <= 4), where the pruning pays; its first call in a fresh environment compiles (cached on disk
+afterwards, ``docs/benchmarks.md`` has the cost).
 
 ``fpsample_bucket`` is a documented approximation for large single clouds: fpsample's bucket FPS (kd-tree buckets,
 ``h`` = :data:`FPSAMPLE_BUCKET_HEIGHT`) returns a well-spread subset but not the exact FPS indices; its coverage
@@ -41,18 +49,20 @@ import math
 import torch
 from torch import Tensor
 
-from .backends import HAS_FPSAMPLE, HAS_PYTORCH3D, HAS_TORCH_CLUSTER, HAS_TRITON, resolve
+from .backends import HAS_FPSAMPLE, HAS_NUMBA, HAS_PYTORCH3D, HAS_TORCH_CLUSTER, HAS_TRITON, resolve
 from .checks import check_index, check_points, checks_active
 
 __all__ = [
     "FPSAMPLE_BUCKET_HEIGHT",
     "FPS_BACKENDS",
     "HAS_FPSAMPLE",
+    "HAS_NUMBA",
     "HAS_PYTORCH3D",
     "HAS_TORCH_CLUSTER",
     "HAS_TRITON",
     "KNN_BACKENDS",
     "farthest_point_sample",
+    "fps_auto_order",
     "gather",
     "interpolate",
     "knn",
@@ -227,8 +237,36 @@ def _fps_fpsample(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | Non
     return torch.from_numpy(out).to(x.device)
 
 
+def _fps_numba(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None) -> Tensor:
+    """Exact FPS with kd-tree pruning (attention/kernels/fps_numba.py), one cloud at a time."""
+    import numpy as np
+
+    from .kernels.fps_numba import fps_numba_cloud
+
+    pts = x.detach().float().cpu().numpy()
+    starts = start.tolist()
+    keep = None if mask is None else mask.cpu().numpy()
+    every = np.arange(x.shape[1], dtype=np.int64)
+    out = np.empty((x.shape[0], num_samples), dtype=np.int64)
+    for b in range(x.shape[0]):
+        real = every if keep is None else np.flatnonzero(keep[b]).astype(np.int64)
+        out[b] = fps_numba_cloud(np.ascontiguousarray(pts[b]), real, int(starts[b]), num_samples)
+    return torch.from_numpy(out).to(x.device)
+
+
 def _fps_fpsample_bucket(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None) -> Tensor:
     return _fps_fpsample(x, num_samples, start, mask, bucket=True)
+
+
+# The numba FPS prunes with a kd-tree, which skips most of a cloud in low dimensions only: tools/bench_points.py
+# measured it 1.5-40x faster than the reference for C = 3 on every CPU shape tried (B = 1-32, N = 512-100K), but not
+# reliably faster from C = 8 up (random 8-64-d features), so "auto" uses it for coordinates only.
+_FPS_NUMBA_MAX_DIM = 4
+
+
+def fps_auto_order(device: torch.device, channels: int) -> tuple[str, ...] | None:
+    """The "auto" preference of FPS for points of ``channels`` dimensions on ``device`` (None: the default order)."""
+    return ("numba", "torch") if device.type == "cpu" and channels <= _FPS_NUMBA_MAX_DIM else None
 
 
 FPS_BACKENDS = {
@@ -238,6 +276,7 @@ FPS_BACKENDS = {
     "triton": _fps_triton,
     "fpsample": _fps_fpsample,
     "fpsample_bucket": _fps_fpsample_bucket,
+    "numba": _fps_numba,
 }
 
 
@@ -261,7 +300,7 @@ def farthest_point_sample(
         mask: optional ``(B, N)`` bool, True for real points of a padded (ragged) batch.
         lengths: optional ``(B,)`` number of real points per cloud (real points first); exclusive with ``mask``.
         backend: ``"auto"`` or a name of :data:`FPS_BACKENDS` (see the module docstring); ``"fpsample_bucket"`` is
-            approximate.
+            approximate; ``"numba"`` is exact and pruned (auto's CPU choice for C <= 4).
         generator: random generator for ``start=None``.
 
     Returns:
@@ -302,7 +341,9 @@ def farthest_point_sample(
     if mask is not None and checks_active() and not bool(mask.gather(1, start[:, None]).all()):
         raise ValueError("start points at a padded point (mask is False there)")
     shape = {"B": B, "N": N, "C": x.shape[-1], "M": num_samples, "masked": mask is not None}
-    name = resolve("fps", backend, x.device, shape)  # the reference while tracing (see attention.backends)
+    name = resolve(
+        "fps", backend, x.device, shape, order=fps_auto_order(x.device, x.shape[-1])
+    )  # the reference while tracing (attention.backends)
     return FPS_BACKENDS[name](x, num_samples, start, mask)
 
 

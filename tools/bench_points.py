@@ -9,15 +9,23 @@ torch_cluster's time / the backend's time (> 1: faster than torch_cluster). Ever
 against the reference in the same run.
 
 Large single clouds (``--large``, default 50K / M = 4096 and 100K / M = 8192, CPU): every exact FPS backend and the
-approximate ``fpsample_bucket``, with each one's time relative to the bucket FPS and its coverage (the largest
-distance from a point to its nearest sample, which FPS greedily minimizes) relative to exact FPS. The ``auto`` row
-shows which backend ``backend="auto"`` resolves to for that shape (:func:`attention.backends.resolve`).
+approximate ``fpsample_bucket``, with each one's time relative to the bucket FPS and to the reference, and its
+coverage (the largest distance from a point to its nearest sample, which FPS greedily minimizes) relative to exact
+FPS, on a uniform cloud in the unit cube and a clustered one (``--clouds``: 16 Gaussian blobs, where a spatial index
+prunes differently). The ``auto`` row shows which backend ``backend="auto"`` picks for that shape.
+
+With numba installed, the first line also gives the numba FPS's first-call cost in a fresh process: compiling into an
+empty cache, and loading the compiled code from the cache (the usual case after the first run).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import os
+import subprocess
+import sys
+import tempfile
 from functools import partial
 
 import torch
@@ -31,12 +39,36 @@ def _coverage(x: torch.Tensor, idx: torch.Tensor) -> float:
     return float(points.knn(x, points.gather(x, idx), 1, backend="torch")[0].max().sqrt())
 
 
-def large_cloud_rows(sizes: list[tuple[int, int]], device: torch.device, repeats: int) -> list[list]:
-    """FPS on one large cloud per size: every installed backend, times relative to the bucket FPS, coverage."""
+def _cloud(kind: str, N: int, device: torch.device) -> torch.Tensor:
+    g = torch.Generator(device).manual_seed(N)
+    if kind == "uniform":
+        return torch.rand(1, N, 3, device=device, generator=g)
+    centres = torch.rand(16, 3, device=device, generator=g)
+    which = torch.randint(0, 16, (N,), device=device, generator=g)
+    return (centres[which] + 0.02 * torch.randn(N, 3, device=device, generator=g))[None]
+
+
+_FIRST_CALL = (
+    "import time, torch; t = time.perf_counter(); from attention.points import farthest_point_sample; "
+    "farthest_point_sample(torch.rand(1, 100, 3), 10, backend='numba'); print((time.perf_counter() - t) * 1e3)"
+)
+
+
+def numba_first_call_ms() -> tuple[float, float]:
+    """Import + first numba FPS call in a fresh process: compiling into an empty cache, then loading from it."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+        cold, warm = (float(subprocess.check_output([sys.executable, "-c", _FIRST_CALL], env=env)) for _ in range(2))
+    return cold, warm
+
+
+def large_cloud_rows(sizes: list[tuple[int, int]], device: torch.device, repeats: int, clouds: list[str]) -> list[list]:
+    """FPS on one large cloud per size and kind: every installed backend, times relative to the bucket FPS and the
+    reference, coverage."""
     rows = []
     names = [b for b in points.FPS_BACKENDS if backends.available("fps", b, device)]
-    for N, M in sizes:
-        x = torch.rand(1, N, 3, device=device, generator=torch.Generator(device).manual_seed(N))
+    for (N, M), kind in itertools.product(sizes, clouds):
+        x = _cloud(kind, N, device)
         start = torch.zeros(1, dtype=torch.long, device=device)
         ref = points.farthest_point_sample(x, M, start=start, backend="torch")
         ref_cov = _coverage(x, ref)
@@ -48,11 +80,14 @@ def large_cloud_rows(sizes: list[tuple[int, int]], device: torch.device, repeats
             idx = fn()
             results[b] = (time_fn(fn, device, repeats=repeats), torch.equal(idx, ref), _coverage(x, idx) / ref_cov)
         bucket_ms = results.get("fpsample_bucket", (float("nan"),))[0]
-        auto = backends.resolve("fps", "auto", device, {"N": N, "C": 3, "M": M, "masked": False})
+        ref_ms = results["torch"][0]
+        shape = {"B": 1, "N": N, "C": 3, "M": M, "masked": False}
+        auto = backends.resolve("fps", "auto", device, shape, order=points.fps_auto_order(device, 3))
         for b, (ms, same, cov) in results.items():
             exact = backends.BACKENDS["fps"][b].exact
             name = f"{b} (auto)" if b == auto else b
-            rows.append([N, M, name, "exact" if exact else "approx", ms, ms / bucket_ms, "yes" if same else "no", cov])
+            kind_ = "exact" if exact else "approx"
+            rows.append([kind, N, M, name, kind_, ms, ms / bucket_ms, ref_ms / ms, "yes" if same else "no", cov])
     return rows
 
 
@@ -65,6 +100,7 @@ def main() -> None:
     parser.add_argument("--channels", type=int, nargs="+", default=[3, 64], help="KNN dims (xyz, features)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--clouds", nargs="+", default=["uniform", "clustered"], choices=["uniform", "clustered"])
     parser.add_argument(
         "--large",
         type=int,
@@ -79,7 +115,12 @@ def main() -> None:
     # every installed FPS backend but the bucket approximation (it has its own table); `same indices` shows which
     # ones are exact
     names = [b for b in points.FPS_BACKENDS if b != "fpsample_bucket" and backends.available("fps", b, device)]
-    print(f"# bench_points on {device}: {describe_machine(device)}; FPS backends: {', '.join(names)}\n")
+    print(f"# bench_points on {device}: {describe_machine(device)}; FPS backends: {', '.join(names)}")
+    print(f"# load average before the run: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    if backends.available("fps", "numba", device):
+        cold, warm = numba_first_call_ms()
+        print(f"# numba FPS first call in a fresh process: {cold:.0f} ms compiling, {warm:.0f} ms from the cache")
+    print()
     fps_rows, knn_rows = [], []
     for B, N in itertools.product(args.batch, args.points):
         x = torch.rand(B, N, 3, device=device, generator=None)
@@ -112,9 +153,21 @@ def main() -> None:
         sizes = list(zip(args.large[::2], args.large[1::2]))
         print("\n## FPS on one large cloud (C = 3)\n")
         print_table(
-            ["N", "M", "backend", "kind", "ms", "time / bucket", "same indices as exact", "coverage / exact"],
-            large_cloud_rows(sizes, device, args.repeats),
+            [
+                "cloud",
+                "N",
+                "M",
+                "backend",
+                "kind",
+                "ms",
+                "time / bucket",
+                "speedup vs reference",
+                "same indices as exact",
+                "coverage / exact",
+            ],
+            large_cloud_rows(sizes, device, args.repeats, args.clouds),
         )
+        print(f"\n# load average after the run: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 
 if __name__ == "__main__":

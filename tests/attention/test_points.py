@@ -9,10 +9,11 @@ from torch.testing import assert_close
 from attention import CentroidAttention, backends, points
 from attention.points import farthest_point_sample, gather, interpolate, knn, nearest_upsample
 
-FPS_ALT = [
+KNN_ALT = [
     pytest.param("cluster", marks=pytest.mark.skipif(not points.HAS_TORCH_CLUSTER, reason="torch-cluster missing")),
     pytest.param("pytorch3d", marks=pytest.mark.skipif(not points.HAS_PYTORCH3D, reason="pytorch3d missing")),
 ]
+FPS_ALT = [*KNN_ALT, pytest.param("numba", marks=pytest.mark.skipif(not backends.HAS_NUMBA, reason="numba missing"))]
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
@@ -80,6 +81,8 @@ def test_fps_ragged_never_picks_padding() -> None:
 @pytest.mark.parametrize("backend", FPS_ALT)
 @pytest.mark.parametrize("shape,m", [((3, 63, 5), 20), ((2, 1024, 3), 512), ((4, 100, 3), 1)])
 def test_fps_backend_equals_reference(backend: str, device: str, shape: tuple[int, int, int], m: int) -> None:
+    if not backends.available("fps", backend, device):
+        pytest.skip(f"backend {backend} does not run on {device}")
     x = torch.rand(*shape, device=device)
     start = torch.randint(0, shape[1], (shape[0],), device=device)
     ref = farthest_point_sample(x, m, start=start, backend="torch")
@@ -208,7 +211,7 @@ def test_knn_mask_excludes_padding_and_pads_with_inf() -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("backend", FPS_ALT)
+@pytest.mark.parametrize("backend", KNN_ALT)
 @pytest.mark.parametrize("shape,k", [((2, 17, 63, 5), 7), ((2, 256, 1024, 3), 16), ((1, 5, 5, 3), 5)])
 def test_knn_backend_equals_reference(backend: str, device: str, shape: tuple[int, ...], k: int) -> None:
     B, M, N, C = shape
@@ -219,7 +222,7 @@ def test_knn_backend_equals_reference(backend: str, device: str, shape: tuple[in
     assert_close(dist, ref_d)
 
 
-@pytest.mark.parametrize("backend", FPS_ALT)
+@pytest.mark.parametrize("backend", KNN_ALT)
 def test_knn_backend_ragged_equals_reference(backend: str) -> None:
     q, r = torch.rand(3, 11, 5), torch.rand(3, 63, 5)
     mask = torch.rand(3, 63) > 0.4
@@ -326,7 +329,7 @@ def test_missing_backend_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_auto_backend_works_without_optional_packages(monkeypatch: pytest.MonkeyPatch) -> None:
-    for package in ("torch_cluster", "pytorch3d", "triton", "fpsample"):
+    for package in ("torch_cluster", "pytorch3d", "triton", "fpsample", "numba"):
         monkeypatch.setitem(backends.INSTALLED, package, False)
     x = torch.rand(2, 30, 3)
     assert torch.equal(farthest_point_sample(x, 5), farthest_point_sample(x, 5, backend="torch"))
@@ -343,6 +346,19 @@ def test_auto_knn_picks_cluster_for_coordinates_only(monkeypatch: pytest.MonkeyP
     knn(torch.rand(1, 5, 3), torch.rand(1, 20, 3), 2)
     knn(torch.rand(1, 5, 16), torch.rand(1, 20, 16), 2)
     assert used == ["cluster", "torch"]
+
+
+def test_auto_fps_picks_numba_on_cpu_for_coordinates_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    used = []
+    reference = points.FPS_BACKENDS["torch"]
+    monkeypatch.setitem(backends.INSTALLED, "numba", True)
+    monkeypatch.setitem(points.FPS_BACKENDS, "torch", lambda *a: used.append("torch") or reference(*a))
+    monkeypatch.setitem(points.FPS_BACKENDS, "numba", lambda *a: used.append("numba") or reference(*a))
+    farthest_point_sample(torch.rand(2, 20, 3), 5)
+    farthest_point_sample(torch.rand(2, 20, 16), 5)
+    monkeypatch.setitem(backends.INSTALLED, "numba", False)
+    farthest_point_sample(torch.rand(2, 20, 3), 5)
+    assert used == ["numba", "torch", "torch"]
 
 
 def test_input_checks_can_be_switched_off() -> None:
