@@ -391,7 +391,8 @@ def bench_args(ctx: Ctx, name: str) -> list[str]:
     cuda, quick, d = ctx.device == "cuda", ctx.quick, ["--device", ctx.device]
     if name == "bench_points":
         if not cuda:
-            return [*d, "--batch", "2", "--points", "256", "--channels", "3", "--repeats", "1"]
+            small = ["--batch", "2", "--points", "256", "--channels", "3", "--repeats", "1", "--threads", "1"]
+            return [*d, *small, "--large", "8192", "512", "--clouds", "uniform"]  # one small "large" cloud
         return [*d, "--batch", "32", "--points", "1024", "--channels", "3", "64"] if quick else [*d, "--repeats", "5"]
     if name == "bench_centroid":
         if not cuda:
