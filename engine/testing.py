@@ -24,6 +24,7 @@ from engine.trainer import TIMING_KEYS
 
 __all__ = [
     "REPO",
+    "TINY_DEIT_SETS",
     "free_port",
     "load_tool",
     "read_log",
@@ -34,6 +35,29 @@ __all__ = [
     "torchrun",
     "write_imagefolder",
 ]
+
+# A 32 px centroid DeiT (4 x 4 patches -> 2 x 2 centroids), 4 classes x 8 images, with the parts of DeiT's recipe that
+# the main job leaves off (RandAugment, random erasing, mixup + cutmix, EMA): train_deit tests' --set values.
+TINY_DEIT_SETS = (
+    "img_size=32",
+    "synthetic_image_size=32",
+    "embed_dim=32",
+    "depth=2",
+    "num_heads=2",
+    "centroid_index=1",
+    "synthetic_classes=4",
+    "synthetic_train_per_class=8",
+    "synthetic_val_per_class=4",
+    "batch_size=8",
+    "eval_batch_size=16",
+    "auto_augment=rand-m9-mstd0.5-inc1",
+    "reprob=0.25",
+    "mixup=0.8",
+    "cutmix=1.0",
+    "model_ema=true",
+    "model_ema_decay=0.9",
+    "warmup_epochs=1",
+)
 
 REPO = Path(__file__).resolve().parents[1]
 

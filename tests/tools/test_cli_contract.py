@@ -20,7 +20,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.testing import load_tool, read_log, start_tool, stop_after_first_checkpoint, strip_timing, torchrun
+from engine.testing import (
+    TINY_DEIT_SETS,
+    load_tool,
+    read_log,
+    start_tool,
+    stop_after_first_checkpoint,
+    strip_timing,
+    torchrun,
+)
 
 
 @dataclass(frozen=True)
@@ -77,27 +85,7 @@ CLIS = {
     ),
     "train_deit": CLI(
         "train_deit",
-        (
-            *COMMON,
-            "img_size=32",
-            "synthetic_image_size=32",
-            "embed_dim=32",
-            "depth=2",
-            "num_heads=2",
-            "centroid_index=1",
-            "synthetic_classes=4",
-            "synthetic_train_per_class=8",
-            "synthetic_val_per_class=4",
-            "batch_size=8",
-            "eval_batch_size=16",
-            "auto_augment=rand-m9-mstd0.5-inc1",
-            "reprob=0.25",
-            "mixup=0.8",
-            "cutmix=1.0",
-            "model_ema=true",
-            "model_ema_decay=0.9",
-            "warmup_epochs=1",
-        ),
+        (*COMMON, *TINY_DEIT_SETS),
         "top1",
         ("top1", "top5", "ema_top1", "params", "gmacs", "lr_scaled"),
     ),

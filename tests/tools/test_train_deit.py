@@ -11,36 +11,11 @@ import pytest
 import torch
 
 from engine import Trainer
-from engine.testing import REPO, load_tool, read_log, strip_timing, write_imagefolder
+from engine.testing import REPO, TINY_DEIT_SETS, load_tool, read_log, strip_timing, write_imagefolder
 
 train_deit = load_tool("train_deit")
 
-# A 32 px centroid DeiT (4 x 4 patches -> 2 x 2 centroids), 4 classes x 8 images, with the parts of DeiT's recipe that
-# the main job leaves off: RandAugment, random erasing, mixup + cutmix, EMA.
-TINY = [
-    "--no-progress",
-    "--device",
-    "cpu",
-    "--set",
-    "img_size=32",
-    "synthetic_image_size=32",
-    "embed_dim=32",
-    "depth=2",
-    "num_heads=2",
-    "centroid_index=1",
-    "synthetic_classes=4",
-    "synthetic_train_per_class=8",
-    "synthetic_val_per_class=4",
-    "batch_size=8",
-    "eval_batch_size=16",
-    "auto_augment=rand-m9-mstd0.5-inc1",
-    "reprob=0.25",
-    "mixup=0.8",
-    "cutmix=1.0",
-    "model_ema=true",
-    "model_ema_decay=0.9",
-    "warmup_epochs=1",
-]
+TINY = ["--no-progress", "--device", "cpu", "--set", *TINY_DEIT_SETS]
 
 
 def test_checkpoint_state_eval_only_and_another_architecture(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
