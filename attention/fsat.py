@@ -89,14 +89,15 @@ def _check_seq(x: Tensor, name: str) -> None:
 
 
 def pooled_cross(a: Tensor, b: Tensor) -> Tensor:
-    """``C0[k] = sum_{i+j=k} a_i * b_j`` by a zero-padded real FFT along the sequence, in float32.
+    """``C0[k] = sum_{i+j=k} a_i * b_j`` by a zero-padded real FFT along the sequence, in float32 (or float64).
 
     Args:
         a: ``(B, L, C)``, f1(X).
         b: ``(B, L, C)``, f2(X).
 
     Returns:
-        ``(B, 2L-1, C)`` float32.
+        ``(B, 2L-1, C)`` float32 (float64 for float64 inputs: the FFT never runs below float32, and float64 inputs keep
+        float64 so that CPU and CUDA agree to float64 rounding; pocketfft and cuFFT round float32 differently).
     """
     if not torch.jit.is_scripting():  # eager validation (TorchScript skips the branch, its condition included)
         _check_seq(a, "a")
@@ -106,10 +107,11 @@ def pooled_cross(a: Tensor, b: Tensor) -> Tensor:
     n = 1
     while n < 2 * L - 1:  # a power of two >= 2L-1: linear, not circular, convolution
         n *= 2
+    acc = torch.promote_types(a.dtype, torch.float32)
     if torch.jit.is_scripting():  # TorchScript cannot enter torch.autocast with a runtime device type
-        return _cross_fft(a.float(), b.float(), n)[:, : 2 * L - 1]
+        return _cross_fft(a.to(acc), b.to(acc), n)[:, : 2 * L - 1]
     with torch.autocast(device_type=a.device.type, enabled=False):
-        return _cross_fft(a.float(), b.float(), n)[:, : 2 * L - 1]  # (B, 2L-1, C)
+        return _cross_fft(a.to(acc), b.to(acc), n)[:, : 2 * L - 1]  # (B, 2L-1, C)
 
 
 def _cross_fft(a: Tensor, b: Tensor, n: int) -> Tensor:
@@ -120,9 +122,10 @@ def _cross_fft(a: Tensor, b: Tensor, n: int) -> Tensor:
 def pooled_cross_reference(a: Tensor, b: Tensor) -> Tensor:
     """O(L^2 C) reference of :func:`pooled_cross`: adds ``a_i * b_j`` into row ``i + j`` for every pair."""
     B, L, C = a.shape
-    out = a.new_zeros(B, 2 * L - 1, C, dtype=torch.float32)
+    acc = torch.promote_types(a.dtype, torch.float32)
+    out = a.new_zeros(B, 2 * L - 1, C, dtype=acc)
     for i in range(L):
-        out[:, i : i + L] += a[:, i : i + 1].float() * b.float()  # row i + j for j = 0 .. L-1
+        out[:, i : i + L] += a[:, i : i + 1].to(acc) * b.to(acc)  # row i + j for j = 0 .. L-1
     return out
 
 
