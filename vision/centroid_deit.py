@@ -205,6 +205,7 @@ class GridCentroidBlock(nn.Module):
             proj_drop=proj_drop,
             norm_layer=norm_layer,
             drop_path=drop_path,
+            validate_inputs=False,  # internal activations: a NaN check here would be a host sync in every forward
         )
         self.norm2 = norm_layer(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)

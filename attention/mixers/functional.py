@@ -242,7 +242,7 @@ def vandermonde_mix(
         from ..kernels.mixers_triton import VandermondeMixTriton
 
         with torch.autocast(device_type=v.device.type, enabled=False):
-            y = VandermondeMixTriton.apply(q.float(), k.float(), v.float(), 2 * math.pi * freq, None, None)
+            y = VandermondeMixTriton.apply(q.float(), k.float(), v.float(), freq, None, None)
         return y.to(v.dtype)
     acc = _acc(v)
     d_group = max(1, min(d_group, D))

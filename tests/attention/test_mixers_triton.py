@@ -204,7 +204,7 @@ def test_triton_mixer_kernels_compile_for_an_h100() -> None:
     for kind in (0, 1):
         for fn, sig, consts, num_warps in kernels:
             consts = {**consts, "KIND": kind, "BLOCK_DV": blk["BLOCK_DV"]}
-            sig = {**sig, "L": "i32", "D": "i32", "DV": "i32", "w": "fp32", **dict.fromkeys(consts, "constexpr")}
+            sig = {**sig, "L": "i32", "D": "i32", "DV": "i32", "f": "fp32", **dict.fromkeys(consts, "constexpr")}
             options = {"num_warps": num_warps, "enable_fp_fusion": True}
             compiled = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options=options)
             assert compiled.asm["cubin"], fn.__name__

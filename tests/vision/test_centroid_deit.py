@@ -347,3 +347,30 @@ def test_baseline_checkpoint_filter_loads_shared_deit_keys(name, deit_tiny, tmp_
     assert_close(other.blocks[3].mlp.fc1.weight, deit_tiny.blocks[3].mlp.fc1.weight)
     assert other.pos_embed.shape == (1, 1 + 36, 192) and other.head.out_features == 7
     assert torch.isfinite(other(_images(1, 96))).all()
+
+
+def test_the_model_validates_no_activations(monkeypatch):
+    """Like timm's models, a centroid DeiT checks nothing past the image: a NaN/Inf check on an activation is a
+    reduction plus a host sync in every forward (seen in an H100 profile: two device-to-host copies per batch)."""
+
+    def fail(*args, **kwargs):
+        raise AssertionError("CentroidAttention.check_inputs ran inside the model")
+
+    monkeypatch.setattr(CentroidAttention, "check_inputs", fail)
+    model = _model("centroid_deit_tiny_c6_patch16_224").eval()
+    with torch.no_grad():
+        assert torch.isfinite(model(_images())).all()
+    assert not any(m.validate_inputs for m in model.modules() if isinstance(m, CentroidAttention))
+
+
+@pytest.mark.gpu
+def test_cuda_forward_has_no_host_sync():
+    model = _model("centroid_deit_tiny_c6_patch16_224").cuda().eval()
+    images = _images().cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            model(images)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
