@@ -66,6 +66,7 @@ OPTIONAL = {
     "torch_cluster": "the torch-cluster FPS/KNN backend (optional; the torch and Triton paths cover CUDA)",
     "pytorch3d": "the pytorch3d FPS/KNN backend (optional)",
     "fpsample": "fpsample's FPS (optional)",
+    "numba": "the exact CPU FPS backend (attention/kernels/fps_numba.py; optional)",
     "open3d": "the capsule part-decomposition view (tools/visualize_capsules.py)",
     "trimesh": "the embedded synthetic shapes (train_modelnet, train_capsules, bench_capsules' Chamfer column)",
     "torch_geometric": "the PointNet++ / DGCNN peers",
@@ -198,6 +199,19 @@ def run_command(
 # ---------------------------------------------------------------------------------------------------- children
 
 
+def _version(name: str, mod: object) -> str:
+    """The module's ``__version__``, else its distribution's (fpsample has no ``__version__``), else ``"?"``."""
+    version = getattr(mod, "__version__", None)
+    if version is None:
+        from importlib import metadata
+
+        try:
+            version = metadata.version(name.replace("_", "-"))
+        except metadata.PackageNotFoundError:
+            version = "?"
+    return str(version)
+
+
 def child_env() -> dict:
     """The environment report (run in a subprocess, with the sections' PYTHONPATH)."""
     import torch
@@ -226,7 +240,7 @@ def child_env() -> dict:
     for name in OPTIONAL:
         try:
             mod = importlib.import_module(name)
-            report["packages"][name] = {"ok": True, "version": str(getattr(mod, "__version__", "?"))}
+            report["packages"][name] = {"ok": True, "version": _version(name, mod)}
         except Exception as e:  # an optional package may fail in any way (missing, ABI, missing system library)
             report["packages"][name] = {"ok": False, "reason": f"{type(e).__name__}: {e}"[:200]}
     sys.path.insert(0, str(REPO))
