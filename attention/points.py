@@ -356,8 +356,12 @@ def _exact_sq_dist(query: Tensor, ref: Tensor, idx: Tensor) -> Tensor:
     """Squared distances of each query to its selected neighbours, ``(B, M, K)``, computed as sum((q - r)^2).
 
     ``query`` and ``ref`` carry no gradient: the gathered ``(B, M, K, C)`` block is the only temporary of that size
-    (it is turned into the squared differences in place; (r - q)^2 rounds exactly as (q - r)^2)."""
-    nbrs = gather(ref, idx)  # (B, M, K, C)
+    (it is turned into the squared differences in place; (r - q)^2 rounds exactly as (q - r)^2). It is gathered as
+    whole rows of the flattened ``(B * N, C)`` reference, one index per row; :func:`gather` reads an index per
+    element, which made it the largest gather of a training step on GPU."""
+    B, N, C = ref.shape
+    rows = (idx + (torch.arange(B, device=idx.device) * N).view(-1, *([1] * (idx.dim() - 1)))).reshape(-1)
+    nbrs = ref.reshape(B * N, C).index_select(0, rows).view(*idx.shape, C)  # (B, M, K, C)
     return nbrs.sub_(query.unsqueeze(2)).square_().sum(-1)
 
 
