@@ -353,9 +353,16 @@ def farthest_point_sample(
 
 
 def _exact_sq_dist(query: Tensor, ref: Tensor, idx: Tensor) -> Tensor:
-    """Squared distances of each query to its selected neighbours, ``(B, M, K)``, computed as sum((q - r)^2)."""
-    nbrs = gather(ref, idx)  # (B, M, K, C)
-    return (query.unsqueeze(2) - nbrs).pow(2).sum(-1)
+    """Squared distances of each query to its selected neighbours, ``(B, M, K)``, computed as sum((q - r)^2).
+
+    ``query`` and ``ref`` carry no gradient: the gathered ``(B, M, K, C)`` block is the only temporary of that size
+    (it is turned into the squared differences in place; (r - q)^2 rounds exactly as (q - r)^2). It is gathered as
+    whole rows of the flattened ``(B * N, C)`` reference, one index per row; :func:`gather` reads an index per
+    element, which made it the largest gather of a training step on GPU."""
+    B, N, C = ref.shape
+    rows = (idx + (torch.arange(B, device=idx.device) * N).view(-1, *([1] * (idx.dim() - 1)))).reshape(-1)
+    nbrs = ref.reshape(B * N, C).index_select(0, rows).view(*idx.shape, C)  # (B, M, K, C)
+    return nbrs.sub_(query.unsqueeze(2)).square_().sum(-1)
 
 
 def _knn_torch(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chunk_bytes: int) -> tuple[Tensor, Tensor]:
@@ -382,20 +389,24 @@ def _knn_torch(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chunk_by
     if mask is not None:
         r_sq = r_sq.masked_fill(~mask, math.inf)  # padded points are infinitely far
     kc = min(N, k + max(4, k // 4))
-    rows = max(1, chunk_bytes // (4 * B * max(N, 2 * kc * C)))
-    dist = torch.empty(B, M, k, device=query.device)
-    idx = torch.empty(B, M, k, dtype=torch.long, device=query.device)
+    # A chunk holds either its (B, m, N) distances or its (B, m, kc, C) gathered candidates, never both.
+    rows = max(1, chunk_bytes // (4 * B * max(N, kc * C)))
+    rt = r.transpose(1, 2)
+    dists, idxs = [], []
     for s in range(0, M, rows):
         qc = q[:, s : s + rows]  # (B, m, C)
-        d = torch.baddbmm(r_sq[:, None, :], qc, r.transpose(1, 2), alpha=-2.0)  # (B, m, N), minus |q|^2
+        d = torch.baddbmm(r_sq[:, None, :], qc, rt, alpha=-2.0)  # (B, m, N), minus |q|^2
         cand = d.topk(kc, dim=-1, largest=False, sorted=False).indices  # (B, m, kc)
         del d
         exact = _exact_sq_dist(qc, r, cand)
         if mask is not None:
             exact = exact.masked_fill(~gather(mask, cand), math.inf)
-        dist[:, s : s + rows], order = exact.topk(k, dim=-1, largest=False, sorted=True)
-        idx[:, s : s + rows] = cand.gather(-1, order)
-    return dist, idx
+        dist, order = exact.topk(k, dim=-1, largest=False, sorted=True)
+        dists.append(dist)
+        idxs.append(cand.gather(-1, order))
+    if len(dists) == 1:
+        return dists[0], idxs[0]
+    return torch.cat(dists, 1), torch.cat(idxs, 1)
 
 
 def _knn_cluster(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chunk_bytes: int) -> tuple[Tensor, Tensor]:

@@ -34,7 +34,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from attention import CentroidBlock, MixerBlock, SelfAttentionBlock, build_mixer, input_checks, knn, nearest_upsample
+from attention import CentroidBlock, MixerBlock, SelfAttentionBlock, build_mixer, gather, input_checks, knn
 from attention.centroid import resolve_num_centroids
 from attention.checks import check_points
 from engine.registry import ModelRegistry
@@ -59,7 +59,10 @@ class PointBatchNorm(nn.BatchNorm1d):
     """BatchNorm over the batch and point axes of ``(B, N, C)`` features (a BatchNorm1d on channels)."""
 
     def forward(self, x: Tensor) -> Tensor:
-        return super().forward(x.transpose(1, 2)).transpose(1, 2)
+        # As (B * N, C) rows, not transposed to (B, C, N): the output keeps the layout of the Linear layers around
+        # it, which would otherwise copy the transposed tensor in the forward and in the backward pass.
+        B, N, C = x.shape
+        return super().forward(x.reshape(B * N, C)).view(B, N, C)
 
 
 def classifier_head(in_dim: int, hidden: Sequence[int], act: Callable[[], nn.Module], drop: float) -> nn.Sequential:
@@ -219,6 +222,7 @@ class CentroidTransformer(PointClassifier):
         outs = []
         with input_checks(False):  # validated once above; the blocks need not re-check each call
             cur_pos = pos
+            up_pos, up_idx = pos, None  # the points whose nearest neighbours up_idx holds
             for transition, block in zip(self.transitions, self.blocks):
                 x = transition(x)
                 if isinstance(block, SelfAttentionBlock):
@@ -228,8 +232,14 @@ class CentroidTransformer(PointClassifier):
                     x = block(x)  # global sequence mixer over the stage's points
                 else:
                     x, cur_pos, _ = block(x, pos=cur_pos)
-                # Back to the N input points by nearest neighbour in xyz.
-                outs.append(x if x.shape[1] == N else nearest_upsample(pos, cur_pos, x))
+                if x.shape[1] == N:
+                    outs.append(x)
+                    continue
+                # Back to the N input points by nearest neighbour in xyz (nearest_upsample); a block that keeps
+                # its input points (SA after CA) reuses the search of the block before it.
+                if up_idx is None or up_pos is not cur_pos:
+                    up_pos, up_idx = cur_pos, knn(pos, cur_pos, 1)[1]  # (B, N, 1)
+                outs.append(gather(x, up_idx).squeeze(2))
         return self.fuse(torch.cat(outs, dim=-1))  # (B, N, fuse_dim)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:

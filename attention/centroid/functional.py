@@ -202,11 +202,20 @@ def knn_centroid_attention(
     ``(B, H, N, D)``, idx ``(B, M, K)``; returns ``(B, H, M, D)``. An FX leaf (custom autograd Functions)."""
     B, H, M, D = q.shape
     N, K = k.shape[2], idx.shape[-1]
-    rows = _chunk_rows(B, M, K, H, D, q.element_size(), ATTN_CHUNK_BYTES if chunk_bytes is None else chunk_bytes)
-    scores = _GatherDot.apply(q.transpose(1, 2), k.transpose(1, 2), idx, rows).permute(0, 3, 1, 2) * D**-0.5
+    budget = ATTN_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    rows = _chunk_rows(B * M, K * H * D * q.element_size(), budget)
+    # The Functions work on rows of (batch, point) pairs: (B * M) query rows, (B * N) key / value rows, and indices
+    # into the flat key rows. A chunk is then a contiguous slice of rows (no copy of a strided slice of q, idx or
+    # the output per chunk), and the gathered (rows, K, H, D) block is reduced in place. These reshapes are views
+    # for the layer's layout, where q, k, v are transposed views of (B, M or N, H, D) projections.
+    flat = _flat_rows(idx, N).reshape(B * M, K)
+    qf = q.transpose(1, 2).reshape(B * M, H, D)
+    kf = k.transpose(1, 2).reshape(B * N, H, D)
+    vf = v.transpose(1, 2).reshape(B * N, H, D)
+    scores = _GatherDot.apply(qf, kf, flat, rows).view(B, M, K, H).permute(0, 3, 1, 2) * D**-0.5  # (B, H, M, K)
     attn = _knn_weights(scores, idx, N, mask, normalize, dropout_p, eps)  # (B, H, M, K)
-    out = _GatherWeightedSum.apply(attn.permute(0, 2, 3, 1), v.transpose(1, 2), idx, rows)  # (B, M, H, D)
-    return out.transpose(1, 2)
+    out = _GatherWeightedSum.apply(attn.permute(0, 2, 3, 1).reshape(B * M, K, H), vf, flat, rows)  # (B * M, H, D)
+    return out.view(B, M, H, D).transpose(1, 2)
 
 
 def _knn_weights(
@@ -243,12 +252,17 @@ def edge_attention(
     return torch.einsum("bhmk,bmkhd->bhmd", attn, vn)
 
 
-# Memory budget of the gathered keys (or values) of one chunk of centroids in the KNN path, in bytes.
+# Memory budget of the gathered keys (or values) of one chunk of centroids in the KNN path, in bytes. The chunk is
+# multiplied in place; the backward pass adds the per-edge gradients of the keys (values) as a chunk-sized temporary
+# in float32 (twice the budget for bf16 inputs), which index_add_ scatters.
 ATTN_CHUNK_BYTES = 16 * 2**20
 
 
-def _chunk_rows(B: int, M: int, K: int, H: int, D: int, itemsize: int, budget: int) -> int:
-    return max(1, min(M, budget // max(1, B * K * H * D * itemsize)))
+def _chunk_rows(num_rows: int, row_bytes: int, budget: int) -> int:
+    """Rows per chunk: as many as fit the budget, spread evenly over the chunks (no small last chunk)."""
+    rows = max(1, min(num_rows, budget // max(1, row_bytes)))
+    chunks = -(-num_rows // rows)
+    return -(-num_rows // chunks)
 
 
 def _flat_rows(idx: Tensor, N: int) -> Tensor:
@@ -256,87 +270,99 @@ def _flat_rows(idx: Tensor, N: int) -> Tensor:
     return idx + (torch.arange(idx.shape[0], device=idx.device) * N).view(-1, 1, 1)
 
 
-class _GatherDot(torch.autograd.Function):
-    """``s[b, m, k, h] = q[b, m, h] . k[b, idx[b, m, k], h]`` over chunks of centroids.
+def _cat(chunks: list[Tensor]) -> Tensor:
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
-    Only one chunk of gathered keys, ``(B, rows, K, H, D)``, exists at a time, in the forward and in the backward
-    pass (which gathers again instead of keeping the gathered keys alive): the KNN path's memory stays at
-    O(B M K H) for the scores plus the chunk, instead of O(B M K H D).
+
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for half-precision inputs: index_add_ then uses native float atomics on CUDA (bf16 ones are CAS
+    loops) and the K contributions to a key add up without rounding to 8 bits each time."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+class _GatherDot(torch.autograd.Function):
+    """``s[l, k, h] = q[l, h] . k[idx[l, k], h]`` over chunks of query rows.
+
+    q ``(L, H, D)`` holds the B * M centroid rows, k ``(R, H, D)`` the B * N input rows, idx ``(L, K)`` indices into
+    R. Only one chunk of gathered keys, ``(rows, K, H, D)``, exists at a time, in the forward and in the backward pass
+    (which gathers again instead of keeping the gathered keys alive): the KNN path's memory stays at O(B M K H) for
+    the scores plus the chunk, instead of O(B M K H D). The products are a broadcast multiply and a sum over D, not
+    an einsum: einsum would copy the chunk into a (l, h)-batched layout and run L * H matrix products of 1 x D by
+    D x K, which are slow on GPUs.
     """
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, idx: Tensor, rows: int) -> Tensor:
-        B, M, H, D = q.shape  # q: (B, M, H, D), k: (B, N, H, D), idx: (B, M, K)
-        N, K = k.shape[1], idx.shape[-1]
-        flat = _flat_rows(idx, N)
-        kf = k.reshape(B * N, H, D)
-        out = q.new_empty(B, M, K, H)
-        for s in range(0, M, rows):
-            f = flat[:, s : s + rows]
-            kn = kf.index_select(0, f.reshape(-1)).view(*f.shape, H, D)  # (B, r, K, H, D)
-            out[:, s : s + rows] = torch.einsum("bmhd,bmkhd->bmkh", q[:, s : s + rows], kn)
-        ctx.save_for_backward(q, k, flat)
+        L, H, D = q.shape
+        K = idx.shape[1]
+        chunks = []
+        for s in range(0, L, rows):
+            kn = k.index_select(0, idx[s : s + rows].reshape(-1)).view(-1, K, H, D)  # (r, K, H, D)
+            chunks.append(kn.mul_(q[s : s + rows, None]).sum(-1))  # (r, K, H)
+        ctx.save_for_backward(q, k, idx)
         ctx.rows = rows
-        return out
+        return _cat(chunks)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, flat = ctx.saved_tensors
-        B, M, H, D = q.shape
-        N = k.shape[1]
-        kf = k.reshape(B * N, H, D)
-        dq = torch.empty_like(q) if ctx.needs_input_grad[0] else None
-        dk = torch.zeros(B * N, H, D, dtype=k.dtype, device=k.device) if ctx.needs_input_grad[1] else None
-        for s in range(0, M, ctx.rows):
-            f = flat[:, s : s + ctx.rows]
-            g = grad[:, s : s + ctx.rows].to(q.dtype)  # (B, r, K, H)
-            if dq is not None:
-                kn = kf.index_select(0, f.reshape(-1)).view(*f.shape, H, D)
-                dq[:, s : s + ctx.rows] = torch.einsum("bmkh,bmkhd->bmhd", g, kn)
+        q, k, idx = ctx.saved_tensors
+        L, H, D = q.shape
+        K = idx.shape[1]
+        acc = _accumulation_dtype(k.dtype)
+        dq = []
+        dk = torch.zeros(k.shape, dtype=acc, device=k.device) if ctx.needs_input_grad[1] else None
+        for s in range(0, L, ctx.rows):
+            f = idx[s : s + ctx.rows].reshape(-1)
+            g = grad[s : s + ctx.rows]  # (r, K, H)
+            if ctx.needs_input_grad[0]:
+                kn = k.index_select(0, f).view(-1, K, H, D)
+                dq.append(kn.mul_(g.to(kn.dtype)[..., None]).sum(1, dtype=q.dtype))  # (r, H, D)
             if dk is not None:
-                contrib = torch.einsum("bmkh,bmhd->bmkhd", g, q[:, s : s + ctx.rows])
-                dk.index_add_(0, f.reshape(-1), contrib.reshape(-1, H, D).to(dk.dtype))
-        return dq, None if dk is None else dk.view(B, N, H, D), None, None
+                contrib = g.to(acc)[..., None] * q[s : s + ctx.rows, None].to(acc)  # (r, K, H, D)
+                dk.index_add_(0, f, contrib.view(-1, H, D))
+        dq = _cat(dq) if dq else None
+        return dq, None if dk is None else dk.to(k.dtype), None, None
 
 
 class _GatherWeightedSum(torch.autograd.Function):
-    """``out[b, m, h] = sum_k a[b, m, k, h] v[b, idx[b, m, k], h]``, chunked like :class:`_GatherDot`."""
+    """``out[l, h] = sum_k a[l, k, h] v[idx[l, k], h]``, chunked like :class:`_GatherDot`.
+
+    a ``(L, K, H)`` holds the weights of the B * M centroid rows, v ``(R, H, D)`` the B * N input rows.
+    """
 
     @staticmethod
     def forward(ctx, a: Tensor, v: Tensor, idx: Tensor, rows: int) -> Tensor:
-        B, M, K, H = a.shape  # a: (B, M, K, H), v: (B, N, H, D), idx: (B, M, K)
-        N, D = v.shape[1], v.shape[-1]
-        flat = _flat_rows(idx, N)
-        vf = v.reshape(B * N, H, D)
-        out = v.new_empty(B, M, H, D)
-        for s in range(0, M, rows):
-            f = flat[:, s : s + rows]
-            vn = vf.index_select(0, f.reshape(-1)).view(*f.shape, H, D)  # (B, r, K, H, D)
-            out[:, s : s + rows] = torch.einsum("bmkh,bmkhd->bmhd", a[:, s : s + rows].to(vn.dtype), vn)
-        ctx.save_for_backward(a, v, flat)
+        L, K, H = a.shape
+        D = v.shape[-1]
+        chunks = []
+        for s in range(0, L, rows):
+            vn = v.index_select(0, idx[s : s + rows].reshape(-1)).view(-1, K, H, D)  # (r, K, H, D)
+            chunks.append(vn.mul_(a[s : s + rows, ..., None].to(vn.dtype)).sum(1))  # (r, H, D)
+        ctx.save_for_backward(a, v, idx)
         ctx.rows = rows
-        return out
+        return _cat(chunks)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        a, v, flat = ctx.saved_tensors
-        B, M, K, H = a.shape
-        N, D = v.shape[1], v.shape[-1]
-        vf = v.reshape(B * N, H, D)
-        da = torch.empty_like(a) if ctx.needs_input_grad[0] else None
-        dv = torch.zeros(B * N, H, D, dtype=v.dtype, device=v.device) if ctx.needs_input_grad[1] else None
-        for s in range(0, M, ctx.rows):
-            f = flat[:, s : s + ctx.rows]
-            g = grad[:, s : s + ctx.rows].to(v.dtype)  # (B, r, H, D)
-            if da is not None:
-                vn = vf.index_select(0, f.reshape(-1)).view(*f.shape, H, D)
-                da[:, s : s + ctx.rows] = torch.einsum("bmhd,bmkhd->bmkh", g, vn)
+        a, v, idx = ctx.saved_tensors
+        L, K, H = a.shape
+        D = v.shape[-1]
+        acc = _accumulation_dtype(v.dtype)
+        da = []
+        dv = torch.zeros(v.shape, dtype=acc, device=v.device) if ctx.needs_input_grad[1] else None
+        for s in range(0, L, ctx.rows):
+            f = idx[s : s + ctx.rows].reshape(-1)
+            g = grad[s : s + ctx.rows]  # (r, H, D)
+            if ctx.needs_input_grad[0]:
+                vn = v.index_select(0, f).view(-1, K, H, D)
+                da.append(vn.mul_(g.to(vn.dtype)[:, None]).sum(-1, dtype=a.dtype))  # (r, K, H)
             if dv is not None:
-                contrib = torch.einsum("bmkh,bmhd->bmkhd", a[:, s : s + ctx.rows].to(v.dtype), g)
-                dv.index_add_(0, f.reshape(-1), contrib.reshape(-1, H, D))
-        return da, None if dv is None else dv.view(B, N, H, D), None, None
+                contrib = a[s : s + ctx.rows, ..., None].to(acc) * g.to(acc)[:, None]  # (r, K, H, D)
+                dv.index_add_(0, f, contrib.view(-1, H, D))
+        da = _cat(da) if da else None
+        return da, None if dv is None else dv.to(v.dtype), None, None
 
 
 torch.fx.wrap("knn_centroid_attention")  # FX keeps it as one call: its autograd Functions loop over chunks
