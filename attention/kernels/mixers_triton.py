@@ -63,7 +63,8 @@ def _cos_turns(t):
     """``cos(2 pi t)`` for float32 ``t`` (turns), without libdevice's general range reduction.
 
     ``tl.cos`` of a radian argument runs libdevice's ``cosf`` (a multi-step reduction of any float to [-pi/4, pi/4]
-    plus polynomials): on an H100 it was ~90% of the Vandermonde kernels' time. Here the argument is in turns, so the
+    plus polynomials): on an H100 the Vandermonde kernels took 28 / 60 ms (forward / backward, L = 4096) against
+    3.5 / 26 ms for the Cauchy kernels, the same loops with a division instead. Here the argument is in turns, so the
     reduction is exact: ``r = t - floor(t + 1/2)`` in [-1/2, 1/2) (a float subtraction of two nearby values), then
     ``a = |r|`` folded into [0, 1/4] with ``cos(2 pi a) = -cos(2 pi (1/2 - a))``, and a degree-12 Taylor polynomial
     of ``cos`` on [0, pi/2] (truncation error below 7e-9; float32 rounding about 1e-7 absolute). The callers'
