@@ -43,6 +43,7 @@ from .centroid import (
     edge_attention,
     feature_neighbors,
     knn_centroid_attention,
+    masked_knn_attention,
     resolve_num_centroids,
 )
 from .checks import (
@@ -184,6 +185,7 @@ __all__ = [
     "knn",
     "knn_centroid_attention",
     "lengths_to_mask",
+    "masked_knn_attention",
     "nearest_upsample",
     "pooled_cross",
     "pooled_cross_reference",

@@ -157,6 +157,10 @@ _register(
     Backend("vandermonde_mix", "triton", "triton", devices=("cuda",), limits={"D": 64, "Dv": 64}),
     Backend("fsat_edges", "csr"),
     Backend("fsat_edges", "gather"),
+    # attention.centroid: the KNN path as chunked gathers (memory O(B M K H) + a chunk) or as dense products under the
+    # neighbour mask (attention.centroid.masked_knn_attention: O(M N) work, faster where N / K is small)
+    Backend("knn_attention", "gather"),
+    Backend("knn_attention", "masked"),
 )
 
 # "auto" preference per (op, device type), fastest first, from tools/bench_points.py (docs/benchmarks.md); the
@@ -175,6 +179,10 @@ AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     ("vandermonde_mix", "cuda"): ("triton", "torch"),
     ("fsat_edges", "cpu"): ("csr",),
     ("fsat_edges", "cuda"): ("gather",),
+    # "masked" was 2.2x faster on one CPU thread at the point model's first stage (M=512, N=1024, K=24) but keeps
+    # O(B M N) memory; it becomes the choice where GPU timings (tools/gpu_check.py, bench_centroid) show it wins.
+    ("knn_attention", "cpu"): ("gather",),
+    ("knn_attention", "cuda"): ("gather",),
 }
 
 
@@ -211,13 +219,13 @@ def resolve(
         ValueError: unknown backend, or an explicit backend that cannot take this device or shape.
         ImportError: an explicit backend whose package is not installed (the message says what to install).
     """
-    device = torch.device(device)
     choices = BACKENDS.get(op)
     if choices is None:
         raise ValueError(f"unknown op {op!r}; choose one of {sorted(BACKENDS)}")
     reference = next(iter(choices))
     if backend == "auto" and is_tracing():
         return reference  # FX / dynamo / export follow plain tensor code; a compiled extension or numpy would break it
+    device = torch.device(device)  # after the tracing check: under FX a tensor's .device is a proxy
     if backend == "auto":
         for name in order if order is not None else AUTO_ORDER.get((op, device.type), (reference,)):
             b = choices[name]

@@ -119,6 +119,9 @@ class CentroidTransformer(PointClassifier):
             Points have no order: Toeplitz, Vandermonde, Hydra and FSAT mix in the order the points arrive (input
             order, then FPS order); softmax, linear and Cauchy are permutation-equivariant.
         mixer_kwargs: extra arguments of :func:`attention.build_mixer` (``max_len`` for ``fsat`` and the twins).
+        attn_backend: form of every block's KNN attention (:class:`attention.CentroidAttention`): ``"gather"``,
+            ``"masked"`` (dense products under the neighbour mask; on the test GPU's shapes the candidate that closes
+            the speed gap to PointNet++, see docs/benchmarks.md) or ``"auto"``.
 
     Shapes:
         points: ``(B, N, in_channels)``; output logits ``(B, num_classes)``.
@@ -141,6 +144,7 @@ class CentroidTransformer(PointClassifier):
         drop: float = 0.5,
         mixer: str | None = None,
         mixer_kwargs: dict | None = None,
+        attn_backend: str = "auto",
     ) -> None:
         super().__init__()
         if in_channels < 3:
@@ -155,7 +159,7 @@ class CentroidTransformer(PointClassifier):
         self.num_neighbors = num_neighbors
         self.num_features = 2 * fuse_dim
         act = _leaky
-        block = partial(dict, num_heads=num_heads, mlp_ratio=mlp_ratio, act_layer=act)
+        block = partial(dict, num_heads=num_heads, mlp_ratio=mlp_ratio, act_layer=act, attn_backend=attn_backend)
         self.embed = nn.Sequential(
             nn.Linear(in_channels, widths[0], bias=False), PointBatchNorm(widths[0]), act(),
             nn.Linear(widths[0], widths[0], bias=False), PointBatchNorm(widths[0]), act(),
@@ -195,7 +199,7 @@ class CentroidTransformer(PointClassifier):
         if mixer is None:
             return SelfAttentionBlock(dim, num_neighbors=num_neighbors, **kw)
         mixer_module = build_mixer(mixer, dim, num_heads=kw["num_heads"], **(mixer_kwargs or {}))
-        return MixerBlock(dim, mixer_module, mlp_ratio=kw["mlp_ratio"], act_layer=kw["act_layer"])
+        return MixerBlock(dim, mixer_module, mlp_ratio=kw["mlp_ratio"], act_layer=kw["act_layer"])  # no KNN attention
 
     def stage_sizes(self, num_points: int) -> tuple[int, int]:
         """(N1, N2): the centroid counts of the two centroid blocks for clouds of ``num_points`` points."""

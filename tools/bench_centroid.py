@@ -4,11 +4,13 @@
     python tools/bench_centroid.py --device cuda   # GPU machine
 
 N in {1024, 4096, 8192, 16384}, M = N / 4 centroids, K = 32 neighbours, C = 128 channels, 4 heads, batch 1.
-Three implementations of one attention step from M centroids to N inputs, with the same projections:
+Four implementations of one attention step from M centroids to N inputs, with the same projections:
 
 * ``dense-matmul``: softmax(Q K^T) V with the (B, H, M, N) score matrix materialized (a plain implementation);
 * ``dense-sdpa``:   the layer's dense path, ``scaled_dot_product_attention`` (fused kernels where torch has them);
-* ``knn``:          the layer's KNN path (K nearest inputs in feature space, gathered keys and values).
+* ``knn``:          the layer's KNN path (K nearest inputs in feature space, gathered keys and values);
+* ``knn-masked``:   the same neighbours, attention as dense products under the (B, M, N) neighbour mask
+  (``attn_backend="masked"``).
 
 Peak memory is the growth of the peak resident set of a fresh process during forward + backward on CPU, and
 ``torch.cuda.max_memory_allocated`` on CUDA. Ratios are against ``dense-matmul`` and ``dense-sdpa`` of the same N.
@@ -41,7 +43,9 @@ def child(cfg: dict) -> None:
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
     B, N, M, C, H, K = cfg["B"], cfg["N"], cfg["M"], cfg["C"], cfg["H"], cfg["K"]
-    layer = CentroidAttention(C, H, num_neighbors=K if cfg["mode"] == "knn" else None).to(device)
+    knn = cfg["mode"].startswith("knn")
+    backend = "masked" if cfg["mode"] == "knn-masked" else "gather"
+    layer = CentroidAttention(C, H, num_neighbors=K if knn else None, attn_backend=backend).to(device)
     x = torch.randn(B, N, C, device=device, requires_grad=True)
     u = torch.randn(B, M, C, device=device, requires_grad=True)
 
@@ -87,7 +91,7 @@ def main() -> None:
     rows = []
     for N in args.points:
         res = {}
-        for mode in ("dense-matmul", "dense-sdpa", "knn"):
+        for mode in ("dense-matmul", "dense-sdpa", "knn", "knn-masked"):
             cfg = dict(mode=mode, device=args.device, B=args.batch, N=N, M=N // 4, C=args.dim, H=args.heads)
             res[mode] = run_isolated(__file__, {**cfg, "K": args.k, "repeats": args.repeats})
             print(f"  N={N} {mode}: {res[mode]}", file=sys.stderr)

@@ -5,7 +5,9 @@
     python tools/bench_modelnet.py --batch 16 --repeats 2 --models centroid_transformer_modelnet40 \\
         centroid_transformer_modelnet40_random
 
-Rows: the centroid transformer with T = 1, 2, 3 attention steps (``--steps``), its downsampling-only twins
+Rows: the centroid transformer with T = 1, 2, 3 attention steps (``--steps``; one row per ``--attn-backends`` entry
+other than ``auto``, labelled with it, e.g. ``T=1 masked``: the KNN attention as dense products under the neighbour
+mask, :func:`attention.centroid.masked_knn_attention`), its downsampling-only twins
 (``_random``, ``_fps``, ``_kmeans``: the centroid blocks keep their init and MLP, no attention step) and every peer
 model registered in :mod:`pointcloud` (names not starting with ``centroid_transformer``), all on the same random
 batch of ``--batch`` clouds of ``--points`` xyz points, 40 classes.
@@ -32,7 +34,7 @@ import argparse
 import json
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
@@ -41,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from benchutil import describe_machine, print_table, sync, time_fn, unit_sphere_clouds
 
+from attention import backend_names
 from engine import atomic_write_text, count_gmacs, count_params
 from pointcloud import create_model, list_models
 
@@ -65,15 +68,20 @@ def default_models() -> list[str]:
 Row = tuple[str, str, int | None, dict]  # (label, registered name, T or None, create_model kwargs)
 
 
-def plan(models: list[str], steps: list[int], num_centroids: list[int] | None) -> list[Row]:
-    """One row per model; the centroid model gets one row per T, the twins T = 0, peers T = None."""
+def plan(
+    models: list[str], steps: list[int], num_centroids: list[int] | None, attn_backends: Sequence[str] = ("auto",)
+) -> list[Row]:
+    """One row per model; the centroid model gets one row per T and attention backend, the twins T = 0, peers None."""
     rows = []
     for name in models:
         kwargs: dict = {"num_classes": NUM_CLASSES}
         if name.startswith("centroid_transformer") and num_centroids:
             kwargs["num_centroids"] = tuple(num_centroids)
         if name == CENTROID:
-            rows += [(f"{name} T={t}", name, t, {**kwargs, "num_steps": t}) for t in steps]
+            for t in steps:
+                for b in attn_backends:
+                    label = f"{name} T={t}" + ("" if b == "auto" else f" {b}")
+                    rows.append((label, name, t, {**kwargs, "num_steps": t, "attn_backend": b}))
         else:
             rows.append((name, name, 0 if name in TWINS else None, kwargs))
     return rows
@@ -134,6 +142,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--num-centroids", type=int, nargs=2, default=None, metavar=("N1", "N2"),
                         help="centroids of the two CA blocks (default: the model's)")  # fmt: skip
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 3], help="T values of the centroid model")
+    forms = ["auto", *backend_names("knn_attention")]
+    parser.add_argument("--attn-backends", nargs="+", default=["auto"], choices=forms,
+                        help="KNN attention forms of the centroid rows (attention.CentroidAttention)")  # fmt: skip
     parser.add_argument("--models", nargs="+", default=None, help="subset of registered names (default: all)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls before timing")
@@ -163,7 +174,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"# batch {args.batch}, {args.points} points (xyz), num_centroids {nc}, amp {args.amp}, "
           f"{args.stat} of {args.repeats} rounds after {args.warmup} warm-up\n")  # fmt: skip
     results, train_fns, infer_fns = [], [], []
-    for label, name, steps, kwargs in plan(models, args.steps, args.num_centroids):
+    for label, name, steps, kwargs in plan(models, args.steps, args.num_centroids, args.attn_backends):
         stats, train_step, infer = prepare(name, kwargs, args)
         results.append({"label": label, "model": name, "num_steps": steps, **stats})
         train_fns.append(train_step)

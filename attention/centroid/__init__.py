@@ -19,6 +19,7 @@ from .functional import (
     dense_centroid_attention,
     edge_attention,
     knn_centroid_attention,
+    masked_knn_attention,
 )
 from .inits import (
     CENTROID_INITS,
@@ -56,5 +57,6 @@ __all__ = [
     "edge_attention",
     "feature_neighbors",
     "knn_centroid_attention",
+    "masked_knn_attention",
     "resolve_num_centroids",
 ]

@@ -22,7 +22,7 @@ class CentroidBlock(nn.Module):
         dim: channels C.
         init: a name from :data:`CENTROID_INITS` or an init module.
         init_kwargs: constructor arguments of the named init (e.g. ``num_centroids``, ``space``, ``grid_size``).
-        num_heads, num_neighbors, num_steps, normalize, qkv_bias, attn_drop, knn_backend: of
+        num_heads, num_neighbors, num_steps, normalize, qkv_bias, attn_drop, knn_backend, attn_backend: of
             :class:`CentroidAttention`. ``num_steps=0`` gives the ablation that only downsamples (init + MLP).
         mlp_ratio: hidden width of the MLP relative to C.
         drop: dropout after the attention projection and in the MLP.
@@ -50,6 +50,7 @@ class CentroidBlock(nn.Module):
         act_layer: type[nn.Module] = nn.GELU,
         norm_layer: type[nn.Module] = nn.LayerNorm,
         knn_backend: str = "auto",
+        attn_backend: str = "auto",
     ) -> None:
         super().__init__()
         self.init = init if isinstance(init, nn.Module) else build_centroid_init(init, **(init_kwargs or {}))
@@ -65,6 +66,7 @@ class CentroidBlock(nn.Module):
                 proj_drop=drop,
                 norm_layer=norm_layer,
                 knn_backend=knn_backend,
+                attn_backend=attn_backend,
             )
             if num_steps > 0
             else None
@@ -103,6 +105,7 @@ class SelfAttentionBlock(nn.Module):
         act_layer: type[nn.Module] = nn.GELU,
         norm_layer: type[nn.Module] = nn.LayerNorm,
         knn_backend: str = "auto",
+        attn_backend: str = "auto",
     ) -> None:
         super().__init__()
         self.attn = CentroidAttention(
@@ -116,6 +119,7 @@ class SelfAttentionBlock(nn.Module):
             norm_layer=norm_layer,
             share_norm=True,
             knn_backend=knn_backend,
+            attn_backend=attn_backend,
         )
         self.norm = norm_layer(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=drop)

@@ -14,10 +14,18 @@ methods from their live annotations, not from strings.
 import torch
 from torch import Tensor, nn
 
+from ..backends import backend_names
 from ..checks import check_points, checks_active
 from ..layers import DropPath
 from ..points import knn
-from .functional import NORMALIZATIONS, check_neighbor_idx, dense_centroid_attention, knn_centroid_attention
+from .functional import (
+    NORMALIZATIONS,
+    check_neighbor_idx,
+    dense_centroid_attention,
+    knn_attention_form,
+    knn_centroid_attention,
+    masked_knn_attention,
+)
 
 __all__ = ["CentroidAttention", "feature_neighbors"]
 
@@ -49,6 +57,8 @@ class CentroidAttention(nn.Module):
         norm_layer: pre-norm applied to centroids (each step) and inputs; None for no norm.
         share_norm: use one norm for centroids and inputs (a self-attention block).
         knn_backend: backend of :func:`attention.knn`.
+        attn_backend: form of the KNN attention: ``"gather"`` (chunked gathers), ``"masked"`` (dense products under
+            the neighbour mask, :func:`attention.centroid.masked_knn_attention`) or ``"auto"``.
         drop_path: stochastic depth on each step's update (timm's DropPath; the vision models use it).
         validate_inputs: check the inputs in eager mode (:meth:`check_inputs`, behind
             :func:`attention.checks.checks_active`). False for a layer inside a model that validates its own input:
@@ -76,6 +86,7 @@ class CentroidAttention(nn.Module):
         knn_backend: str = "auto",
         drop_path: float = 0.0,
         validate_inputs: bool = True,
+        attn_backend: str = "auto",
     ) -> None:
         super().__init__()
         if dim % num_heads != 0:
@@ -93,6 +104,11 @@ class CentroidAttention(nn.Module):
         self.num_steps = num_steps
         self.normalize = normalize
         self.knn_backend = knn_backend
+        if attn_backend not in ("auto", *backend_names("knn_attention")):
+            raise ValueError(
+                f"unknown attn_backend {attn_backend!r}; choose one of {['auto', *backend_names('knn_attention')]}"
+            )
+        self.attn_backend = attn_backend
         self.validate_inputs = validate_inputs
         self.norm_q = norm_layer(dim) if norm_layer is not None else nn.Identity()
         self.norm_kv = self.norm_q if share_norm else (norm_layer(dim) if norm_layer is not None else nn.Identity())
@@ -167,4 +183,6 @@ class CentroidAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, idx: Tensor, mask: Tensor | None, dropout_p: float
     ) -> Tensor:
         # TorchScript cannot compile the chunked autograd Functions: a scripted KNN layer raises here.
+        if knn_attention_form(self.attn_backend, q.device) == "masked":
+            return masked_knn_attention(q, k, v, idx, mask, self.normalize, dropout_p)
         return knn_centroid_attention(q, k, v, idx, mask, self.normalize, dropout_p)

@@ -116,6 +116,58 @@ def test_chunked_knn_path_equals_reference(normalize: str, chunk_bytes: int | No
         assert_close(a, b)
 
 
+def _distinct_neighbours(B: int, M: int, N: int, K: int) -> torch.Tensor:
+    """Each row K distinct inputs, as the KNN searches return them."""
+    return torch.rand(B, M, N).argsort(-1)[..., :K]
+
+
+@pytest.mark.parametrize("normalize", ["inputs", "centroids"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_masked_knn_path_equals_reference(normalize: str, masked: bool) -> None:
+    """backend="masked" (dense products under the neighbour mask) == the gather-everything reference."""
+    B, H, M, N, D, K = 2, 3, 13, 63, 5, 7
+    q = torch.randn(B, H, M, D, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(B, H, N, D, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(B, H, N, D, dtype=torch.float64, requires_grad=True)
+    idx = _distinct_neighbours(B, M, N, K)
+    mask = (torch.rand(B, N) > 0.2) if masked else None
+    if mask is not None:
+        mask[:, idx[:, :, 0]] = True  # every centroid keeps a real neighbour
+    kw = {"mask": mask, "normalize": normalize}
+    ref = centroid_attention(q, k, v, idx, reference=True, **kw)
+    out = centroid_attention(q, k, v, idx, backend="masked", **kw)
+    assert_close(out, ref)
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        assert_close(a, b)
+
+
+def test_masked_knn_path_counts_a_repeated_index_once() -> None:
+    """The documented difference: a neighbour listed twice is one edge of the mask (two of the gather path)."""
+    q, k, v = (torch.randn(1, 2, n, 4, dtype=torch.float64) for n in (3, 9, 9))
+    idx = torch.tensor([[[1, 1, 4], [2, 5, 5], [0, 3, 8]]])
+    deduplicated = torch.tensor([[[1, 4], [2, 5], [0, 3]]])
+    out = centroid_attention(q, k, v, idx, backend="masked")
+    assert_close(out[:, :, :2], centroid_attention(q, k, v, deduplicated, reference=True)[:, :, :2])
+    assert not torch.allclose(out[:, :, :2], centroid_attention(q, k, v, idx, reference=True)[:, :, :2])
+
+
+@pytest.mark.parametrize("normalize", ["inputs", "centroids"])
+def test_layer_attn_backends_agree_and_trace(normalize: str) -> None:
+    torch.manual_seed(0)
+    layers = {
+        name: CentroidAttention(16, num_heads=2, num_neighbors=5, normalize=normalize, attn_backend=name).double()
+        for name in ("gather", "masked")
+    }
+    layers["masked"].load_state_dict(layers["gather"].state_dict())
+    x, u = torch.randn(2, 30, 16, dtype=torch.float64), torch.randn(2, 8, 16, dtype=torch.float64)
+    assert_close(layers["masked"](x, u), layers["gather"](x, u))
+    traced = torch.fx.symbolic_trace(layers["masked"], concrete_args={"mask": None, "neighbor_idx": None})
+    assert_close(traced(x, u), layers["gather"](x, u))
+    with pytest.raises(ValueError, match=r"unknown attn_backend 'dense'.*'gather', 'masked'"):
+        CentroidAttention(16, num_heads=2, num_neighbors=5, attn_backend="dense")
+
+
 def test_chunked_knn_path_equals_reference_wide_heads() -> None:
     """D = 60 and a ragged last chunk (rows = 4 of M = 13)."""
     B, H, M, N, D, K = 1, 2, 13, 63, 60, 6
@@ -460,6 +512,25 @@ def test_chunked_knn_path_on_cuda_equals_reference(dtype: torch.dtype) -> None:
     tol = {} if dtype == torch.float32 else {"atol": 5e-2, "rtol": 5e-2}
     ref = centroid_attention(q, k, v, idx, mask=mask, reference=True)
     out = centroid_attention(q, k, v, idx, mask=mask, chunk_bytes=4 * B * K * H * D * 4)
+    assert out.dtype == dtype
+    assert_close(out, ref, **tol)
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
+        assert_close(a, b, **tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("normalize", ["inputs", "centroids"])
+def test_masked_knn_path_on_cuda_equals_reference(dtype: torch.dtype, normalize: str) -> None:
+    B, H, M, N, D, K = 2, 4, 64, 128, 16, 24
+    q, k, v = (torch.randn(B, H, n, D, device="cuda", dtype=dtype, requires_grad=True) for n in (M, N, N))
+    idx = _distinct_neighbours(B, M, N, K).cuda()
+    mask = torch.rand(B, N, device="cuda") > 0.2
+    mask[:, idx[:, :, 0]] = True
+    tol = {} if dtype == torch.float32 else {"atol": 5e-2, "rtol": 5e-2}
+    ref = centroid_attention(q, k, v, idx, mask=mask, normalize=normalize, reference=True)
+    out = centroid_attention(q, k, v, idx, mask=mask, normalize=normalize, backend="masked")
     assert out.dtype == dtype
     assert_close(out, ref, **tol)
     g = torch.randn_like(ref)

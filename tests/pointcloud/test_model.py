@@ -61,3 +61,25 @@ def test_fractional_centroid_counts_follow_the_input_size() -> None:
     assert model.stage_sizes(102) == (51, 26) and model.stage_sizes(2) == (1, 1)  # rounded, at least 1
     assert model(torch.rand(1, 100, 3)).shape == (1, 40)
     assert model.blocks[1].init.num_centroids == 0.5
+
+
+def test_masked_knn_attention_gives_the_same_model() -> None:
+    """attn_backend="masked" (dense products under the neighbour mask) computes the default model: outputs and
+    gradients in float64, the same weights loaded (eval: no dropout draws, FPS from the first point)."""
+    torch.manual_seed(0)
+    models = {
+        name: create_model("centroid_transformer_modelnet40", attn_backend=name).double()
+        for name in ("gather", "masked")
+    }
+    models["masked"].load_state_dict(models["gather"].state_dict())
+    for m in models.values():
+        m.eval()
+    x = torch.rand(2, 256, 3, dtype=torch.float64)
+    outs = {name: m(x) for name, m in models.items()}
+    torch.testing.assert_close(outs["masked"], outs["gather"])
+    for out in outs.values():
+        out.square().sum().backward()
+    for (name, a), b in zip(models["gather"].named_parameters(), models["masked"].parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, msg=lambda m, name=name: f"{name}: {m}")
+    with pytest.raises(ValueError, match="unknown attn_backend"):
+        create_model("centroid_transformer_modelnet40", attn_backend="sparse")

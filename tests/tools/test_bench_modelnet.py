@@ -61,8 +61,11 @@ def test_default_models_include_registered_peers(monkeypatch: pytest.MonkeyPatch
     assert models[:4] == [CT, f"{CT}_random", f"{CT}_fps", f"{CT}_kmeans"] and models[-1] == TINY
     rows = bench_modelnet.plan(models, [1, 2, 3], [64, 32])
     assert [r[2] for r in rows[:6]] == [1, 2, 3, 0, 0, 0]
-    assert rows[0][3] == {"num_classes": 40, "num_centroids": (64, 32), "num_steps": 1}
+    assert rows[0][3] == {"num_classes": 40, "num_centroids": (64, 32), "num_steps": 1, "attn_backend": "auto"}
     assert rows[-1][3] == {"num_classes": 40}  # peers get no centroid knobs
+    both = bench_modelnet.plan([CT, TINY], [1], None, ["auto", "masked"])
+    assert [r[0] for r in both] == [f"{CT} T=1", f"{CT} T=1 masked", TINY]
+    assert both[1][3]["attn_backend"] == "masked"
 
 
 @pytest.mark.parametrize("argv", [["--amp"], ["--models", "no_such_model"], ["--batch", "1"]])

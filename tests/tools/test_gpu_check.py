@@ -66,7 +66,7 @@ def test_targets_are_ratios_of_the_same_run_with_verdicts() -> None:
     modelnet = {
         "title": "",
         "headers": ["model", "train samples/s"],
-        "rows": [[gpu_check.CENTROID_T1, "300"], [gpu_check.POINTNET2, "200"]],
+        "rows": [[gpu_check.CENTROID_T1, "300"], [gpu_check.CENTROID_T1_MASKED, "500"], [gpu_check.POINTNET2, "200"]],
     }
     vision = {"title": "", "headers": ["model", "infer vs DeiT"], "rows": [[gpu_check.OURS_1, "1.5"]]}
     results = {
@@ -80,6 +80,7 @@ def test_targets_are_ratios_of_the_same_run_with_verdicts() -> None:
     assert got["Triton cauchy vs torch"]["met"] is False
     assert got["Triton vandermonde vs torch"]["met"] is None  # not measured is neither met nor failed
     assert got["centroid T=1 train samples/s vs PointNet++"]["measured"] == pytest.approx(1.5)
+    assert got["centroid T=1, attn_backend=masked, train samples/s vs PointNet++"]["measured"] == pytest.approx(2.5)
     assert got["Ours-1 inference images/s vs DeiT-tiny"]["met"] is False
     assert got["FSAT time vs SDPA at L >= 16K"]["measured"] == 0.8 and got["FSAT time vs SDPA at L >= 16K"]["met"]
     on_cpu = gpu_check.targets(results, "cpu")
