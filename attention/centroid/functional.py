@@ -47,6 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+from torch.utils import flop_counter
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from ..backends import BACKENDS, resolve
 from ..checks import checks_active
@@ -163,14 +165,14 @@ def centroid_attention(
             raise ValueError(f"mask must be a bool tensor of shape ({B}, {N}), got {mask.dtype} {tuple(mask.shape)}")
     if idx is None:
         return dense_centroid_attention(q, k, v, mask, normalize, dropout_p, eps)
-    if knn_attention_form(backend, q.device) == "masked" and not reference:
-        return masked_knn_attention(q, k, v, idx, mask, normalize, dropout_p, eps)
     if reference:
         K = idx.shape[-1]
         # Gather keys and values of each centroid's neighbours, (B, M, K, H, D) each, and let autograd keep them.
         kn = gather(k.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
         vn = gather(v.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
         return edge_attention(q, kn, vn, idx, N, mask=mask, normalize=normalize, dropout_p=dropout_p, eps=eps)
+    if knn_attention_form(backend, q.device) == "masked":
+        return masked_knn_attention(q, k, v, idx, mask, normalize, dropout_p, eps)
     return knn_centroid_attention(q, k, v, idx, mask, normalize, dropout_p, eps, chunk_bytes)
 
 
@@ -330,6 +332,13 @@ def _cat(chunks: list[Tensor]) -> Tensor:
     return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
 
+# FlopCounterMode pushes its inner _FlopCounterMode (torch 2.11-2.15) onto the dispatch-mode stack
+_FLOP_COUNTER_MODES = (
+    flop_counter.FlopCounterMode,
+    getattr(flop_counter, "_FlopCounterMode", flop_counter.FlopCounterMode),
+)
+
+
 def _counting_flops() -> bool:
     """Whether ``torch.utils.flop_counter.FlopCounterMode`` is counting this call.
 
@@ -337,11 +346,7 @@ def _counting_flops() -> bool:
     counter they run as the equivalent einsums instead, so that GMAC figures (``engine.count_gmacs``,
     ``tools/model_stats.py``) include the attention products, as they do for the dense path.
     """
-    from torch.utils import flop_counter
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    modes = (flop_counter.FlopCounterMode, getattr(flop_counter, "_FlopCounterMode", flop_counter.FlopCounterMode))
-    return any(isinstance(m, modes) for m in _get_current_dispatch_mode_stack())
+    return any(isinstance(m, _FLOP_COUNTER_MODES) for m in _get_current_dispatch_mode_stack())
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

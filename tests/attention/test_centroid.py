@@ -505,13 +505,20 @@ def test_knn_path_on_cuda_equals_cpu_and_k_equal_n_equals_dense(normalize: str) 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunked_knn_path_on_cuda_equals_reference(dtype: torch.dtype) -> None:
     B, H, M, N, D, K = 2, 3, 13, 63, 60, 7
-    q, k, v = (torch.randn(B, H, n, D, device="cuda", dtype=dtype, requires_grad=True) for n in (M, N, N))
     idx = torch.randint(0, N, (B, M, K), device="cuda")
+    _assert_cuda_knn_path_equals_reference(dtype, (B, H, M, N, D), idx, chunk_bytes=4 * B * K * H * D * 4)
+
+
+def _assert_cuda_knn_path_equals_reference(dtype: torch.dtype, shape: tuple, idx: torch.Tensor, **kw) -> None:
+    """Outputs and q, k, v gradients of ``centroid_attention(..., **kw)`` on CUDA against the reference, with a
+    padding mask that leaves every centroid a real neighbour."""
+    B, H, M, N, D = shape
+    q, k, v = (torch.randn(B, H, n, D, device="cuda", dtype=dtype, requires_grad=True) for n in (M, N, N))
     mask = torch.rand(B, N, device="cuda") > 0.2
     mask[:, idx[:, :, 0]] = True
     tol = {} if dtype == torch.float32 else {"atol": 5e-2, "rtol": 5e-2}
-    ref = centroid_attention(q, k, v, idx, mask=mask, reference=True)
-    out = centroid_attention(q, k, v, idx, mask=mask, chunk_bytes=4 * B * K * H * D * 4)
+    ref = centroid_attention(q, k, v, idx, mask=mask, reference=True, normalize=kw.get("normalize", "inputs"))
+    out = centroid_attention(q, k, v, idx, mask=mask, **kw)
     assert out.dtype == dtype
     assert_close(out, ref, **tol)
     g = torch.randn_like(ref)
@@ -524,18 +531,8 @@ def test_chunked_knn_path_on_cuda_equals_reference(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("normalize", ["inputs", "centroids"])
 def test_masked_knn_path_on_cuda_equals_reference(dtype: torch.dtype, normalize: str) -> None:
     B, H, M, N, D, K = 2, 4, 64, 128, 16, 24
-    q, k, v = (torch.randn(B, H, n, D, device="cuda", dtype=dtype, requires_grad=True) for n in (M, N, N))
     idx = _distinct_neighbours(B, M, N, K).cuda()
-    mask = torch.rand(B, N, device="cuda") > 0.2
-    mask[:, idx[:, :, 0]] = True
-    tol = {} if dtype == torch.float32 else {"atol": 5e-2, "rtol": 5e-2}
-    ref = centroid_attention(q, k, v, idx, mask=mask, normalize=normalize, reference=True)
-    out = centroid_attention(q, k, v, idx, mask=mask, normalize=normalize, backend="masked")
-    assert out.dtype == dtype
-    assert_close(out, ref, **tol)
-    g = torch.randn_like(ref)
-    for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
-        assert_close(a, b, **tol)
+    _assert_cuda_knn_path_equals_reference(dtype, (B, H, M, N, D), idx, normalize=normalize, backend="masked")
 
 
 @pytest.mark.gpu
