@@ -3,6 +3,7 @@
     python tools/gpu_check.py                          # on a CUDA machine: everything (about 20 minutes on one H100)
     python tools/gpu_check.py --quick                  # smaller grids (about 5 minutes)
     python tools/gpu_check.py --device cpu --quick     # the harness itself on CPU, as CI runs it (a few minutes)
+    python tools/gpu_check.py --part 1; python tools/gpu_check.py --part 2   # the full check in two calls
     python tools/gpu_check.py --only env tests kernels # some sections
 
 Sections, each a subprocess with its own time limit (one failing or timing out does not stop the others):
@@ -91,6 +92,12 @@ SECTIONS = (
     "train_capsules",
     "train_deit",
 )
+# The full check in two calls of under 10 minutes each (the device tool's per-call limit): ``--part 1``, then
+# ``--part 2`` into the same ``--out``; part 2 keeps part 1's sections and the summary covers both.
+PARTS = {
+    1: ("env", "tests", "kernels", "bench_points", "bench_centroid", "bench_modelnet"),
+    2: ("env", "bench_vision", "bench_mixers", "bench_capsules", "train_modelnet", "train_capsules", "train_deit"),
+}
 MARKER = ".gpu_check"  # the output folder's mark: a later run may clear only a folder that has it
 CENTROID_T1 = "centroid_transformer_modelnet40 T=1"
 CENTROID_T1_MASKED = f"{CENTROID_T1} masked"  # attn_backend="masked": the KNN attention as dense masked products
@@ -353,7 +360,9 @@ def section_tests(ctx: Ctx, res: Result) -> None:
     runs = [("gpu", ["-m", "gpu", "tests"])]
     if ctx.device == "cuda":
         # The Triton kernels under this triton's interpreter and compiled ahead of time for sm_90.
-        runs.append(("triton-slow", ["-m", "slow", "-k", "interpreter or compile", "tests/attention"]))
+        # quick: only the compile check (the interpreter tests, 30 s, need no GPU: CI runs them with triton 3.6 too)
+        which = "compile" if ctx.quick else "interpreter or compile"
+        runs.append(("triton-slow", ["-m", "slow", "-k", which, "tests/attention"]))
     for label, args in runs:
         xml = ctx.out / f"tests-{label}.xml"
         argv = ctx.py("-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}", *args)
@@ -408,11 +417,13 @@ def bench_args(ctx: Ctx, name: str) -> list[str]:
         if not cuda:
             small = ["--batch", "2", "--points", "256", "--channels", "3", "--repeats", "1", "--threads", "1"]
             return [*d, *small, "--large", "8192", "512", "--clouds", "uniform"]  # one small "large" cloud
-        return [*d, "--batch", "32", "--points", "1024", "--channels", "3", "64"] if quick else [*d, "--repeats", "5"]
+        # quick: the target's shape, and one large cloud in the Triton kernel's range (100K runs the torch loop)
+        fast = [*d, "--batch", "32", "--points", "1024", "--channels", "3", "64", "--large", "50000", "4096"]
+        return fast if quick else [*d, "--repeats", "5"]
     if name == "bench_centroid":
         if not cuda:
             return [*d, "--points", "256", "--dim", "32", "--k", "8", "--repeats", "1"]
-        return [*d, "--points", "1024", "4096", "16384"] if quick else d
+        return [*d, "--points", "16384"] if quick else d  # quick: the size where KNN beats dense attention
     if name == "bench_modelnet":
         few = ["centroid_transformer_modelnet40", "centroid_transformer_modelnet40_random", POINTNET2]
         if not cuda:
@@ -432,8 +443,9 @@ def bench_args(ctx: Ctx, name: str) -> list[str]:
     if name == "bench_mixers":
         if not cuda:
             return [*d, "--lengths", "128", "--dim", "32", "--heads", "2", "--mixers", "fsat", "cauchy"]
-        if quick:
-            return [*d, "--lengths", "1024", "4096", "16384", "--mixers", "fsat", "fat", "cauchy", "vandermonde"]
+        if quick:  # the targets' rows only: FSAT vs SDPA at 16K, Cauchy / Vandermonde at 4K (each row a process)
+            targets = ["--mixers", "fsat", "cauchy", "vandermonde", "--max-quadratic-len", "4096"]
+            return [*d, "--lengths", "4096", "16384", *targets]
         return [*d, "--lengths", "1024", "2048", "4096", "8192", "16384"]
     if name == "bench_capsules":
         small = ["--models", "pointcaps_routing_small", "pointcaps_centroid_small", "--routing-impls", "einsum"]
@@ -591,10 +603,7 @@ def write_section(out: Path, res: Result) -> None:
     (out / f"{res.name}.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
 
 
-def write_summary(
-    out: Path, results: dict[str, Result], tgts: list[dict], args: argparse.Namespace, wall: float
-) -> None:
-    mode = f"--device {args.device}" + (" --quick" if args.quick else "")
+def write_summary(out: Path, results: dict[str, Result], tgts: list[dict], mode: str, wall: float) -> None:
     env = results.get("env")
     machine = "-"
     if env and env.data:
@@ -620,9 +629,24 @@ def write_summary(
 # ------------------------------------------------------------------------------------------------------ main
 
 
+def _wheel_fits(path: Path) -> bool:
+    """Whether this interpreter can install the wheel (its tags); one that cannot is left out with a warning."""
+    try:
+        from packaging.tags import sys_tags
+        from packaging.utils import parse_wheel_filename
+    except ImportError:  # no packaging: let pip decide
+        return True
+    tags = parse_wheel_filename(path.name)[3]
+    if tags & set(sys_tags()):
+        return True
+    log.warning("carried wheel %s is not for this interpreter (Python %s): left out", path.name,
+                platform.python_version())  # fmt: skip
+    return False
+
+
 def install_wheels(wheels: Path, site: Path) -> list[str]:
     """Installs the carried ``*.whl`` files of ``wheels`` into ``site`` (no index, no dependencies)."""
-    files = sorted(str(p) for p in wheels.glob("*.whl"))
+    files = [str(p) for p in sorted(wheels.glob("*.whl")) if _wheel_fits(p)]
     if not files:
         return []
     site.mkdir(parents=True, exist_ok=True)
@@ -632,6 +656,19 @@ def install_wheels(wheels: Path, site: Path) -> list[str]:
     return [Path(f).name for f in files]
 
 
+def load_sections(out: Path, exclude: tuple[str, ...]) -> dict[str, Result]:
+    """The sections an earlier run (``--part 1``) left in ``out`` as ``<section>.json``, in the usual order."""
+    kept = {}
+    for name in SECTIONS:
+        path = out / f"{name}.json"
+        if name in exclude or not path.is_file():
+            continue
+        payload = json.loads(path.read_text())
+        kept[name] = Result(**{k: payload[k] for k in ("name", "status", "seconds", "reason", "commands", "tables",
+                                                       "data")})  # fmt: skip
+    return kept
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -639,6 +676,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="output folder (default runs/gpu_check/<device>-<mode>)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=None, help="run only these sections")
     parser.add_argument("--skip", nargs="+", choices=SECTIONS, default=[], help="leave these sections out")
+    half = "one half of the sections (1, then 2 into the same --out: 2 keeps 1's results)"
+    parser.add_argument("--part", type=int, choices=sorted(PARTS), default=None, help=half)
     parser.add_argument("--wheels", type=Path, default=None, help="folder of carried *.whl files (default: .whl)")
     parser.add_argument("--child", choices=["env", "kernels"], default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -655,20 +694,30 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             parser.error("--device cuda but torch sees no CUDA device (use --device cpu to check the harness)")
 
+    if args.part and args.only:
+        parser.error("--part and --only both choose the sections: give one of them")
     out = args.out or REPO / "runs" / "gpu_check" / f"{args.device}-{'quick' if args.quick else 'full'}"
+    earlier: dict[str, Result] = {}
+    earlier_wall = 0.0
     if out.exists() and any(out.iterdir()):
         if not (out / MARKER).is_file():  # never clear a folder that gpu_check did not write
             parser.error(f"--out {out} exists and holds no earlier gpu_check output ({MARKER}): choose another")
-        shutil.rmtree(out)
+        if args.part == 2:
+            earlier = load_sections(out, exclude=PARTS[2])
+            if (out / "summary.json").is_file():  # the summary's wall time covers both parts
+                earlier_wall = json.loads((out / "summary.json").read_text()).get("wall_s", 0.0)
+            log.info("--part 2: keeping %s from %s", ", ".join(earlier) or "nothing", out)
+        else:
+            shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("written by tools/gpu_check.py; the next run clears this folder\n")
+    (out / MARKER).write_text("written by tools/gpu_check.py; the next run clears this folder (but --part 2)\n")
     wheels = args.wheels or (REPO / ".whl")
     if args.wheels and not wheels.is_dir():
         parser.error(f"--wheels {args.wheels} is not a folder")
-    names = [n for n in (args.only or SECTIONS) if n not in args.skip]
+    names = [n for n in (args.only or (PARTS[args.part] if args.part else SECTIONS)) if n not in args.skip]
     if "env" not in names:
         names.insert(0, "env")  # the GPU's memory sizes bench_capsules' budget; the summary names the machine
-    results: dict[str, Result] = {}
+    results: dict[str, Result] = dict(earlier)
     t_start = time.perf_counter()
     # the scratch folder holds the carried wheels' site-packages and the training runs (checkpoints stay out of --out)
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as scratch:
@@ -693,7 +742,11 @@ def main(argv: list[str] | None = None) -> int:
             write_section(out, res)
             log.info("%s: %s in %.0f s %s", name, res.status, res.seconds, res.reason)
     tgts = targets(results, args.device)
-    write_summary(out, results, tgts, args, time.perf_counter() - t_start)
+    results = {n: results[n] for n in SECTIONS if n in results}
+    mode = f"--device {args.device}" + (" --quick" if args.quick else "")
+    if args.part:
+        mode += " --part 1, then --part 2" if earlier else f" --part {args.part}"
+    write_summary(out, results, tgts, mode, earlier_wall + time.perf_counter() - t_start)
     log.info("tables in %s (summary.md)", out)
     return 1 if any(r.status in ("failed", "timeout") for r in results.values()) else 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -97,3 +98,39 @@ def test_bench_arguments_name_real_options() -> None:
                 for arg in gpu_check.bench_args(ctx, name):
                     if arg.startswith("--"):
                         assert f'"{arg}"' in source, f"{name} has no option {arg}"
+
+
+def test_the_two_parts_cover_every_section_once_but_env() -> None:
+    one, two = gpu_check.PARTS[1], gpu_check.PARTS[2]
+    assert set(one) | set(two) == set(gpu_check.SECTIONS)
+    assert set(one) & set(two) == {"env"}  # both report the machine and size the capsule bench's budget
+
+
+def test_part_two_keeps_part_one_and_its_summary_covers_both(tmp_path: Path) -> None:
+    """``--part 2`` into part 1's folder: part 1's sections stay, the targets and summary use them, env is redone."""
+    out = tmp_path / "gc"
+    out.mkdir()
+    (out / gpu_check.MARKER).write_text("")
+    kernels = {"rows": [{"kernel": "fps", "shape": "B=32 N=1024 M=512", "speedup": 3.0}]}
+    gpu_check.write_section(out, gpu_check.Result("kernels", seconds=12.0, data=kernels))
+    gpu_check.write_section(out, gpu_check.Result("env", reason="part 1's env"))
+    (out / "summary.json").write_text('{"wall_s": 100.0}')
+    skip = [s for s in gpu_check.PARTS[2] if s != "env"]
+    no_wheels = ["--wheels", str(tmp_path)]  # (none: a checkout's .whl may hold wheels for another Python)
+    rc = gpu_check.main(["--device", "cpu", "--part", "2", "--out", str(out), *no_wheels, "--skip", *skip])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["sections"]) == ["env", "kernels"]  # in the usual order; env from this run
+    assert summary["sections"]["env"]["reason"] == "" and summary["sections"]["kernels"]["seconds"] == 12.0
+    assert summary["mode"] == "--device cpu --part 1, then --part 2" and summary["wall_s"] > 100.0
+    fps = next(t for t in summary["targets"] if t["target"].startswith("Triton fps"))
+    assert fps["measured"] == 3.0
+    # part 1 (or a plain run) clears the folder it wrote before
+    assert gpu_check.main(["--device", "cpu", "--part", "1", "--out", str(out), *no_wheels, "--skip",
+                           *gpu_check.PARTS[1][1:]]) == 0  # fmt: skip
+    assert not (out / "kernels.json").exists()
+
+
+def test_carried_wheels_for_another_python_are_left_out(tmp_path: Path) -> None:
+    assert not gpu_check._wheel_fits(tmp_path / "pkg-1.0-cp27-cp27mu-manylinux1_x86_64.whl")  # CPython 2.7
+    assert gpu_check._wheel_fits(tmp_path / "pure-1.0-py3-none-any.whl")
