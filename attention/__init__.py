@@ -24,6 +24,7 @@ from .backends import (
 )
 from .centroid import (
     ATTN_CHUNK_BYTES,
+    ATTN_CHUNK_BYTES_CUDA,
     CENTROID_INITS,
     NORMALIZATIONS,
     CentroidAttention,
@@ -36,6 +37,7 @@ from .centroid import (
     MeanPoolInit,
     RandomInit,
     SelfAttentionBlock,
+    attn_chunk_bytes,
     build_centroid_init,
     centroid_attention,
     check_neighbor_idx,
@@ -112,6 +114,7 @@ from .points import (
 
 __all__ = [
     "ATTN_CHUNK_BYTES",
+    "ATTN_CHUNK_BYTES_CUDA",
     "AUTO_ORDER",
     "BACKENDS",
     "CENTROID_INITS",
@@ -161,6 +164,7 @@ __all__ = [
     "TruncateGrad",
     "VandermondeMatrix",
     "apply_matrix",
+    "attn_chunk_bytes",
     "available",
     "backend_names",
     "build_centroid_init",

@@ -72,8 +72,10 @@ __all__ = [
 
 _logger = logging.getLogger(__name__)
 
-# Default memory budget of one chunk of the brute-force distance matrix, in bytes.
+# Default memory budget of one chunk of the brute-force distance matrix, in bytes; on CUDA a larger one, where a chunk
+# costs its kernel launches more than its bytes (see attention.centroid.functional.ATTN_CHUNK_BYTES_CUDA).
 KNN_CHUNK_BYTES = 32 * 2**20
+KNN_CHUNK_BYTES_CUDA = 256 * 2**20
 
 
 def lengths_to_mask(lengths: Tensor, max_len: int) -> Tensor:
@@ -469,7 +471,7 @@ def knn(
     *,
     mask: Tensor | None = None,
     backend: str = "auto",
-    chunk_bytes: int = KNN_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The k nearest reference points of every query point (squared L2, ascending).
 
@@ -481,7 +483,8 @@ def knn(
             points gets distance ``inf`` in its last slots (their indices point at padded points: mask them).
         backend: ``"auto"``, ``"torch"``, ``"cluster"`` or ``"pytorch3d"``.
         chunk_bytes: memory budget of one chunk of the reference's distance matrix; the full ``(B, M, N)`` matrix
-            is never built when it would exceed this.
+            is never built when it would exceed this (default :data:`KNN_CHUNK_BYTES`, on CUDA
+            :data:`KNN_CHUNK_BYTES_CUDA`).
 
     Returns:
         ``(dist, idx)``: float32 ``(B, M, k)`` squared distances in ascending order and int64 ``(B, M, k)`` indices.
@@ -502,6 +505,8 @@ def knn(
     name = resolve("knn", backend, query.device, {"N": N, "C": ref.shape[-1]}, order=order)
     if name != "torch" and mask is not None and int(mask.sum(1).min()) < k:
         name = "torch"  # torch_cluster and pytorch3d cannot pad missing neighbours with inf; the reference can
+    if chunk_bytes is None:
+        chunk_bytes = KNN_CHUNK_BYTES_CUDA if query.device.type == "cuda" else KNN_CHUNK_BYTES
     return KNN_BACKENDS[name](query, ref, k, mask, chunk_bytes)
 
 

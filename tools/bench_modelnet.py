@@ -7,7 +7,9 @@
 
 Rows: the centroid transformer with T = 1, 2, 3 attention steps (``--steps``; one row per ``--attn-backends`` entry
 other than ``auto``, labelled with it, e.g. ``T=1 masked``: the KNN attention as dense products under the neighbour
-mask, :func:`attention.centroid.masked_knn_attention`), its downsampling-only twins
+mask, :func:`attention.centroid.masked_knn_attention`; and one per ``--chunk-mb`` budget, e.g. ``T=1 chunks 16 MiB``:
+the gather form and the KNN searches chunked at that budget instead of the device's default,
+:func:`attention.centroid.attn_chunk_bytes`), its downsampling-only twins
 (``_random``, ``_fps``, ``_kmeans``: the centroid blocks keep their init and MLP, no attention step) and every peer
 model registered in :mod:`pointcloud` (names not starting with ``centroid_transformer``), all on the same random
 batch of ``--batch`` clouds of ``--points`` xyz points, 40 classes.
@@ -31,10 +33,11 @@ FPS being their bottleneck). The verdict is printed under the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
@@ -43,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from benchutil import describe_machine, print_table, sync, time_fn, unit_sphere_clouds
 
+import attention.centroid.functional as attn_functional
+import attention.points as points
 from attention import backend_names
 from engine import atomic_write_text, count_gmacs, count_params
 from pointcloud import create_model, list_models
@@ -69,9 +74,14 @@ Row = tuple[str, str, int | None, dict]  # (label, registered name, T or None, c
 
 
 def plan(
-    models: list[str], steps: list[int], num_centroids: list[int] | None, attn_backends: Sequence[str] = ("auto",)
+    models: list[str],
+    steps: list[int],
+    num_centroids: list[int] | None,
+    attn_backends: Sequence[str] = ("auto",),
+    chunk_mb: Sequence[int] = (),
 ) -> list[Row]:
-    """One row per model; the centroid model gets one row per T and attention backend, the twins T = 0, peers None."""
+    """One row per model; the centroid model gets one row per T and attention backend (and per chunk budget of its
+    gather form, ``chunk_mb``, kwarg ``_chunk_mb``), the twins T = 0, peers None."""
     rows = []
     for name in models:
         kwargs: dict = {"num_classes": NUM_CLASSES}
@@ -82,15 +92,36 @@ def plan(
                 for b in attn_backends:
                     label = f"{name} T={t}" + ("" if b == "auto" else f" {b}")
                     rows.append((label, name, t, {**kwargs, "num_steps": t, "attn_backend": b}))
+                for mb in chunk_mb:
+                    label = f"{name} T={t} chunks {mb} MiB"
+                    rows.append((label, name, t, {**kwargs, "num_steps": t, "attn_backend": "gather", "_chunk_mb": mb}))
         else:
             rows.append((name, name, 0 if name in TWINS else None, kwargs))
     return rows
+
+
+@contextlib.contextmanager
+def chunk_budget(mb: int | None) -> Iterator[None]:
+    """Within: the KNN attention's and the KNN searches' default chunk budgets are ``mb`` MiB on every device."""
+    names = [(attn_functional, "ATTN_CHUNK_BYTES"), (attn_functional, "ATTN_CHUNK_BYTES_CUDA"),
+             (points, "KNN_CHUNK_BYTES"), (points, "KNN_CHUNK_BYTES_CUDA")]  # fmt: skip
+    saved = [getattr(m, n) for m, n in names]
+    if mb is not None:
+        for m, n in names:
+            setattr(m, n, mb * 2**20)
+    try:
+        yield
+    finally:
+        for (m, n), v in zip(names, saved):
+            setattr(m, n, v)
 
 
 def prepare(name: str, kwargs: dict, args: argparse.Namespace) -> tuple[dict, Callable[[], None], Callable[[], None]]:
     """Params and GMACs of one model configuration, and its train-step and inference closures on the batch."""
     device = torch.device(args.device)
     torch.manual_seed(0)
+    kwargs = dict(kwargs)
+    chunk_mb = kwargs.pop("_chunk_mb", None)
     model = create_model(name, **kwargs)
     example = unit_sphere_clouds(1, args.points)  # (B, N, 3)
     stats = {"params_m": count_params(model) / 1e6, "gmacs": count_gmacs(model, example)}
@@ -103,15 +134,16 @@ def prepare(name: str, kwargs: dict, args: argparse.Namespace) -> tuple[dict, Ca
 
     def train_step() -> None:
         model.train()
-        with autocast:
-            loss = F.cross_entropy(model(points).float(), labels)
-        loss.backward()
+        with chunk_budget(chunk_mb):  # the gather form's backward chunks its recomputation too
+            with autocast:
+                loss = F.cross_entropy(model(points).float(), labels)
+            loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     def infer() -> None:
         model.eval()
-        with torch.no_grad(), autocast:
+        with torch.no_grad(), autocast, chunk_budget(chunk_mb):
             model(points)
 
     return stats, train_step, infer
@@ -145,6 +177,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     forms = ["auto", *backend_names("knn_attention")]
     parser.add_argument("--attn-backends", nargs="+", default=["auto"], choices=forms,
                         help="KNN attention forms of the centroid rows (attention.CentroidAttention)")  # fmt: skip
+    parser.add_argument("--chunk-mb", nargs="+", type=int, default=[],
+                        help="extra centroid rows: the gather form chunked at these budgets (MiB)")  # fmt: skip
     parser.add_argument("--models", nargs="+", default=None, help="subset of registered names (default: all)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls before timing")
@@ -174,7 +208,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"# batch {args.batch}, {args.points} points (xyz), num_centroids {nc}, amp {args.amp}, "
           f"{args.stat} of {args.repeats} rounds after {args.warmup} warm-up\n")  # fmt: skip
     results, train_fns, infer_fns = [], [], []
-    for label, name, steps, kwargs in plan(models, args.steps, args.num_centroids, args.attn_backends):
+    if any(mb < 1 for mb in args.chunk_mb):
+        parser.error("--chunk-mb budgets must be >= 1 MiB")
+    for label, name, steps, kwargs in plan(models, args.steps, args.num_centroids, args.attn_backends, args.chunk_mb):
         stats, train_step, infer = prepare(name, kwargs, args)
         results.append({"label": label, "model": name, "num_steps": steps, **stats})
         train_fns.append(train_step)

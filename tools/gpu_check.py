@@ -429,7 +429,8 @@ def bench_args(ctx: Ctx, name: str) -> list[str]:
         if not cuda:
             return [*d, "--batch", "2", "--points", "128", "--num-centroids", "32", "16", "--steps", "1",
                     "--repeats", "1", "--warmup", "0", "--models", *few[:2]]  # fmt: skip
-        both = ["--attn-backends", "auto", "masked"]
+        # both KNN attention forms, and the gather form at the CPU's 16 MiB chunks (CUDA's default is 256 MiB)
+        both = ["--attn-backends", "auto", "masked", "--chunk-mb", "16"]
         return (
             [*d, "--amp", "--steps", "1", "--repeats", "3", *both, "--models", *few] if quick else [*d, "--amp", *both]
         )

@@ -13,7 +13,9 @@ from ..layers import Mlp
 from .blocks import CentroidBlock, SelfAttentionBlock
 from .functional import (
     ATTN_CHUNK_BYTES,
+    ATTN_CHUNK_BYTES_CUDA,
     NORMALIZATIONS,
+    attn_chunk_bytes,
     centroid_attention,
     check_neighbor_idx,
     dense_centroid_attention,
@@ -37,6 +39,7 @@ from .layer import CentroidAttention, feature_neighbors
 
 __all__ = [
     "ATTN_CHUNK_BYTES",
+    "ATTN_CHUNK_BYTES_CUDA",
     "CENTROID_INITS",
     "NORMALIZATIONS",
     "CentroidAttention",
@@ -50,6 +53,7 @@ __all__ = [
     "Mlp",
     "RandomInit",
     "SelfAttentionBlock",
+    "attn_chunk_bytes",
     "build_centroid_init",
     "centroid_attention",
     "check_neighbor_idx",

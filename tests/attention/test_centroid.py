@@ -116,6 +116,23 @@ def test_chunked_knn_path_equals_reference(normalize: str, chunk_bytes: int | No
         assert_close(a, b)
 
 
+def test_default_chunk_budget_is_per_device_and_read_when_called(monkeypatch: pytest.MonkeyPatch) -> None:
+    """16 MiB on CPU, 256 MiB on CUDA (where a chunk costs its kernel launches, not its bytes); either can be set."""
+    import attention.centroid.functional as functional
+
+    assert functional.attn_chunk_bytes(torch.device("cpu")) == functional.ATTN_CHUNK_BYTES == 16 * 2**20
+    assert functional.attn_chunk_bytes(torch.device("cuda", 0)) == functional.ATTN_CHUNK_BYTES_CUDA == 256 * 2**20
+    budgets = []
+    real = functional._chunk_rows
+    monkeypatch.setattr(functional, "_chunk_rows", lambda n, row, budget: budgets.append(budget) or real(n, row, budget))
+    q, k, v = (torch.randn(1, 2, n, 4, requires_grad=True) for n in (3, 9, 9))
+    idx = torch.randint(0, 9, (1, 3, 4))
+    monkeypatch.setattr(functional, "ATTN_CHUNK_BYTES", 2 * 128)  # a row: K * H * D float32 = 128 B; 2 per chunk
+    out = centroid_attention(q, k, v, idx)
+    assert budgets == [256]
+    assert_close(out, centroid_attention(q, k, v, idx, reference=True))
+
+
 def _distinct_neighbours(B: int, M: int, N: int, K: int) -> torch.Tensor:
     """Each row K distinct inputs, as the KNN searches return them."""
     return torch.rand(B, M, N).argsort(-1)[..., :K]
@@ -503,10 +520,12 @@ def test_knn_path_on_cuda_equals_cpu_and_k_equal_n_equals_dense(normalize: str) 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_chunked_knn_path_on_cuda_equals_reference(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("chunks", ["several", "default"])  # a few rows per chunk; the CUDA default (one chunk here)
+def test_chunked_knn_path_on_cuda_equals_reference(dtype: torch.dtype, chunks: str) -> None:
     B, H, M, N, D, K = 2, 3, 13, 63, 60, 7
     idx = torch.randint(0, N, (B, M, K), device="cuda")
-    _assert_cuda_knn_path_equals_reference(dtype, (B, H, M, N, D), idx, chunk_bytes=4 * B * K * H * D * 4)
+    budget = 4 * B * K * H * D * 4 if chunks == "several" else None
+    _assert_cuda_knn_path_equals_reference(dtype, (B, H, M, N, D), idx, chunk_bytes=budget)
 
 
 def _assert_cuda_knn_path_equals_reference(dtype: torch.dtype, shape: tuple, idx: torch.Tensor, **kw) -> None:

@@ -66,9 +66,30 @@ def test_default_models_include_registered_peers(monkeypatch: pytest.MonkeyPatch
     both = bench_modelnet.plan([CT, TINY], [1], None, ["auto", "masked"])
     assert [r[0] for r in both] == [f"{CT} T=1", f"{CT} T=1 masked", TINY]
     assert both[1][3]["attn_backend"] == "masked"
+    chunks = bench_modelnet.plan([CT], [1], None, ["auto"], [16])
+    assert [r[0] for r in chunks] == [f"{CT} T=1", f"{CT} T=1 chunks 16 MiB"]
+    assert chunks[1][3]["_chunk_mb"] == 16 and chunks[1][3]["attn_backend"] == "gather"
 
 
-@pytest.mark.parametrize("argv", [["--amp"], ["--models", "no_such_model"], ["--batch", "1"]])
+def test_chunk_budget_sets_every_default_within_and_restores_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``--chunk-mb`` row really runs at its budget: the chunk sizes its forward and backward asked for."""
+    import attention.centroid.functional as functional
+    import attention.points as points
+
+    before = (functional.attn_chunk_bytes(torch.device("cuda")), points.KNN_CHUNK_BYTES)
+    budgets = []
+    real = functional._chunk_rows
+    monkeypatch.setattr(functional, "_chunk_rows", lambda n, row, budget: budgets.append(budget) or real(n, row, budget))
+    model = pc_model.create_model(CT, num_centroids=(32, 16), num_neighbors=8)
+    x = torch.rand(2, 64, 3)
+    with bench_modelnet.chunk_budget(1):
+        assert functional.attn_chunk_bytes(torch.device("cuda")) == points.KNN_CHUNK_BYTES == 2**20
+        model(x).sum().backward()
+    assert budgets and set(budgets) == {2**20}
+    assert (functional.attn_chunk_bytes(torch.device("cuda")), points.KNN_CHUNK_BYTES) == before
+
+
+@pytest.mark.parametrize("argv", [["--amp"], ["--models", "no_such_model"], ["--batch", "1"], ["--chunk-mb", "0"]])
 def test_bad_flags(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         bench_modelnet.main(argv)
