@@ -319,8 +319,9 @@ def edge_attention(
 ATTN_CHUNK_BYTES = 16 * 2**20
 # The budget on CUDA. Every chunk costs about ten kernels in the forward and backward passes, and on a GPU a small
 # kernel costs its launch (microseconds), not its bytes: 16 MiB take an H100 about 5 us to move. The centroid
-# transformer's training step at batch 32 ran 4,359 aten ops with 16 MiB chunks (1,739 with 256 MiB; 13,557 and 3,657
-# at batch 128), and its H100 step time had followed the op count (37 ms at batch 32, 128 ms at 128).
+# transformer's bf16 training step ran 3,349 aten ops at batch 32 with 16 MiB chunks (1,434 with these and the KNN
+# search's CUDA budget; 9,159 and 1,944 at batch 128), and its H100 step time had followed the op count (37 ms at
+# batch 32, 128 ms at 128; docs/benchmarks.md, "GPU").
 ATTN_CHUNK_BYTES_CUDA = 256 * 2**20
 
 
