@@ -24,7 +24,11 @@ batch of ``--batch`` clouds of ``--points`` xyz points, 40 classes.
   ``paper`` = the paper's training throughput (samples/s on their GPU: T=1 60, T=2 55, T=3 52, random 312, FPS 66,
   k-means 54) and its ratio to their random twin, the number to compare ours with;
 * params and GMACs per sample, counted on CPU at batch 1 as in ``tools/model_stats.py`` (matmuls incl. attention;
-  FPS, KNN gathers and other element-wise work cost time but no GMACs: that gap is what this table shows).
+  FPS, KNN gathers and other element-wise work cost time but no GMACs: that gap is what this table shows);
+* ``ops/step``: aten ops one train step dispatches (forward and backward, not the optimizer; one extra untimed step)
+  and how many of them are not views, i.e. launch kernels on a GPU (:func:`benchutil.count_aten_ops`). A GPU runs
+  small-kernel models at the speed the host issues them, a few microseconds per op, so this column predicts that
+  cost on any device.
 
 Target: the centroid model (T = 1) trains at >= 0.5x the random twin's samples/s (the paper: 60 / 312 = 0.19x,
 FPS being their bottleneck). The verdict is printed under the table.
@@ -44,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 
 import torch
 import torch.nn.functional as F
-from benchutil import describe_machine, print_table, sync, time_fn, unit_sphere_clouds
+from benchutil import count_aten_ops, describe_machine, print_table, sync, time_fn, unit_sphere_clouds
 
 import attention.centroid.functional as attn_functional
 import attention.points as points
@@ -132,12 +136,15 @@ def prepare(name: str, kwargs: dict, args: argparse.Namespace) -> tuple[dict, Ca
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp)
 
-    def train_step() -> None:
+    def forward_backward() -> None:
         model.train()
         with chunk_budget(chunk_mb):  # the gather form's backward chunks its recomputation too
             with autocast:
                 loss = F.cross_entropy(model(points).float(), labels)
             loss.backward()
+
+    def train_step() -> None:
+        forward_backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -146,6 +153,9 @@ def prepare(name: str, kwargs: dict, args: argparse.Namespace) -> tuple[dict, Ca
         with torch.no_grad(), autocast, chunk_budget(chunk_mb):
             model(points)
 
+    ops, views = count_aten_ops(forward_backward)
+    model.zero_grad(set_to_none=True)
+    stats |= {"ops_per_step": ops, "kernel_ops_per_step": ops - views}
     return stats, train_step, infer
 
 
@@ -228,11 +238,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         r["paper_train_sps"] = PAPER_TRAIN.get(r["label"])
         r["paper_train_vs_random"] = r["paper_train_sps"] / paper_base if r["paper_train_sps"] else None
     print_table(
-        ["model", "T", "params (M)", "GMACs", "train samples/s", "train vs random", "paper train samples/s",
-         "paper vs random", "infer samples/s", "infer vs random"],
+        ["model", "T", "params (M)", "GMACs", "ops/step", "non-view ops", "train samples/s", "train vs random",
+         "paper train samples/s", "paper vs random", "infer samples/s", "infer vs random"],
         [
-            [r["label"], _fmt(r["num_steps"]), r["params_m"], r["gmacs"], r["train_sps"], _fmt(r["train_vs_random"]),
-             _fmt(r["paper_train_sps"]), _fmt(r["paper_train_vs_random"]), r["infer_sps"], _fmt(r["infer_vs_random"])]
+            [r["label"], _fmt(r["num_steps"]), r["params_m"], r["gmacs"], r["ops_per_step"], r["kernel_ops_per_step"],
+             r["train_sps"], _fmt(r["train_vs_random"]), _fmt(r["paper_train_sps"]), _fmt(r["paper_train_vs_random"]),
+             r["infer_sps"], _fmt(r["infer_vs_random"])]
             for r in results
         ],
     )  # fmt: skip

@@ -87,6 +87,39 @@ def peak_tensor_bytes(fn: Callable[[], object], device: torch.device | str, *tra
     return int(tracker.get_tracker_snapshot("peak")[device]["Total"])
 
 
+# aten ops that only make a new view or alias: no kernel on any device, but each still costs a dispatch
+VIEW_OPS = frozenset(
+    {"view", "_unsafe_view", "unsqueeze", "squeeze", "t", "transpose", "permute", "slice", "select", "detach",
+     "expand", "alias", "as_strided", "_reshape_alias", "unbind", "split", "split_with_sizes", "narrow",
+     "view_as_real", "view_as_complex", "unfold", "diagonal", "lift_fresh"}
+)  # fmt: skip
+
+
+def count_aten_ops(fn: Callable[[], object]) -> tuple[int, int]:
+    """``(ops, view ops)``: how many aten ops ``fn()`` dispatches (autograd's backward ops included), and how many
+    of them only make views (:data:`VIEW_OPS`).
+
+    On a GPU every other op is (at least) one kernel launch, and a model whose kernels are small runs at the speed
+    its host issues them (several microseconds each in eager PyTorch): this count is that cost, the same on every
+    device, so it can be compared on CPU. Host syncs (``_local_scalar_dense``: ``.item()``, ``bool(t)``) count too.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops = self.views = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += 1
+            self.views += func.overloadpacket.__name__ in VIEW_OPS
+            return func(*args, **(kwargs or {}))
+
+    with _Count() as counter:
+        fn()
+    return counter.ops, counter.views
+
+
 def run_isolated(module_file: str, payload: dict) -> dict:
     """Runs ``python module_file --child JSON`` in a fresh process and returns the JSON it prints last.
 

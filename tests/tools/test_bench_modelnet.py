@@ -38,11 +38,13 @@ def test_tiny_bench(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixtu
     for r in results:
         assert r["params_m"] > 0 and r["gmacs"] > 0 and r["train_sps"] > 0 and r["infer_sps"] > 0
         assert r["train_ms_rounds"] == [r["train_ms"]]  # --repeats 1: one timed round
+        assert r["ops_per_step"] > r["kernel_ops_per_step"] > 0
     by = {r["label"]: r for r in results}
     assert by[f"{CT}_random"]["train_vs_random"] == 1.0
     assert by[f"{CT} T=1"]["paper_train_vs_random"] == pytest.approx(60 / 312)
     assert by[f"{CT} T=2"]["gmacs"] > by[f"{CT} T=1"]["gmacs"]  # one more attention step
     assert by[TINY]["num_steps"] is None and by[TINY]["paper_train_sps"] is None
+    assert by[f"{CT} T=2"]["ops_per_step"] > by[f"{CT} T=1"]["ops_per_step"] > by[TINY]["ops_per_step"]
 
     out = capsys.readouterr().out
     header, *table = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line[:2] == "| "]
