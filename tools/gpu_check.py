@@ -65,6 +65,7 @@ log = logging.getLogger("gpu_check")
 OPTIONAL = {
     "triton": "the Triton FPS and Cauchy/Vandermonde kernels",
     "torch_cluster": "the torch-cluster FPS/KNN backend (optional; the torch and Triton paths cover CUDA)",
+    "scipy": "torch_cluster's import (torch_cluster.nearest imports scipy.cluster)",
     "pytorch3d": "the pytorch3d FPS/KNN backend (optional)",
     "fpsample": "fpsample's FPS (optional)",
     "numba": "the exact CPU FPS backend (attention/kernels/fps_numba.py; optional)",

@@ -124,7 +124,8 @@ def test_default_chunk_budget_is_per_device_and_read_when_called(monkeypatch: py
     assert functional.attn_chunk_bytes(torch.device("cuda", 0)) == functional.ATTN_CHUNK_BYTES_CUDA == 256 * 2**20
     budgets = []
     real = functional._chunk_rows
-    monkeypatch.setattr(functional, "_chunk_rows", lambda n, row, budget: budgets.append(budget) or real(n, row, budget))
+    spy = lambda n, row, budget: budgets.append(budget) or real(n, row, budget)  # noqa: E731
+    monkeypatch.setattr(functional, "_chunk_rows", spy)
     q, k, v = (torch.randn(1, 2, n, 4, requires_grad=True) for n in (3, 9, 9))
     idx = torch.randint(0, 9, (1, 3, 4))
     monkeypatch.setattr(functional, "ATTN_CHUNK_BYTES", 2 * 128)  # a row: K * H * D float32 = 128 B; 2 per chunk

@@ -81,7 +81,8 @@ def test_chunk_budget_sets_every_default_within_and_restores_them(monkeypatch: p
     before = (functional.attn_chunk_bytes(torch.device("cuda")), points.KNN_CHUNK_BYTES)
     budgets = []
     real = functional._chunk_rows
-    monkeypatch.setattr(functional, "_chunk_rows", lambda n, row, budget: budgets.append(budget) or real(n, row, budget))
+    spy = lambda n, row, budget: budgets.append(budget) or real(n, row, budget)  # noqa: E731
+    monkeypatch.setattr(functional, "_chunk_rows", spy)
     model = pc_model.create_model(CT, num_centroids=(32, 16), num_neighbors=8)
     x = torch.rand(2, 64, 3)
     with bench_modelnet.chunk_budget(1):
