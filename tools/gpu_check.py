@@ -707,7 +707,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.part == 2:
             earlier = load_sections(out, exclude=PARTS[2])
             if (out / "summary.json").is_file():  # the summary's wall time covers both parts
-                earlier_wall = json.loads((out / "summary.json").read_text()).get("wall_s", 0.0)
+                before = json.loads((out / "summary.json").read_text())
+                earlier_wall = before.get("wall_s", 0.0)
+                this = f"--device {args.device}" + (" --quick" if args.quick else "")
+                if before.get("mode", this).split(" --part")[0] != this:
+                    parser.error(f"--out {out} holds a run with {before['mode']!r}, not {this!r}: no mixing grids")
             log.info("--part 2: keeping %s from %s", ", ".join(earlier) or "nothing", out)
         else:
             shutil.rmtree(out)

@@ -114,7 +114,7 @@ def test_part_two_keeps_part_one_and_its_summary_covers_both(tmp_path: Path) -> 
     kernels = {"rows": [{"kernel": "fps", "shape": "B=32 N=1024 M=512", "speedup": 3.0}]}
     gpu_check.write_section(out, gpu_check.Result("kernels", seconds=12.0, data=kernels))
     gpu_check.write_section(out, gpu_check.Result("env", reason="part 1's env"))
-    (out / "summary.json").write_text('{"wall_s": 100.0}')
+    (out / "summary.json").write_text('{"wall_s": 100.0, "mode": "--device cpu --part 1"}')
     skip = [s for s in gpu_check.PARTS[2] if s != "env"]
     no_wheels = ["--wheels", str(tmp_path)]  # (none: a checkout's .whl may hold wheels for another Python)
     rc = gpu_check.main(["--device", "cpu", "--part", "2", "--out", str(out), *no_wheels, "--skip", *skip])
@@ -125,6 +125,8 @@ def test_part_two_keeps_part_one_and_its_summary_covers_both(tmp_path: Path) -> 
     assert summary["mode"] == "--device cpu --part 1, then --part 2" and summary["wall_s"] > 100.0
     fps = next(t for t in summary["targets"] if t["target"].startswith("Triton fps"))
     assert fps["measured"] == 3.0
+    with pytest.raises(SystemExit):  # a quick run's folder does not take the full grid's second part
+        gpu_check.main(["--device", "cpu", "--quick", "--part", "2", "--out", str(out), *no_wheels, "--skip", *skip])
     # part 1 (or a plain run) clears the folder it wrote before
     assert gpu_check.main(["--device", "cpu", "--part", "1", "--out", str(out), *no_wheels, "--skip",
                            *gpu_check.PARTS[1][1:]]) == 0  # fmt: skip
