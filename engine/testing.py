@@ -26,6 +26,7 @@ __all__ = [
     "REPO",
     "TINY_DEIT_SETS",
     "free_port",
+    "host_syncs",
     "load_tool",
     "read_log",
     "start_tool",
@@ -60,6 +61,38 @@ TINY_DEIT_SETS = (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+
+# aten ops whose result the host must read (a value, or a data-dependent size): on CUDA each waits for the GPU
+SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim",
+                      "unique_consecutive", "equal", "is_nonzero", "repeat_interleave"})  # fmt: skip
+
+
+def host_syncs(fn: Any) -> dict[str, int]:
+    """``{"op at file:line": count}`` of the :data:`SYNC_OPS` that ``fn()`` dispatches, on any device.
+
+    The CPU stand-in for ``torch.cuda.set_sync_debug_mode("error")``: a model that calls none of them never stalls
+    its GPU on the host (``repeat_interleave`` counts even with an int repeat, where it would not sync).
+    """
+    import traceback
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    found: Counter = Counter()
+
+    class _Syncs(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name in SYNC_OPS:
+                ours = [f for f in traceback.extract_stack() if f.filename.startswith(str(REPO)) and "site-packages"
+                        not in f.filename and f.filename != __file__]  # fmt: skip
+                where = f"{Path(ours[-1].filename).relative_to(REPO)}:{ours[-1].lineno}" if ours else "?"
+                found[f"{name} at {where}"] += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Syncs():
+        fn()
+    return dict(found)
 
 
 class _ToolsFinder(importlib.abc.MetaPathFinder):

@@ -83,3 +83,44 @@ def test_masked_knn_attention_gives_the_same_model() -> None:
         torch.testing.assert_close(b.grad, a.grad, msg=lambda m, name=name: f"{name}: {m}")
     with pytest.raises(ValueError, match="unknown attn_backend"):
         create_model("centroid_transformer_modelnet40", attn_backend="sparse")
+
+
+@pytest.mark.parametrize("attn_backend", ["gather", "masked"])
+def test_train_step_reads_nothing_back_but_its_input_check(attn_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA path's host syncs, counted on CPU: one train step of the centroid transformer reads one value back,
+    the input check's NaN test, and none with input checks off. (On CPU, xyz KNN uses torch-cluster, which must read
+    edge counts back; the CUDA path is plain torch, so the test takes that path here.)"""
+    from attention import input_checks
+    from attention import points as point_ops
+    from engine.testing import host_syncs
+
+    monkeypatch.setattr(point_ops, "_KNN_CLUSTER_MAX_DIM", 0)  # KNN in xyz by plain torch, as on CUDA
+    model = create_model("centroid_transformer_modelnet40", attn_backend=attn_backend, **SMALL)
+    points, labels = torch.rand(4, 128, 3), torch.randint(0, 40, (4,))
+
+    def step() -> None:
+        torch.nn.functional.cross_entropy(model(points), labels).backward()
+
+    syncs = host_syncs(step)
+    assert list(syncs.values()) == [1] and next(iter(syncs)).startswith("_local_scalar_dense at attention/checks.py")
+    with input_checks(False):
+        assert host_syncs(step) == {}
+
+
+@pytest.mark.gpu
+def test_cuda_train_step_without_input_checks_has_no_host_sync() -> None:
+    from attention import input_checks
+
+    model = create_model("centroid_transformer_modelnet40", **SMALL).cuda()
+    points, labels = torch.rand(4, 128, 3, device="cuda"), torch.randint(0, 40, (4,), device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):  # warm-up: Triton compiles, autotuning
+        torch.nn.functional.cross_entropy(model(points).float(), labels).backward()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with input_checks(False):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(model(points).float(), labels)
+            loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
