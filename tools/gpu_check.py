@@ -557,7 +557,8 @@ def targets(results: dict[str, Result], device: str) -> list[dict]:
         ct = recs.get(label)
         if ct and pn:
             ratio = to_number(ct["train samples/s"]) / to_number(pn["train samples/s"])
-            add(name, ">= 1x", ratio, ratio >= 1)
+            ops = f"ops/step {ct['ops/step']} vs {pn['ops/step']}" if "ops/step" in ct else ""
+            add(name, ">= 1x", ratio, ratio >= 1, ops)
         else:
             add(name, ">= 1x", None, None, "rows not measured")
     v = results.get("bench_vision")

@@ -66,8 +66,12 @@ def test_targets_are_ratios_of_the_same_run_with_verdicts() -> None:
     kernels = {"rows": [{"kernel": "fps", "shape": "B=32", "speedup": 2.5}, {"kernel": "cauchy", "speedup": 4.0}]}
     modelnet = {
         "title": "",
-        "headers": ["model", "train samples/s"],
-        "rows": [[gpu_check.CENTROID_T1, "300"], [gpu_check.CENTROID_T1_MASKED, "500"], [gpu_check.POINTNET2, "200"]],
+        "headers": ["model", "ops/step", "train samples/s"],
+        "rows": [
+            [gpu_check.CENTROID_T1, "1434", "300"],
+            [gpu_check.CENTROID_T1_MASKED, "1138", "500"],
+            [gpu_check.POINTNET2, "511", "200"],
+        ],
     }
     vision = {"title": "", "headers": ["model", "infer vs DeiT"], "rows": [[gpu_check.OURS_1, "1.5"]]}
     results = {
@@ -81,6 +85,7 @@ def test_targets_are_ratios_of_the_same_run_with_verdicts() -> None:
     assert got["Triton cauchy vs torch"]["met"] is False
     assert got["Triton vandermonde vs torch"]["met"] is None  # not measured is neither met nor failed
     assert got["centroid T=1 train samples/s vs PointNet++"]["measured"] == pytest.approx(1.5)
+    assert got["centroid T=1 train samples/s vs PointNet++"]["detail"] == "ops/step 1434 vs 511"
     assert got["centroid T=1, attn_backend=masked, train samples/s vs PointNet++"]["measured"] == pytest.approx(2.5)
     assert got["Ours-1 inference images/s vs DeiT-tiny"]["met"] is False
     assert got["FSAT time vs SDPA at L >= 16K"]["measured"] == 0.8 and got["FSAT time vs SDPA at L >= 16K"]["met"]
