@@ -12,8 +12,9 @@ Four implementations of one attention step from M centroids to N inputs, with th
 * ``knn-masked``:   the same neighbours, attention as dense products under the (B, M, N) neighbour mask
   (``attn_backend="masked"``).
 
-Peak memory is the growth of the peak resident set of a fresh process during forward + backward on CPU, and
-``torch.cuda.max_memory_allocated`` on CUDA. Ratios are against ``dense-matmul`` and ``dense-sdpa`` of the same N.
+Peak memory is the growth of the peak resident set of a fresh process during forward + backward on CPU (a process
+per configuration), and ``torch.cuda.max_memory_allocated`` on CUDA (all in this process; ``--isolate`` says).
+Ratios are against ``dense-matmul`` and ``dense-sdpa`` of the same N.
 """
 
 from __future__ import annotations
@@ -23,7 +24,16 @@ import json
 import sys
 
 import torch
-from benchutil import current_rss_bytes, describe_machine, peak_rss_bytes, print_table, run_isolated, time_fn
+from benchutil import (
+    add_isolate_option,
+    current_rss_bytes,
+    describe_machine,
+    isolate_configs,
+    peak_rss_bytes,
+    print_table,
+    run_config,
+    time_fn,
+)
 
 from attention import CentroidAttention
 
@@ -40,6 +50,11 @@ def _dense_matmul(layer: CentroidAttention, x: torch.Tensor, u: torch.Tensor) ->
 
 
 def child(cfg: dict) -> None:
+    print(json.dumps(measure(cfg)))
+
+
+def measure(cfg: dict) -> dict:
+    """Time (ms) and peak memory (MB; None where the resident set did not grow) of one configuration's step."""
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
     B, N, M, C, H, K = cfg["B"], cfg["N"], cfg["M"], cfg["C"], cfg["H"], cfg["K"]
@@ -69,10 +84,10 @@ def child(cfg: dict) -> None:
         step()
         peak = max(peak_rss_bytes() - base, 0) if peak_rss_bytes() > before else None
     ms = time_fn(step, device, repeats=cfg["repeats"], warmup=0)
-    print(json.dumps({"ms": ms, "peak_mb": None if peak is None else peak / 2**20}))
+    return {"ms": ms, "peak_mb": None if peak is None else peak / 2**20}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--points", type=int, nargs="+", default=[1024, 4096, 8192, 16384])
@@ -81,11 +96,13 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    add_isolate_option(parser)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         child(json.loads(args.child))
         return
+    isolate = isolate_configs(args.isolate, args.device)
     print(f"# bench_centroid on {args.device}: {describe_machine(args.device)}")
     print(f"# B={args.batch}, C={args.dim}, H={args.heads}, M=N/4, K={args.k}; forward + backward\n")
     rows = []
@@ -93,7 +110,7 @@ def main() -> None:
         res = {}
         for mode in ("dense-matmul", "dense-sdpa", "knn", "knn-masked"):
             cfg = dict(mode=mode, device=args.device, B=args.batch, N=N, M=N // 4, C=args.dim, H=args.heads)
-            res[mode] = run_isolated(__file__, {**cfg, "K": args.k, "repeats": args.repeats})
+            res[mode] = run_config(__file__, measure, {**cfg, "K": args.k, "repeats": args.repeats}, isolate)
             print(f"  N={N} {mode}: {res[mode]}", file=sys.stderr)
         for mode, r in res.items():
             if "error" in r:

@@ -4,7 +4,8 @@
     python tools/bench_mixers.py --device cuda                              # GPU: L up to 16K, every mixer
 
 One layer of each mixer (width 256, 4 heads, batch 1, training mode: FSAT draws its random edges), training steps
-``mixer(x).sum().backward()``, every configuration in a fresh process: after one warm-up step, the peak memory of one
+``mixer(x).sum().backward()``, every configuration in a fresh process (on CPU; on CUDA in this one, ``--isolate``):
+after one warm-up step, the peak memory of one
 step (on CPU exact tensor accounting, PyTorch's ``MemTracker``: the bytes of the tensors the step creates, alive at
 its peak; on CUDA ``torch.cuda.max_memory_allocated`` above what was allocated before the step), then the median time
 of ``--repeats`` untracked steps. Ratios are against two baselines of the same L measured in the same run:
@@ -32,7 +33,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
 import torch
-from benchutil import describe_machine, peak_tensor_bytes, print_table, run_isolated, time_fn
+from benchutil import (
+    add_isolate_option,
+    describe_machine,
+    isolate_configs,
+    peak_tensor_bytes,
+    print_table,
+    run_config,
+    time_fn,
+)
 
 from attention import build_mixer
 
@@ -50,6 +59,11 @@ def _build(name: str, dim: int, heads: int, max_len: int) -> torch.nn.Module:
 
 
 def child(cfg: dict) -> None:
+    print(json.dumps(measure(cfg)))
+
+
+def measure(cfg: dict) -> dict:
+    """Time (ms) and peak memory (MB) of one configuration's training step."""
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
     B, L, C, H = cfg["B"], cfg["L"], cfg["C"], cfg["H"]
@@ -71,7 +85,7 @@ def child(cfg: dict) -> None:
     ms = (time.perf_counter() - t0) * 1e3
     if cfg["time_separately"]:  # the tracked step carries the tracker's per-op overhead: time clean steps
         ms = time_fn(step, device, repeats=cfg["repeats"], warmup=0)
-    print(json.dumps({"ms": ms, "peak_mb": peak / 2**20}))
+    return {"ms": ms, "peak_mb": peak / 2**20}
 
 
 def _ratio(a: float | None, b: float | None) -> float:
@@ -89,11 +103,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--repeats", type=int, default=1, help="timed steps (1: the peak-memory step is timed)")
     parser.add_argument("--max-quadratic-len", type=int, default=None, help="skip Cauchy/Vandermonde above this L")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
+    add_isolate_option(parser)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         child(json.loads(args.child))
         return []
+    isolate = isolate_configs(args.isolate, args.device)
     names = [*BASELINES, *(m for m in args.mixers if m not in BASELINES)]
     B, C, H = args.batch, args.dim, args.heads
     print(f"# bench_mixers on {args.device}: {describe_machine(args.device)}")
@@ -110,7 +126,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             slow = name in QUADRATIC and args.device == "cpu"
             cfg = dict(mixer=name, device=args.device, B=B, L=L, C=C, H=H, repeats=args.repeats, warmup=not slow,
                        time_separately=not slow)  # fmt: skip
-            res[name] = run_isolated(__file__, cfg)
+            res[name] = run_config(__file__, measure, cfg, isolate)
             print(f"  L={L} {name}: {res[name]}", file=sys.stderr)
         for name, r in res.items():
             row = {"L": L, "mixer": name, **r}

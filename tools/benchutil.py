@@ -120,6 +120,39 @@ def count_aten_ops(fn: Callable[[], object]) -> tuple[int, int]:
     return counter.ops, counter.views
 
 
+def run_config(module_file: str, measure: Callable[[dict], dict], payload: dict, isolate: bool) -> dict:
+    """One configuration of a bench: :func:`run_isolated` (``module_file --child``), or ``measure(payload)`` in this
+    process, where an exception (e.g. CUDA running out of memory) becomes that row's ``{"error": ...}`` as a failed
+    child process would.
+
+    On CUDA a process per configuration buys nothing (the allocator reports the peak of each step) and costs seconds
+    of start-up per row; on CPU the resident set is only clean in a fresh process.
+    """
+    if isolate:
+        return run_isolated(module_file, payload)
+    try:
+        return measure(payload)
+    except Exception as e:  # the row reports its error; the other rows still run
+        return {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def add_isolate_option(parser: object) -> None:
+    """``--isolate {auto,yes,no}``: a fresh process per configuration (auto: on CPU, not on CUDA)."""
+    parser.add_argument(  # type: ignore[attr-defined]
+        "--isolate",
+        choices=["auto", "yes", "no"],
+        default="auto",
+        help="a fresh process per configuration (auto: yes on CPU, where peak memory needs it; no on CUDA)",
+    )
+
+
+def isolate_configs(option: str, device: str) -> bool:
+    return option == "yes" or (option == "auto" and torch.device(device).type != "cuda")
+
+
 def run_isolated(module_file: str, payload: dict) -> dict:
     """Runs ``python module_file --child JSON`` in a fresh process and returns the JSON it prints last.
 

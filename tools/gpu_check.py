@@ -445,7 +445,7 @@ def bench_args(ctx: Ctx, name: str) -> list[str]:
     if name == "bench_mixers":
         if not cuda:
             return [*d, "--lengths", "128", "--dim", "32", "--heads", "2", "--mixers", "fsat", "cauchy"]
-        if quick:  # the targets' rows only: FSAT vs SDPA at 16K, Cauchy / Vandermonde at 4K (each row a process)
+        if quick:  # the targets' rows only: FSAT vs SDPA at 16K, Cauchy / Vandermonde at 4K
             targets = ["--mixers", "fsat", "cauchy", "vandermonde", "--max-quadratic-len", "4096"]
             return [*d, "--lengths", "4096", "16384", *targets]
         return [*d, "--lengths", "1024", "2048", "4096", "8192", "16384"]

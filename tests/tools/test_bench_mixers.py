@@ -29,3 +29,13 @@ def test_tiny_bench(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert json.loads(path.read_text())[0]["mixer"] == "attention-matmul"
     out = capsys.readouterr().out
     assert "| L " in out and "fsat" in out and "skipped" in out
+
+
+def test_in_process_rows_equal_the_isolated_ones() -> None:
+    """``--isolate no`` (the CUDA default: no process start-up per row) measures the same exact tensor peaks."""
+    argv = ["--lengths", "48", "--dim", "32", "--heads", "2", "--mixers", "fsat", "cauchy"]
+    isolated = bench_mixers.main([*argv, "--isolate", "yes"])
+    inline = bench_mixers.main([*argv, "--isolate", "no"])
+    assert [r["mixer"] for r in inline] == [r["mixer"] for r in isolated]
+    for a, b in zip(isolated, inline):
+        assert b["peak_mb"] == a["peak_mb"] > 0 and b["ms"] > 0, (a, b)

@@ -30,3 +30,17 @@ def test_count_aten_ops_sees_chunking() -> None:
     one, _ = benchutil.count_aten_ops(lambda: chunked(1))
     eight, _ = benchutil.count_aten_ops(lambda: chunked(8))
     assert eight > 7 * one // 2 and eight - one >= 14
+
+
+def test_run_config_in_process_turns_an_exception_into_the_rows_error() -> None:
+    def measure(cfg: dict) -> dict:
+        if cfg["fail"]:
+            raise RuntimeError("CUDA out of memory (pretend)")
+        return {"ms": 1.0}
+
+    assert benchutil.run_config("unused.py", measure, {"fail": False}, isolate=False) == {"ms": 1.0}
+    assert benchutil.run_config("unused.py", measure, {"fail": True}, isolate=False) == {
+        "error": "RuntimeError: CUDA out of memory (pretend)"
+    }
+    assert benchutil.isolate_configs("auto", "cpu") and not benchutil.isolate_configs("auto", "cuda")
+    assert benchutil.isolate_configs("yes", "cuda") and not benchutil.isolate_configs("no", "cpu")
