@@ -70,8 +70,10 @@ SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "_uniqu
 def host_syncs(fn: Any) -> dict[str, int]:
     """``{"op at file:line": count}`` of the :data:`SYNC_OPS` that ``fn()`` dispatches, on any device.
 
-    The CPU stand-in for ``torch.cuda.set_sync_debug_mode("error")``: a model that calls none of them never stalls
-    its GPU on the host (``repeat_interleave`` counts even with an int repeat, where it would not sync).
+    A CPU stand-in for ``torch.cuda.set_sync_debug_mode("error")``, not a replacement: it sees the ops dispatched,
+    so it misses syncs made inside another op (boolean-mask indexing ``x[mask]`` runs its ``nonzero`` below the
+    dispatcher) and copies to the host (``.cpu()``, ``.tolist()``); ``repeat_interleave`` counts even with an int
+    repeat, where it would not sync. The ``gpu`` tests with the sync debug mode are the real check.
     """
     import traceback
     from collections import Counter

@@ -138,7 +138,7 @@ def prepare(name: str, kwargs: dict, args: argparse.Namespace) -> tuple[dict, Ca
 
     def forward_backward() -> None:
         model.train()
-        with chunk_budget(chunk_mb):  # the gather form's backward chunks its recomputation too
+        with chunk_budget(chunk_mb):  # (the backward pass reuses the chunk rows its forward chose)
             with autocast:
                 loss = F.cross_entropy(model(points).float(), labels)
             loss.backward()

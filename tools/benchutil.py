@@ -100,8 +100,9 @@ def count_aten_ops(fn: Callable[[], object]) -> tuple[int, int]:
     of them only make views (:data:`VIEW_OPS`).
 
     On a GPU every other op is (at least) one kernel launch, and a model whose kernels are small runs at the speed
-    its host issues them (several microseconds each in eager PyTorch): this count is that cost, the same on every
-    device, so it can be compared on CPU. Host syncs (``_local_scalar_dense``: ``.item()``, ``bool(t)``) count too.
+    its host issues them (several microseconds each in eager PyTorch): this count is that cost. It can be taken on
+    CPU, but it counts the path that device takes (CPU and CUDA differ in chunk budgets and backends: set those to
+    CUDA's to predict a GPU's count). Host syncs (``_local_scalar_dense``: ``.item()``, ``bool(t)``) count too.
     """
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -135,8 +136,11 @@ def run_config(module_file: str, measure: Callable[[dict], dict], payload: dict,
     except Exception as e:  # the row reports its error; the other rows still run
         return {"error": f"{type(e).__name__}: {e}"}
     finally:
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        try:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except RuntimeError:  # after a fatal CUDA error this raises too: keep the row's own error (later rows fail)
+            pass
 
 
 def add_isolate_option(parser: object) -> None:

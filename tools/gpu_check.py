@@ -430,7 +430,8 @@ def bench_args(ctx: Ctx, name: str) -> list[str]:
         if not cuda:
             return [*d, "--batch", "2", "--points", "128", "--num-centroids", "32", "16", "--steps", "1",
                     "--repeats", "1", "--warmup", "0", "--models", *few[:2]]  # fmt: skip
-        # both KNN attention forms, and the gather form at the CPU's 16 MiB chunks (CUDA's default is 256 MiB)
+        # both KNN attention forms, and the gather form at 16 MiB chunks (the old attention budget; the KNN search
+        # runs at 16 MiB in that row too, 32 MiB before; CUDA's defaults are now 256 MiB)
         both = ["--attn-backends", "auto", "masked", "--chunk-mb", "16"]
         return (
             [*d, "--amp", "--steps", "1", "--repeats", "3", *both, "--models", *few] if quick else [*d, "--amp", *both]
@@ -606,14 +607,17 @@ def write_section(out: Path, res: Result) -> None:
     (out / f"{res.name}.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
 
 
-def write_summary(out: Path, results: dict[str, Result], tgts: list[dict], mode: str, wall: float) -> None:
+def write_summary(out: Path, results: dict[str, Result], tgts: list[dict], commands: list[str], wall: float) -> None:
+    """``summary.md`` / ``summary.json``: the machine, each section's status and time, the targets; ``commands`` are
+    the arguments of the run(s) whose sections these are (both parts for a ``--part 2`` that kept part 1)."""
+    mode = ", then ".join(commands)
     env = results.get("env")
     machine = "-"
     if env and env.data:
         gpus = ", ".join(g["name"] for g in env.data["gpus"]) or "no GPU"
         machine = f"{gpus}; torch {env.data['torch']} (CUDA {env.data['cuda_runtime']}); python {env.data['python']}"
     lines = [f"# gpu_check {mode}", "", f"Machine: {machine}. Wall time {wall / 60:.1f} min.", "",
-             f"    python tools/gpu_check.py {mode}", "", "## Sections", ""]  # fmt: skip
+             *[f"    python tools/gpu_check.py {c}" for c in commands], "", "## Sections", ""]  # fmt: skip
     rows = [[r.name, r.status, f"{r.seconds:.0f}", r.reason.replace("|", "/")[:160]] for r in results.values()]
     lines += [md_table(["section", "status", "s", "reason"], rows), "", "## Targets (ratios of the same run)", ""]
     trows = [[t["target"], t["wanted"], _cell(t["measured"]), {True: "MET", False: "NOT MET"}.get(t["met"], "-"),
@@ -622,6 +626,7 @@ def write_summary(out: Path, results: dict[str, Result], tgts: list[dict], mode:
     (out / "summary.md").write_text("\n".join(lines))
     summary = {
         "mode": mode,
+        "commands": commands,
         "wall_s": wall,
         "sections": {r.name: {"status": r.status, "seconds": r.seconds, "reason": r.reason} for r in results.values()},
         "targets": tgts,
@@ -639,7 +644,11 @@ def _wheel_fits(path: Path) -> bool:
         from packaging.utils import parse_wheel_filename
     except ImportError:  # no packaging: let pip decide
         return True
-    tags = parse_wheel_filename(path.name)[3]
+    try:
+        tags = parse_wheel_filename(path.name)[3]
+    except ValueError as e:  # packaging's InvalidWheelFilename
+        log.warning("carried wheel %s has no valid wheel name (%s): left out", path.name, e)
+        return False
     if tags & set(sys_tags()):
         return True
     log.warning("carried wheel %s is not for this interpreter (Python %s): left out", path.name,
@@ -700,24 +709,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.part and args.only:
         parser.error("--part and --only both choose the sections: give one of them")
     out = args.out or REPO / "runs" / "gpu_check" / f"{args.device}-{'quick' if args.quick else 'full'}"
+    mode = f"--device {args.device}" + (" --quick" if args.quick else "")
     earlier: dict[str, Result] = {}
-    earlier_wall = 0.0
     if out.exists() and any(out.iterdir()):
         if not (out / MARKER).is_file():  # never clear a folder that gpu_check did not write
             parser.error(f"--out {out} exists and holds no earlier gpu_check output ({MARKER}): choose another")
         if args.part == 2:
+            # the marker's first line is the mode of the run that wrote the folder (even one killed mid-way)
+            before = (out / MARKER).read_text().splitlines()[:1] or [""]
+            if before[0].startswith("--device") and before[0] != mode:
+                parser.error(f"--out {out} holds a run with {before[0]!r}, not {mode!r}: no mixing grids")
             earlier = load_sections(out, exclude=PARTS[2])
-            if (out / "summary.json").is_file():  # the summary's wall time covers both parts
-                before = json.loads((out / "summary.json").read_text())
-                earlier_wall = before.get("wall_s", 0.0)
-                this = f"--device {args.device}" + (" --quick" if args.quick else "")
-                if before.get("mode", this).split(" --part")[0] != this:
-                    parser.error(f"--out {out} holds a run with {before['mode']!r}, not {this!r}: no mixing grids")
             log.info("--part 2: keeping %s from %s", ", ".join(earlier) or "nothing", out)
         else:
             shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("written by tools/gpu_check.py; the next run clears this folder (but --part 2)\n")
+    (out / MARKER).write_text(
+        f"{mode}\nwritten by tools/gpu_check.py; the next run clears this folder (but --part 2)\n"
+    )
     wheels = args.wheels or (REPO / ".whl")
     if args.wheels and not wheels.is_dir():
         parser.error(f"--wheels {args.wheels} is not a folder")
@@ -750,10 +759,12 @@ def main(argv: list[str] | None = None) -> int:
             log.info("%s: %s in %.0f s %s", name, res.status, res.seconds, res.reason)
     tgts = targets(results, args.device)
     results = {n: results[n] for n in SECTIONS if n in results}
-    mode = f"--device {args.device}" + (" --quick" if args.quick else "")
-    if args.part:
-        mode += " --part 1, then --part 2" if earlier else f" --part {args.part}"
-    write_summary(out, results, tgts, mode, earlier_wall + time.perf_counter() - t_start)
+    commands = (
+        [f"{mode} --part 1", f"{mode} --part 2"] if earlier else [mode + (f" --part {args.part}" if args.part else "")]
+    )
+    # part 1's time: its sections' (it may have been killed before writing a summary)
+    wall = sum(r.seconds for r in earlier.values()) + time.perf_counter() - t_start
+    write_summary(out, results, tgts, commands, wall)
     log.info("tables in %s (summary.md)", out)
     return 1 if any(r.status in ("failed", "timeout") for r in results.values()) else 0
 

@@ -74,7 +74,8 @@ def test_default_models_include_registered_peers(monkeypatch: pytest.MonkeyPatch
 
 
 def test_chunk_budget_sets_every_default_within_and_restores_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A ``--chunk-mb`` row really runs at its budget: the chunk sizes its forward and backward asked for."""
+    """A ``--chunk-mb`` row really runs at its budget: the budgets its forward's chunking asked for (the backward
+    reuses the forward's chunk rows)."""
     import attention.centroid.functional as functional
     import attention.points as points
 

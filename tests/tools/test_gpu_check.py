@@ -115,19 +115,19 @@ def test_part_two_keeps_part_one_and_its_summary_covers_both(tmp_path: Path) -> 
     """``--part 2`` into part 1's folder: part 1's sections stay, the targets and summary use them, env is redone."""
     out = tmp_path / "gc"
     out.mkdir()
-    (out / gpu_check.MARKER).write_text("")
+    (out / gpu_check.MARKER).write_text("--device cpu\nwritten by gpu_check\n")  # part 1, killed before its summary
     kernels = {"rows": [{"kernel": "fps", "shape": "B=32 N=1024 M=512", "speedup": 3.0}]}
-    gpu_check.write_section(out, gpu_check.Result("kernels", seconds=12.0, data=kernels))
+    gpu_check.write_section(out, gpu_check.Result("kernels", seconds=100.0, data=kernels))
     gpu_check.write_section(out, gpu_check.Result("env", reason="part 1's env"))
-    (out / "summary.json").write_text('{"wall_s": 100.0, "mode": "--device cpu --part 1"}')
     skip = [s for s in gpu_check.PARTS[2] if s != "env"]
     no_wheels = ["--wheels", str(tmp_path)]  # (none: a checkout's .whl may hold wheels for another Python)
     rc = gpu_check.main(["--device", "cpu", "--part", "2", "--out", str(out), *no_wheels, "--skip", *skip])
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary["sections"]) == ["env", "kernels"]  # in the usual order; env from this run
-    assert summary["sections"]["env"]["reason"] == "" and summary["sections"]["kernels"]["seconds"] == 12.0
-    assert summary["mode"] == "--device cpu --part 1, then --part 2" and summary["wall_s"] > 100.0
+    assert summary["sections"]["env"]["reason"] == "" and summary["sections"]["kernels"]["seconds"] == 100.0
+    assert summary["commands"] == ["--device cpu --part 1", "--device cpu --part 2"] and summary["wall_s"] > 100.0
+    assert "    python tools/gpu_check.py --device cpu --part 2" in (out / "summary.md").read_text()
     fps = next(t for t in summary["targets"] if t["target"].startswith("Triton fps"))
     assert fps["measured"] == 3.0
     with pytest.raises(SystemExit):  # a quick run's folder does not take the full grid's second part
@@ -138,6 +138,7 @@ def test_part_two_keeps_part_one_and_its_summary_covers_both(tmp_path: Path) -> 
     assert not (out / "kernels.json").exists()
 
 
-def test_carried_wheels_for_another_python_are_left_out(tmp_path: Path) -> None:
+def test_carried_wheels_for_another_python_or_misnamed_are_left_out(tmp_path: Path) -> None:
     assert not gpu_check._wheel_fits(tmp_path / "pkg-1.0-cp27-cp27mu-manylinux1_x86_64.whl")  # CPython 2.7
     assert gpu_check._wheel_fits(tmp_path / "pure-1.0-py3-none-any.whl")
+    assert not gpu_check._wheel_fits(tmp_path / "not-a-wheel-name.whl")
