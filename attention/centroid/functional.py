@@ -318,10 +318,10 @@ def edge_attention(
 # in float32 (twice the budget for bf16 inputs), which index_add_ scatters.
 ATTN_CHUNK_BYTES = 16 * 2**20
 # The budget on CUDA. Every chunk costs about ten kernels in the forward and backward passes, and on a GPU a small
-# kernel costs its launch (microseconds), not its bytes: 16 MiB take an H100 about 5 us to move. The centroid
-# transformer's bf16 training step ran 3,349 aten ops at batch 32 with 16 MiB chunks (1,434 with these and the KNN
-# search's CUDA budget; 9,159 and 1,944 at batch 128), and its H100 step time had followed the op count (37 ms at
-# batch 32, 128 ms at 128; docs/benchmarks.md, "GPU").
+# kernel costs its launch (microseconds), not its bytes: 16 MiB take an H100 about 5 us to move. A forward + backward
+# of the centroid transformer runs 4,331 aten ops at batch 32 with the CPU budgets and 1,255 with the CUDA ones
+# (13,965 and 2,079 at batch 128; bench_modelnet's ops/step, docs/benchmarks.md "GPU"), and its H100 step time had
+# followed the op count (37 ms at batch 32, 128 ms at 128).
 ATTN_CHUNK_BYTES_CUDA = 256 * 2**20
 
 
