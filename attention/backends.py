@@ -180,9 +180,11 @@ AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     ("fsat_edges", "cpu"): ("csr",),
     ("fsat_edges", "cuda"): ("gather",),
     # "masked" was 2.2x faster on one CPU thread at the point model's first stage (M=512, N=1024, K=24) but keeps
-    # O(B M N) memory; it becomes the choice where GPU timings (tools/gpu_check.py, bench_centroid) show it wins.
+    # O(B H M N) memory, so CPU stays on "gather". On CUDA "masked" comes first, and
+    # attention.centroid.knn_attention_form takes it only for a layer's own N / K <= MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR
+    # (H100 timings there).
     ("knn_attention", "cpu"): ("gather",),
-    ("knn_attention", "cuda"): ("gather",),
+    ("knn_attention", "cuda"): ("masked", "gather"),
 }
 
 

@@ -51,12 +51,13 @@ from torch.utils import flop_counter
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from ..backends import BACKENDS, resolve
-from ..checks import checks_active
+from ..checks import checks_active, is_tracing
 from ..points import gather
 
 __all__ = [
     "ATTN_CHUNK_BYTES",
     "ATTN_CHUNK_BYTES_CUDA",
+    "MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR",
     "NORMALIZATIONS",
     "attn_chunk_bytes",
     "centroid_attention",
@@ -174,7 +175,7 @@ def centroid_attention(
         kn = gather(k.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
         vn = gather(v.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
         return edge_attention(q, kn, vn, idx, N, mask=mask, normalize=normalize, dropout_p=dropout_p, eps=eps)
-    if knn_attention_form(backend, q.device) == "masked":
+    if knn_attention_form(backend, q.device) == "masked":  # "auto": gather (the caller's idx may repeat an index)
         return masked_knn_attention(q, k, v, idx, mask, normalize, dropout_p, eps)
     return knn_centroid_attention(q, k, v, idx, mask, normalize, dropout_p, eps, chunk_bytes)
 
@@ -193,10 +194,26 @@ def dense_centroid_attention(
     return _attend(q, k, v, None if mask is None else mask[:, None, None, :], normalize, dropout_p, eps)
 
 
-def knn_attention_form(backend: str, device: torch.device) -> str:
-    """``"gather"`` or ``"masked"``: the KNN path's form for ``backend`` (``"auto"`` by
-    :data:`attention.backends.AUTO_ORDER`). Explicit names never touch ``device`` (a proxy under FX)."""
+# "auto" takes the masked form (where AUTO_ORDER lists it: CUDA) while a stage's inputs per neighbour N / K is at most
+# this: the masked form does N / K times the gather form's attention work, as large matrix products instead of
+# gathers. H100, bf16 AMP, forward + backward (tools/gpu_check.py, docs/benchmarks.md): bench_centroid (B=1, H=4,
+# K=32) masked vs gather 3.11 vs 3.63 ms at N / K = 32, 3.43 vs 4.76 at 128, 4.47 vs 4.65 at 256, 11.5 vs 4.68 at
+# 512; the point model (N / K = 43 and 21) trained 1.25x faster masked at batch 32 and 2.2x at batch 128.
+MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR = 128
+
+
+def knn_attention_form(backend: str, device: torch.device, inputs_per_neighbor: float | None = None) -> str:
+    """``"gather"`` or ``"masked"``: the KNN path's form for ``backend``.
+
+    ``"auto"`` follows :data:`attention.backends.AUTO_ORDER` (CUDA: masked first) but takes ``"masked"`` only for a
+    known ``inputs_per_neighbor`` (N / K) of at most :data:`MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR`. None (unknown, e.g.
+    a caller's index that may repeat a neighbour, which the masked form counts once) means ``"gather"``. Explicit
+    names never touch ``device`` (a proxy under FX)."""
     if backend == "auto":
+        if inputs_per_neighbor is None or (
+            not is_tracing() and inputs_per_neighbor > MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR
+        ):
+            return "gather"
         return resolve("knn_attention", "auto", device)
     if backend not in BACKENDS["knn_attention"]:
         raise ValueError(

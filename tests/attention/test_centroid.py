@@ -170,6 +170,51 @@ def test_masked_knn_path_counts_a_repeated_index_once() -> None:
     assert not torch.allclose(out[:, :, :2], centroid_attention(q, k, v, idx, reference=True)[:, :, :2])
 
 
+def test_auto_knn_attention_form_by_device_and_inputs_per_neighbor() -> None:
+    """ "auto": masked on CUDA up to MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR, gather above, on CPU and for an unknown N / K
+    (a caller's idx); explicit names are kept."""
+    from attention.centroid import functional as fn
+
+    cuda, cpu, limit = torch.device("cuda"), torch.device("cpu"), fn.MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR
+    assert fn.knn_attention_form("auto", cuda, limit) == "masked"
+    assert fn.knn_attention_form("auto", cuda, 1024 / 24) == "masked"  # the point model's first stage
+    assert fn.knn_attention_form("auto", cuda, limit + 0.5) == "gather"
+    assert fn.knn_attention_form("auto", cuda) == "gather"
+    assert fn.knn_attention_form("auto", cpu, 1) == "gather"
+    assert fn.knn_attention_form("masked", cpu) == "masked"
+    assert fn.knn_attention_form("gather", cuda, 1) == "gather"
+
+
+@pytest.mark.parametrize("where", ["functional", "layer"])
+def test_auto_knn_attention_uses_the_call_inputs_per_neighbor(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layer sizes "auto" by its call's N / K; the functional with a caller's idx stays on gather (CPU made to
+    prefer "masked")."""
+    from attention import backends
+    from attention.centroid import functional as fn
+    from attention.centroid import layer as layer_module
+
+    monkeypatch.setitem(backends.AUTO_ORDER, ("knn_attention", "cpu"), ("masked", "gather"))
+    B, H, M, N, C, K = 2, 2, 8, 30, 16, 5
+    seen = []
+    real = fn.masked_knn_attention
+    monkeypatch.setattr(fn, "masked_knn_attention", lambda *a, **kw: seen.append(1) or real(*a, **kw))
+    monkeypatch.setattr(layer_module, "masked_knn_attention", fn.masked_knn_attention)
+    torch.manual_seed(0)
+    layer = CentroidAttention(C, num_heads=H, num_neighbors=K).double()
+    x, u = torch.randn(B, N, C, dtype=torch.float64), torch.randn(B, M, C, dtype=torch.float64)
+    q, k, v = (torch.randn(B, H, n, 4, dtype=torch.float64) for n in (M, N, N))
+    idx = torch.randint(0, N, (B, M, K))
+    for limit, layer_used in ((N / K, [1]), (N / K - 0.5, [])):
+        monkeypatch.setattr(fn, "MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR", limit)
+        seen.clear()
+        if where == "layer":
+            layer(x, u)
+            assert seen == layer_used, limit
+        else:
+            centroid_attention(q, k, v, idx)
+            assert seen == [], limit
+
+
 @pytest.mark.parametrize("normalize", ["inputs", "centroids"])
 def test_layer_attn_backends_agree_and_trace(normalize: str) -> None:
     torch.manual_seed(0)
@@ -526,7 +571,7 @@ def test_chunked_knn_path_on_cuda_equals_reference(dtype: torch.dtype, chunks: s
     B, H, M, N, D, K = 2, 3, 13, 63, 60, 7
     idx = torch.randint(0, N, (B, M, K), device="cuda")
     budget = 4 * B * K * H * D * 4 if chunks == "several" else None
-    _assert_cuda_knn_path_equals_reference(dtype, (B, H, M, N, D), idx, chunk_bytes=budget)
+    _assert_cuda_knn_path_equals_reference(dtype, (B, H, M, N, D), idx, chunk_bytes=budget, backend="gather")
 
 
 def _assert_cuda_knn_path_equals_reference(dtype: torch.dtype, shape: tuple, idx: torch.Tensor, **kw) -> None:
