@@ -23,8 +23,9 @@ batch of ``--batch`` clouds of ``--points`` xyz points, 40 classes.
 * ``vs random`` = samples/s / the random twin's samples/s in the same run (needs the random twin in ``--models``);
   ``paper`` = the paper's training throughput (samples/s on their GPU: T=1 60, T=2 55, T=3 52, random 312, FPS 66,
   k-means 54) and its ratio to their random twin, the number to compare ours with;
-* params and GMACs per sample, counted on CPU at batch 1 as in ``tools/model_stats.py`` (matmuls incl. attention;
-  FPS, KNN gathers and other element-wise work cost time but no GMACs: that gap is what this table shows);
+* params and GMACs per sample, counted at batch 1 as in ``tools/model_stats.py`` (matmuls incl. attention; FPS, KNN
+  gathers and other element-wise work cost time but no GMACs: that gap is what this table shows), on the run's
+  device, where ``"auto"`` picks the form of the KNN attention (masked on CUDA at these sizes, gather on CPU);
 * ``ops/step``: aten ops one train step dispatches (forward and backward, not the optimizer; one extra untimed step)
   and how many of them are not views, i.e. launch kernels on a GPU (:func:`benchutil.count_aten_ops`). A GPU runs
   small-kernel models at the speed the host issues them, a few microseconds per op, so this column predicts that
@@ -127,9 +128,10 @@ def prepare(name: str, kwargs: dict, args: argparse.Namespace) -> tuple[dict, Ca
     kwargs = dict(kwargs)
     chunk_mb = kwargs.pop("_chunk_mb", None)
     model = create_model(name, **kwargs)
-    example = unit_sphere_clouds(1, args.points)  # (B, N, 3)
-    stats = {"params_m": count_params(model) / 1e6, "gmacs": count_gmacs(model, example)}
     model.to(device)
+    # on the run's device: "auto" forms are chosen per device (the KNN attention is masked on CUDA, gather on CPU)
+    example = unit_sphere_clouds(1, args.points).to(device)  # (B, N, 3)
+    stats = {"params_m": count_params(model) / 1e6, "gmacs": count_gmacs(model, example)}
     gen = torch.Generator().manual_seed(1)
     points = unit_sphere_clouds(args.batch, args.points, seed=1).to(device)  # (B, N, 3)
     labels = torch.randint(0, NUM_CLASSES, (args.batch,), generator=gen).to(device)

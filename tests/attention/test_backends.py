@@ -36,7 +36,12 @@ def test_auto_skips_a_kernel_that_cannot_take_the_shape(monkeypatch: pytest.Monk
 
 def test_auto_never_picks_an_approximate_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(backends.INSTALLED, "fpsample", True)
+    monkeypatch.setitem(backends.INSTALLED, "torch_cluster", True)
+    monkeypatch.setitem(backends.INSTALLED, "pytorch3d", False)
     assert not BACKENDS["fps"]["fpsample_bucket"].exact and not BACKENDS["fps"]["fpsample"].exact
+    # torch-cluster's CUDA FPS chose other indices on an H100 (docs/benchmarks.md): past Triton's limit, torch
+    assert resolve("fps", "auto", "cuda", {"N": 100_000, "C": 3}) == "torch"
+    assert resolve("fps", "auto", "cuda", {"N": 100, "C": 3}, order=("cluster", "torch")) == "torch"
     order = ("fpsample_bucket", "fpsample", "torch")
     assert resolve("fps", "auto", "cpu", {"N": 100, "C": 3}, order=order) == "torch"
     assert resolve("fps", "fpsample_bucket", "cpu", {"N": 100, "C": 3}) == "fpsample_bucket"
