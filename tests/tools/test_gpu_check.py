@@ -69,24 +69,34 @@ def test_targets_are_ratios_of_the_same_run_with_verdicts() -> None:
         "headers": ["model", "ops/step", "train samples/s"],
         "rows": [
             [gpu_check.CENTROID_T1, "1434", "300"],
-            [gpu_check.CENTROID_T1_MASKED, "1138", "500"],
+            [gpu_check.CENTROID_T1_GATHER, "1138", "500"],
             [gpu_check.POINTNET2, "511", "200"],
         ],
     }
     vision = {"title": "", "headers": ["model", "infer vs DeiT"], "rows": [[gpu_check.OURS_1, "1.5"]]}
+    points = {
+        "title": "Farthest point sampling",
+        "headers": ["B", "N", "M", "backend", "ms", "speedup vs cluster"],
+        "rows": [["32", "1024", "512", "torch", "90", "0.02"], ["32", "1024", "512", "triton", "0.7", "2.6"]],
+    }
     results = {
         "kernels": _result("kernels", data=kernels),
         "bench_modelnet": _result("bench_modelnet", [modelnet]),
         "bench_vision": _result("bench_vision", [vision]),
+        "bench_points": _result("bench_points", [points]),
         "bench_mixers": _result("bench_mixers", gpu_check.parse_markdown_tables(BENCH_OUTPUT)),
     }
     got = {t["target"].split(" (")[0]: t for t in gpu_check.targets(results, "cuda")}
     assert got["Triton fps vs torch"]["met"] is True and got["Triton fps vs torch"]["measured"] == 2.5
     assert got["Triton cauchy vs torch"]["met"] is False
     assert got["Triton vandermonde vs torch"]["met"] is None  # not measured is neither met nor failed
+    assert got["Triton fps vs torch-cluster"]["measured"] == 2.6 and got["Triton fps vs torch-cluster"]["met"]
+    points["rows"][1][-1] = "nan"  # no torch-cluster: no verdict, and the reason
+    cluster = next(t for t in gpu_check.targets(results, "cuda") if "torch-cluster" in t["target"])
+    assert cluster["met"] is None and cluster["detail"] == "torch-cluster not installed"
     assert got["centroid T=1 train samples/s vs PointNet++"]["measured"] == pytest.approx(1.5)
     assert got["centroid T=1 train samples/s vs PointNet++"]["detail"] == "ops/step 1434 vs 511"
-    assert got["centroid T=1, attn_backend=masked, train samples/s vs PointNet++"]["measured"] == pytest.approx(2.5)
+    assert got["centroid T=1, attn_backend=gather, train samples/s vs PointNet++"]["measured"] == pytest.approx(2.5)
     assert got["Ours-1 inference images/s vs DeiT-tiny"]["met"] is False
     assert got["FSAT time vs SDPA at L >= 16K"]["measured"] == 0.8 and got["FSAT time vs SDPA at L >= 16K"]["met"]
     on_cpu = gpu_check.targets(results, "cpu")
