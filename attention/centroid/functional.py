@@ -148,7 +148,8 @@ def centroid_attention(
         reference: use the plain gather-everything KNN path.
         backend: the KNN path's form (``idx`` given): ``"gather"`` (chunked gathers, memory O(B M K H) plus a chunk),
             ``"masked"`` (:func:`masked_knn_attention`, dense matrix products under the neighbour mask) or ``"auto"``
-            (:data:`attention.backends.AUTO_ORDER`; ``"gather"`` until GPU timings say otherwise).
+            (``"gather"``: a caller's ``idx`` may repeat a neighbour, which the masked form counts once; the layer,
+            whose own search never repeats one, takes ``"masked"`` on CUDA, see :func:`knn_attention_form`).
 
     Returns:
         ``(B, H, M, D)`` attended values (before the output projection and skip).
