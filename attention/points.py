@@ -7,7 +7,8 @@ fast backends are optional and tested against it:
 backend        FPS                                         KNN
 =============  ==========================================  ======================================================
 ``torch``      loop over M, batched (reference)            chunked brute force, memory bounded (reference)
-``cluster``    ``torch_cluster.fps`` (CPU, CUDA)           ``torch_cluster.knn`` (CPU kd-tree, CUDA brute force)
+``cluster``    ``torch_cluster.fps`` (CPU, CUDA; its       ``torch_cluster.knn`` (CPU kd-tree, CUDA brute force)
+               rounding differs: explicit only)
 ``pytorch3d``  ``pytorch3d.ops.sample_farthest_points``    ``pytorch3d.ops.knn_points``
 ``triton``     ``attention.kernels.fps_triton`` (CUDA,      --
                N <= 65536, C <= 8)

@@ -14,6 +14,7 @@ from .blocks import CentroidBlock, SelfAttentionBlock
 from .functional import (
     ATTN_CHUNK_BYTES,
     ATTN_CHUNK_BYTES_CUDA,
+    MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR,
     NORMALIZATIONS,
     attn_chunk_bytes,
     centroid_attention,
@@ -41,6 +42,7 @@ __all__ = [
     "ATTN_CHUNK_BYTES",
     "ATTN_CHUNK_BYTES_CUDA",
     "CENTROID_INITS",
+    "MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR",
     "NORMALIZATIONS",
     "CentroidAttention",
     "CentroidBlock",

@@ -199,7 +199,7 @@ def dense_centroid_attention(
 # this: the masked form does N / K times the gather form's attention work, as large matrix products instead of
 # gathers. H100, bf16 AMP, forward + backward (tools/gpu_check.py, docs/benchmarks.md): bench_centroid (B=1, H=4,
 # K=32) masked vs gather 3.11 vs 3.63 ms at N / K = 32, 3.43 vs 4.76 at 128, 4.47 vs 4.65 at 256, 11.5 vs 4.68 at
-# 512; the point model (N / K = 43 and 21) trained 1.25x faster masked at batch 32 and 2.2x at batch 128.
+# 512; the point model (N / K = 43 and 21) trained 1.2-1.3x faster masked at batch 32 and 2.2x at batch 128.
 MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR = 128
 
 
@@ -209,7 +209,8 @@ def knn_attention_form(backend: str, device: torch.device, inputs_per_neighbor: 
     ``"auto"`` follows :data:`attention.backends.AUTO_ORDER` (CUDA: masked first) but takes ``"masked"`` only for a
     known ``inputs_per_neighbor`` (N / K) of at most :data:`MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR`. None (unknown, e.g.
     a caller's index that may repeat a neighbour, which the masked form counts once) means ``"gather"``. Explicit
-    names never touch ``device`` (a proxy under FX)."""
+    names never touch ``device`` (a proxy under FX). While traced (FX, dynamo, export) ``"auto"`` is ``"gather"``.
+    The limit is read from this module (``attention.centroid.functional.MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR``)."""
     if backend == "auto":
         if inputs_per_neighbor is None or (
             not is_tracing() and inputs_per_neighbor > MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR

@@ -59,8 +59,9 @@ class CentroidAttention(nn.Module):
         knn_backend: backend of :func:`attention.knn`.
         attn_backend: form of the KNN attention: ``"gather"`` (chunked gathers), ``"masked"`` (dense products under
             the neighbour mask, :func:`attention.centroid.masked_knn_attention`) or ``"auto"`` (on CUDA ``"masked"``
-            while N / K <= ``MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR``, else ``"gather"``; on CPU ``"gather"``). The masked
-            form counts a repeated neighbour index once: under "auto" a given ``neighbor_idx`` must not repeat one.
+            while N / K <= ``MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR`` and ``normalize="inputs"``, else ``"gather"``; on CPU
+            and while traced ``"gather"``). The masked form counts a repeated neighbour index once: under "auto" a
+            given ``neighbor_idx`` must not repeat one.
         drop_path: stochastic depth on each step's update (timm's DropPath; the vision models use it).
         validate_inputs: check the inputs in eager mode (:meth:`check_inputs`, behind
             :func:`attention.checks.checks_active`). False for a layer inside a model that validates its own input:
@@ -185,7 +186,11 @@ class CentroidAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, idx: Tensor, mask: Tensor | None, dropout_p: float
     ) -> Tensor:
         # TorchScript cannot compile the chunked autograd Functions: a scripted KNN layer raises here.
-        # N / K of this call; a KNN search's neighbours never repeat (a given neighbor_idx must not, under "auto")
-        if knn_attention_form(self.attn_backend, q.device, k.shape[2] / idx.shape[-1]) == "masked":
+        # "auto" sizes by N / K (a KNN search's neighbours never repeat; a given neighbor_idx must not, under "auto").
+        # Timed only for normalize="inputs" (SDPA); "centroids" keeps several dense (B, H, M, N) tensors: gather.
+        per_neighbor = None
+        if self.attn_backend == "auto" and self.normalize == "inputs":
+            per_neighbor = k.shape[2] / idx.shape[-1]
+        if knn_attention_form(self.attn_backend, q.device, per_neighbor) == "masked":
             return masked_knn_attention(q, k, v, idx, mask, self.normalize, dropout_p)
         return knn_centroid_attention(q, k, v, idx, mask, self.normalize, dropout_p)

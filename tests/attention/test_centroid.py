@@ -204,11 +204,14 @@ def test_auto_knn_attention_uses_the_call_inputs_per_neighbor(where: str, monkey
     x, u = torch.randn(B, N, C, dtype=torch.float64), torch.randn(B, M, C, dtype=torch.float64)
     q, k, v = (torch.randn(B, H, n, 4, dtype=torch.float64) for n in (M, N, N))
     idx = torch.randint(0, N, (B, M, K))
+    centroids = CentroidAttention(C, num_heads=H, num_neighbors=K, normalize="centroids").double()
     for limit, layer_used in ((N / K, [1]), (N / K - 0.5, [])):
         monkeypatch.setattr(fn, "MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR", limit)
         seen.clear()
         if where == "layer":
             layer(x, u)
+            assert seen == layer_used, limit
+            centroids(x, u)  # timed for normalize="inputs" only: "centroids" stays on gather
             assert seen == layer_used, limit
         else:
             centroid_attention(q, k, v, idx)

@@ -87,7 +87,14 @@ def test_fps_backend_equals_reference(backend: str, device: str, shape: tuple[in
     start = torch.randint(0, shape[1], (shape[0],), device=device)
     ref = farthest_point_sample(x, m, start=start, backend="torch")
     out = farthest_point_sample(x, m, start=start, backend=backend)
-    assert torch.equal(out, ref)
+    if backends.BACKENDS["fps"][backend].exact:
+        assert torch.equal(out, ref)
+    else:
+        # torch-cluster: the same greedy rule, rounded differently (on an H100 its indices left the reference's at
+        # B = 32, N = 4096): a near-tie may take another path, as fpsample's
+        assert torch.equal(out[:, 0], start) and all(row.unique().numel() == m for row in out)
+        for b in range(shape[0]):
+            assert _coverage(x[b : b + 1], out[b : b + 1]) <= 1.05 * _coverage(x[b : b + 1], ref[b : b + 1])
 
 
 @pytest.mark.parametrize("backend", FPS_ALT)
@@ -97,7 +104,12 @@ def test_fps_backend_ragged_equals_reference(backend: str) -> None:
     mask[:, 4] = True
     start = torch.full((3,), 4)
     ref = farthest_point_sample(x, 12, start=start, mask=mask, backend="torch")
-    assert torch.equal(farthest_point_sample(x, 12, start=start, mask=mask, backend=backend), ref)
+    out = farthest_point_sample(x, 12, start=start, mask=mask, backend=backend)
+    if backends.BACKENDS["fps"][backend].exact:
+        assert torch.equal(out, ref)
+    else:  # see test_fps_backend_equals_reference
+        assert torch.equal(out[:, 0], start) and bool(mask.gather(1, out).all())
+        assert all(row.unique().numel() == 12 for row in out)
 
 
 @pytest.mark.skipif(not points.HAS_FPSAMPLE, reason="fpsample missing")

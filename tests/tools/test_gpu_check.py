@@ -138,7 +138,7 @@ def test_part_two_keeps_part_one_and_its_summary_covers_both(tmp_path: Path) -> 
     assert summary["sections"]["env"]["reason"] == "" and summary["sections"]["kernels"]["seconds"] == 100.0
     assert summary["commands"] == ["--device cpu --part 1", "--device cpu --part 2"] and summary["wall_s"] > 100.0
     assert "    python tools/gpu_check.py --device cpu --part 2" in (out / "summary.md").read_text()
-    fps = next(t for t in summary["targets"] if t["target"].startswith("Triton fps"))
+    fps = next(t for t in summary["targets"] if t["target"].startswith("Triton fps vs torch ("))
     assert fps["measured"] == 3.0
     with pytest.raises(SystemExit):  # a quick run's folder does not take the full grid's second part
         gpu_check.main(["--device", "cpu", "--quick", "--part", "2", "--out", str(out), *no_wheels, "--skip", *skip])
