@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,9 @@ from torch.nn.parallel import DistributedDataParallel
 __all__ = ["DistributedContext", "init_distributed", "resolve_device", "unwrap", "wrap_ddp"]
 
 logger = logging.getLogger(__name__)
+
+TEARDOWN_SETTLE_S = 0.1
+"""Seconds :meth:`DistributedContext.destroy` releases the GIL after destroying the group (see there)."""
 
 
 @dataclass
@@ -71,15 +75,30 @@ class DistributedContext:
         dist.all_gather_object(gathered, obj)
         return gathered
 
-    def destroy(self) -> None:
-        """Destroys the process group if this context created one.
+    def destroy(self, barrier: bool = True) -> None:
+        """Destroys the process group if this context created one; call it once per rank at the end of the run.
 
-        All ranks meet at a barrier first: a rank that tears down gloo while its peer still sends (e.g. while rank 0
-        writes its files) can abort the peer with "terminate called without an active exception" (seen in CI).
+        Args:
+            barrier: Meet all ranks first (the normal end of a run). Pass ``False`` after an error, when a peer may
+                be stuck elsewhere and a barrier would hang until the timeout.
+
+        Two teardown races of gloo are handled here (both seen in CI as ``terminate called without an active
+        exception``, then SIGABRT at exit, after the run had finished and written its files):
+
+        * a rank that tears down gloo while its peer still sends (e.g. while rank 0 writes its files) aborts the
+          peer; the barrier keeps every rank in the group until all are done;
+        * a gloo worker thread releases the last collective's tensors (a barrier keeps the collectives that ran
+          just before it) only after the caller has returned; when they are Python tensors (``all_gather_object``'s)
+          the thread needs the GIL, and if the interpreter is already finalizing, the thread is killed and the
+          process aborts. The PyTorch threads outlive ``destroy_process_group`` (a ``DistributedDataParallel``
+          wrapper keeps its group alive), so they cannot be joined. Releasing the GIL for
+          :data:`TEARDOWN_SETTLE_S` lets them finish: they need microseconds.
         """
         if self.is_distributed and dist.is_initialized():
-            dist.barrier()
+            if barrier:
+                self.barrier()
             dist.destroy_process_group()
+            time.sleep(TEARDOWN_SETTLE_S)
 
 
 def resolve_device(device: str | torch.device = "auto", local_rank: int = 0) -> torch.device:

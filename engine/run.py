@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-import torch.distributed as dist
 
 from engine.checkpoint import CheckpointError, check_best_agrees, load_checkpoint, resolve_resume
 from engine.config import add_config_args, config_to_dict, load_config
@@ -182,10 +181,7 @@ def run(recipe: type[Recipe], cfg: Any, options: RunOptions | None = None, **kwa
     finally:
         if lock is not None:
             lock.release()
-        if ok:
-            ctx.destroy()
-        elif ctx.is_distributed:  # no barrier: a peer may be stuck elsewhere after the error
-            dist.destroy_process_group()
+        ctx.destroy(barrier=ok)  # no barrier after an error: a peer may be stuck elsewhere
 
 
 def _setup_folder(
