@@ -87,12 +87,15 @@ class DistributedContext:
 
         * a rank that tears down gloo while its peer still sends (e.g. while rank 0 writes its files) aborts the
           peer; the barrier keeps every rank in the group until all are done;
-        * a gloo worker thread releases the last collective's tensors (a barrier keeps the collectives that ran
-          just before it) only after the caller has returned; when they are Python tensors (``all_gather_object``'s)
-          the thread needs the GIL, and if the interpreter is already finalizing, the thread is killed and the
-          process aborts. The PyTorch threads outlive ``destroy_process_group`` (a ``DistributedDataParallel``
-          wrapper keeps its group alive), so they cannot be joined. Releasing the GIL for
-          :data:`TEARDOWN_SETTLE_S` lets them finish: they need microseconds.
+        * gloo's barrier work keeps the collectives still in flight when it was issued, so the tensors of the
+          ``all_gather_object`` before it are freed by a gloo worker thread when that thread drops the barrier
+          work, which can be after ``barrier()`` has returned. Those are Python tensors: the thread needs the GIL,
+          and if the interpreter is already finalizing, the thread is killed and the process aborts. The threads
+          cannot be joined here: they live as long as the group, and a ``DistributedDataParallel`` wrapper keeps
+          the group alive even after the wrapper and its model are deleted and collected (measured on torch 2.15).
+          Releasing the GIL for :data:`TEARDOWN_SETTLE_S` lets the threads finish. This makes the race unlikely,
+          not impossible (a test that hit it in 4 of 111 runs passed 150 of 150): a thread kept off the CPU for
+          longer can still hit it.
         """
         if self.is_distributed and dist.is_initialized():
             if barrier:

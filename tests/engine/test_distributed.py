@@ -55,6 +55,7 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str) -> None:
     )
     torch.set_num_threads(1)
     ctx = init_distributed("cpu")
+    ok = False
     try:
         assert ctx.is_distributed and ctx.rank == rank and ctx.world_size == world_size
         g = torch.Generator().manual_seed(0)
@@ -96,8 +97,9 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str) -> None:
         assert finals[0]["val_loss"] == finals[1]["val_loss"]
         if ctx.is_main:
             torch.save(params, Path(run_dir) / "params_rank0.pt")
+        ok = True
     finally:
-        ctx.destroy()
+        ctx.destroy(barrier=ok)  # a failed rank must not leave its peer waiting at the barrier
 
 
 @pytest.mark.slow
@@ -109,6 +111,25 @@ def test_ddp_two_processes_on_cpu(tmp_path):
     assert torch.equal(torch.cat([t.flatten() for t in last["model"].values()]), params)
     log = [line for line in (tmp_path / "log.jsonl").read_text().splitlines() if line]
     assert len(log) == 2  # only rank 0 writes
+
+
+@pytest.mark.parametrize("barrier", [True, False])
+def test_destroy_meets_the_peers_only_when_asked(monkeypatch, barrier):
+    """destroy() destroys the group and settles gloo's threads; the barrier is skipped after an error."""
+    import engine.distributed as distributed
+
+    calls = []
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(distributed.dist, "get_backend", lambda *a: "gloo")
+    monkeypatch.setattr(distributed.dist, "barrier", lambda *a, **k: calls.append("barrier"))
+    monkeypatch.setattr(distributed.dist, "destroy_process_group", lambda *a: calls.append("destroy"))
+    monkeypatch.setattr(distributed.time, "sleep", lambda s: calls.append(("sleep", s)))
+    DistributedContext(rank=1, world_size=2).destroy(barrier=barrier)
+    settle = ("sleep", distributed.TEARDOWN_SETTLE_S)
+    assert calls == (["barrier", "destroy", settle] if barrier else ["destroy", settle])
+    calls.clear()
+    DistributedContext().destroy(barrier=barrier)  # a single process has no group: nothing to do
+    assert calls == []
 
 
 def test_context_defaults():
