@@ -7,7 +7,7 @@
 * :mod:`attention.layers`: the transformer MLP and stochastic depth shared by the blocks.
 * :mod:`attention.backends`: the backend switchboard (optional packages, what each kernel supports, ``resolve``).
 * :mod:`attention.checks`: the input validation of every public op (eager mode only; off while tracing).
-* :mod:`attention.fsat`: FSAT (Fourier sparse attention) and FAT over the FFT-pooled hidden-state cross.
+* :mod:`attention.mixers.fsat`: FSAT (Fourier sparse attention) and FAT over the FFT-pooled hidden-state cross.
 * :mod:`attention.mixers`: structured matrix mixers (softmax, linear, Toeplitz, Cauchy, Vandermonde, Hydra) and
   their non-data-dependent twins, with FSAT / FAT, in one registry (:data:`MIXERS`, :func:`build_mixer`).
 """
@@ -58,21 +58,6 @@ from .checks import (
     is_tracing,
     set_input_checks,
 )
-from .fsat import (
-    EDGE_BACKENDS,
-    FEATURE_MAPS,
-    ConvFeatureMap,
-    FourierAttention,
-    FourierCross,
-    FourierSparseAttention,
-    MlpFeatureMap,
-    TruncateGrad,
-    fold_cross,
-    pooled_cross,
-    pooled_cross_reference,
-    sparse_edge_attention,
-    sparse_edge_attention_reference,
-)
 from .layers import DropPath, Mlp
 from .mixers import (
     MATRIX_MIXERS,
@@ -94,6 +79,21 @@ from .mixers import (
     quasiseparable_mix,
     toeplitz_mix,
     vandermonde_mix,
+)
+from .mixers.fsat import (
+    EDGE_BACKENDS,
+    FEATURE_MAPS,
+    ConvFeatureMap,
+    FourierAttention,
+    FourierCross,
+    FourierSparseAttention,
+    MlpFeatureMap,
+    TruncateGrad,
+    fold_cross,
+    pooled_cross,
+    pooled_cross_reference,
+    sparse_edge_attention,
+    sparse_edge_attention_reference,
 )
 from .points import (
     FPS_BACKENDS,

@@ -46,13 +46,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 
 import numpy as np
 import torch
-from benchutil import describe_machine, peak_tensor_bytes, print_table, sync, unit_sphere_clouds
 
 from capsules import CHAMFER_DEFINITION, chamfer_distance, create_model, list_models
 from capsules.data import SyntheticParts
 from capsules.metrics import capsule_purity, patch_spread, random_patches
 from capsules.model import DECODERS, ROUTING_IMPLS
 from engine import atomic_write_text, count_params
+from engine.bench import describe_machine, peak_tensor_bytes, print_table, sync, unit_sphere_clouds
 
 PAIRS = {"small": ("pointcaps_routing_small", "pointcaps_centroid_small"),
          "base": ("pointcaps_routing_base", "pointcaps_centroid_base")}  # fmt: skip
@@ -80,7 +80,7 @@ def measure_memory(name: str, args: argparse.Namespace, model_kwargs: dict) -> d
     """Peak memory of forward + backward at two batch sizes; slope = bytes per sample; max batch in the budget.
 
     The peak counts every live tensor: weights, gradients, Adam's states (after a warm-up step), activations and
-    temporaries (:func:`benchutil.peak_tensor_bytes`: exact tensor accounting on CPU, the CUDA allocator's peak on
+    temporaries (:func:`engine.bench.peak_tensor_bytes`: exact tensor accounting on CPU, the CUDA allocator's peak on
     GPU). The optimizer step itself is left out: its temporaries do not grow with the batch.
     """
     device = torch.device(args.device)

@@ -24,7 +24,9 @@ import json
 import sys
 
 import torch
-from benchutil import (
+
+from attention import CentroidAttention
+from engine.bench import (
     add_isolate_option,
     current_rss_bytes,
     describe_machine,
@@ -34,8 +36,6 @@ from benchutil import (
     run_config,
     time_fn,
 )
-
-from attention import CentroidAttention
 
 
 def _dense_matmul(layer: CentroidAttention, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

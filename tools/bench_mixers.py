@@ -33,7 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
 import torch
-from benchutil import (
+
+from attention import build_mixer
+from engine.bench import (
     add_isolate_option,
     describe_machine,
     isolate_configs,
@@ -42,8 +44,6 @@ from benchutil import (
     run_config,
     time_fn,
 )
-
-from attention import build_mixer
 
 BASELINES = ("attention-matmul", "attention-sdpa")
 MIXERS = (*BASELINES, "fsat", "fat", "linear", "lowrank", "toeplitz", "hydra", "cauchy", "vandermonde")

@@ -27,7 +27,7 @@ batch of ``--batch`` clouds of ``--points`` xyz points, 40 classes.
   gathers and other element-wise work cost time but no GMACs: that gap is what this table shows), on the run's
   device, where ``"auto"`` picks the form of the KNN attention (masked on CUDA at these sizes, gather on CPU);
 * ``ops/step``: aten ops one train step dispatches (forward and backward, not the optimizer; one extra untimed step)
-  and how many of them are not views, i.e. launch kernels on a GPU (:func:`benchutil.count_aten_ops`). A GPU runs
+  and how many of them are not views, i.e. launch kernels on a GPU (:func:`engine.bench.count_aten_ops`). A GPU runs
   small-kernel models at the speed the host issues them, a few microseconds per op, so this column predicts that
   cost on any device.
 
@@ -49,12 +49,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 
 import torch
 import torch.nn.functional as F
-from benchutil import count_aten_ops, describe_machine, print_table, sync, time_fn, unit_sphere_clouds
 
 import attention.centroid.functional as attn_functional
 import attention.points as points
 from attention import backend_names
 from engine import atomic_write_text, count_gmacs, count_params
+from engine.bench import count_aten_ops, describe_machine, print_table, sync, time_fn, unit_sphere_clouds
 from pointcloud import create_model, list_models
 
 CENTROID = "centroid_transformer_modelnet40"

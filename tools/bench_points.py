@@ -29,9 +29,9 @@ import tempfile
 from functools import partial
 
 import torch
-from benchutil import describe_machine, print_table, time_fn
 
 from attention import backends, points
+from engine.bench import describe_machine, print_table, time_fn
 
 
 def _coverage(x: torch.Tensor, idx: torch.Tensor) -> float:

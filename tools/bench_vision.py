@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone
 import timm
 import torch
 import torch.nn.functional as F
-from benchutil import describe_machine, print_table, sync
 
 import vision  # noqa: F401  (registers the models in timm)
 from engine import count_gmacs, count_params
+from engine.bench import describe_machine, print_table, sync
 
 BASELINES = {"tiny": "deit_tiny_patch16_224", "small": "deit_small_patch16_224"}
 OURS_1 = "centroid_deit_tiny_c6_patch16_224"

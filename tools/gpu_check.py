@@ -126,7 +126,7 @@ class Result:
 def parse_markdown_tables(text: str) -> list[dict]:
     """The Markdown tables in ``text`` as ``{"title", "headers", "rows"}``; the title is the nearest ``#`` line above.
 
-    Numbers stay strings as printed (``benchutil.print_table`` rounds to 3 significant figures); use
+    Numbers stay strings as printed (``engine.bench.print_table`` rounds to 3 significant figures); use
     :func:`to_number` to read one.
     """
     tables, title, lines = [], "", text.splitlines()
@@ -263,7 +263,7 @@ def child_env() -> dict:
 
 def _time_ms(fn, device: str, repeats: int) -> float:
     sys.path.insert(0, str(TOOLS))
-    from benchutil import time_fn
+    from engine.bench import time_fn
 
     return time_fn(fn, device, repeats=repeats, warmup=2)
 

@@ -72,11 +72,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
 import torch
-from benchutil import describe_machine, print_table, unit_sphere_clouds
 from torch import Tensor, nn
 
 from attention import CentroidAttention, edge_attention, gather
 from engine import atomic_write_text, count_gmacs, count_params
+from engine.bench import describe_machine, print_table, unit_sphere_clouds
 
 # --------------------------------------------------------------------------------------------------------------------
 # Per-edge evaluation of KNN centroid attention (MAC accounting only)

@@ -3,7 +3,7 @@
 * the structured matrix mixers of :mod:`attention.mixers.structured` (softmax, linear attention, lowrank, toeplitz,
   cauchy, vandermonde, hydra, quasiseparable = hydra with one B, C for both directions) and their non-data-dependent
   twins (``<name>_static``, need ``max_len``);
-* FSAT and FAT from :mod:`attention.fsat` (FSAT needs ``max_len``).
+* FSAT and FAT from :mod:`attention.mixers.fsat` (FSAT needs ``max_len``).
 
 ``build_mixer("cauchy", dim=192, num_heads=3)`` is what the models' ``mixer=`` keyword calls.
 """
@@ -15,8 +15,8 @@ from functools import partial
 
 from torch import nn
 
-from ..fsat import FourierAttention, FourierSparseAttention
 from .block import MixerBlock
+from .fsat import FourierAttention, FourierSparseAttention
 from .functional import cauchy_mix, quasiseparable_mix, toeplitz_mix, vandermonde_mix
 from .structured import (
     MATRIX_MIXERS,

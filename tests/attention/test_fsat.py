@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention import fsat
-from attention.fsat import (
+from attention.mixers import fsat
+from attention.mixers.fsat import (
     FourierAttention,
     FourierCross,
     FourierSparseAttention,

@@ -7,8 +7,8 @@ import timm
 import torch
 
 import vision  # noqa: F401  (registers the models)
-from attention.fsat import FourierSparseAttention
 from attention.mixers import MatrixMixer
+from attention.mixers.fsat import FourierSparseAttention
 from vision.centroid_deit import GridCentroidBlock
 from vision.mixer_deit import MIXER_VARIANTS
 

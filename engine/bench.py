@@ -1,4 +1,4 @@
-"""Helpers shared by the tools/bench_*.py scripts: timing, peak memory in a subprocess, and tables.
+"""Benchmark utilities shared by the tools/bench_*.py scripts: timing, peak memory in a subprocess, and tables.
 
 Benchmarks print ratios against a baseline measured in the same run; absolute times are meaningful only on an
 otherwise idle machine (and only on a GPU for the GPU tables).

@@ -52,8 +52,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .backends import resolve
-from .checks import checks_active
+from ..backends import resolve
+from ..checks import checks_active
 
 __all__ = [
     "EDGE_BACKENDS",

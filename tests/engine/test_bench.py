@@ -1,13 +1,11 @@
-"""tools/benchutil.py: the aten-op count that stands for a GPU's launch cost."""
+"""engine.bench: the aten-op count that stands for a GPU's launch cost."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from engine.testing import load_tool
-
-benchutil = load_tool("benchutil")
+from engine import bench as benchutil
 
 
 def test_count_aten_ops_counts_forward_backward_views_and_syncs() -> None:
