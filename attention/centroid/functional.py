@@ -47,8 +47,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
-from torch.utils import flop_counter
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from ..backends import BACKENDS, resolve
 from ..checks import checks_active, is_tracing
@@ -366,27 +364,58 @@ def _cat(chunks: list[Tensor]) -> Tensor:
     return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
 
-# FlopCounterMode pushes its inner _FlopCounterMode (torch 2.11-2.15) onto the dispatch-mode stack
-_FLOP_COUNTER_MODES = (
-    flop_counter.FlopCounterMode,
-    getattr(flop_counter, "_FlopCounterMode", flop_counter.FlopCounterMode),
-)
-
-
-def _counting_flops() -> bool:
-    """Whether ``torch.utils.flop_counter.FlopCounterMode`` is counting this call.
-
-    The chunked products run as multiply + sum, element-wise work that the FLOP counter does not count; under the
-    counter they run as the equivalent einsums instead, so that GMAC figures (``engine.count_gmacs``,
-    ``tools/model_stats.py``) include the attention products, as they do for the dense path.
-    """
-    return any(isinstance(m, _FLOP_COUNTER_MODES) for m in _get_current_dispatch_mode_stack())
-
-
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 for half-precision inputs: index_add_ then uses native float atomics on CUDA (bf16 ones are CAS
     loops) and the K contributions to a key add up without rounding to 8 bits each time."""
     return torch.promote_types(dtype, torch.float32)
+
+
+# The forward products of the two autograd Functions below are operators of their own,
+# ``torch.ops.attention.gather_dot`` and ``torch.ops.attention.gather_weighted_sum``: a dispatch mode (a FLOP counter)
+# sees each as one call, whose formula :mod:`attention.accounting` registers (2 L K H D FLOPs, the products of the
+# reference's einsums), while their inner multiply + sum stays uncounted element-wise work. Fake kernels give their
+# output shapes to dynamo and ``torch.export``.
+_LIB = torch.library.Library("attention", "DEF")
+_LIB.define("gather_dot(Tensor q, Tensor k, Tensor idx, int rows) -> Tensor")
+_LIB.define("gather_weighted_sum(Tensor a, Tensor v, Tensor idx, int rows) -> Tensor")
+
+
+def _gather_dot(q: Tensor, k: Tensor, idx: Tensor, rows: int) -> Tensor:
+    """``s[l, k, h] = q[l, h] . k[idx[l, k], h]``: q ``(L, H, D)``, k ``(R, H, D)``, idx ``(L, K)`` -> ``(L, K, H)``,
+    ``rows`` query rows at a time (the forward of :class:`_GatherDot`)."""
+    L, H, D = q.shape
+    K = idx.shape[1]
+    chunks = []
+    for s in range(0, L, rows):
+        kn = k.index_select(0, idx[s : s + rows].reshape(-1)).view(-1, K, H, D)  # (r, K, H, D)
+        chunks.append(kn.mul_(q[s : s + rows, None]).sum(-1))  # (r, K, H)
+    return _cat(chunks)
+
+
+def _gather_weighted_sum(a: Tensor, v: Tensor, idx: Tensor, rows: int) -> Tensor:
+    """``out[l, h] = sum_k a[l, k, h] v[idx[l, k], h]``: a ``(L, K, H)``, v ``(R, H, D)``, idx ``(L, K)`` ->
+    ``(L, H, D)``, ``rows`` rows at a time (the forward of :class:`_GatherWeightedSum`)."""
+    L, K, H = a.shape
+    D = v.shape[-1]
+    chunks = []
+    for s in range(0, L, rows):
+        vn = v.index_select(0, idx[s : s + rows].reshape(-1)).view(-1, K, H, D)  # (r, K, H, D)
+        chunks.append(vn.mul_(a[s : s + rows, ..., None].to(vn.dtype)).sum(1))  # (r, H, D)
+    return _cat(chunks)
+
+
+_LIB.impl("gather_dot", _gather_dot, "CompositeExplicitAutograd")
+_LIB.impl("gather_weighted_sum", _gather_weighted_sum, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("attention::gather_dot", lib=_LIB)
+def _gather_dot_fake(q: Tensor, k: Tensor, idx: Tensor, rows: int) -> Tensor:
+    return k.new_empty(q.shape[0], idx.shape[1], q.shape[1])
+
+
+@torch.library.register_fake("attention::gather_weighted_sum", lib=_LIB)
+def _gather_weighted_sum_fake(a: Tensor, v: Tensor, idx: Tensor, rows: int) -> Tensor:
+    return v.new_empty(a.shape[0], a.shape[2], v.shape[2])
 
 
 class _GatherDot(torch.autograd.Function):
@@ -402,19 +431,9 @@ class _GatherDot(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, idx: Tensor, rows: int) -> Tensor:
-        L, H, D = q.shape
-        K = idx.shape[1]
-        counting = _counting_flops()
-        chunks = []
-        for s in range(0, L, rows):
-            kn = k.index_select(0, idx[s : s + rows].reshape(-1)).view(-1, K, H, D)  # (r, K, H, D)
-            if counting:
-                chunks.append(torch.einsum("rhd,rkhd->rkh", q[s : s + rows], kn))
-            else:
-                chunks.append(kn.mul_(q[s : s + rows, None]).sum(-1))  # (r, K, H)
         ctx.save_for_backward(q, k, idx)
         ctx.rows = rows
-        return _cat(chunks)
+        return torch.ops.attention.gather_dot(q, k, idx, rows)
 
     @staticmethod
     @once_differentiable
@@ -446,19 +465,9 @@ class _GatherWeightedSum(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a: Tensor, v: Tensor, idx: Tensor, rows: int) -> Tensor:
-        L, K, H = a.shape
-        D = v.shape[-1]
-        counting = _counting_flops()
-        chunks = []
-        for s in range(0, L, rows):
-            vn = v.index_select(0, idx[s : s + rows].reshape(-1)).view(-1, K, H, D)  # (r, K, H, D)
-            if counting:
-                chunks.append(torch.einsum("rkh,rkhd->rhd", a[s : s + rows].to(vn.dtype), vn))
-            else:
-                chunks.append(vn.mul_(a[s : s + rows, ..., None].to(vn.dtype)).sum(1))  # (r, H, D)
         ctx.save_for_backward(a, v, idx)
         ctx.rows = rows
-        return _cat(chunks)
+        return torch.ops.attention.gather_weighted_sum(a, v, idx, rows)
 
     @staticmethod
     @once_differentiable
