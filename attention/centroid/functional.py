@@ -29,9 +29,9 @@ objective); KNN neighbours are recomputed at every step from the current centroi
 
 Cost accounting: with K neighbours, the keys and values are projected once per input and then gathered per
 (centroid, neighbour) edge. Gathering the inputs first and projecting per edge computes the same function with K times
-the projection MACs; ``tools/model_stats.py`` swaps :class:`attention.CentroidAttention` for such a per-edge module
-to set our point model next to the paper's GMACs (tested equal to the default path). The layer's own forward has no
-such switch.
+the projection MACs; :func:`attention.centroid.accounting.edge_projection` swaps :class:`attention.CentroidAttention`
+for such a per-edge module to set our point model next to the paper's GMACs (tested equal to the default path). The
+layer's own forward has no such switch.
 
 Tracing: :func:`centroid_attention` validates its inputs and dispatches; :func:`dense_centroid_attention` (the path
 of every vision model) is plain tensor code that FX, TorchScript, dynamo, ``torch.export`` and ONNX follow.
@@ -370,11 +370,11 @@ def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-# The forward products of the two autograd Functions below are operators of their own,
+# In eager mode the forward products of the two autograd Functions below run as operators of their own,
 # ``torch.ops.attention.gather_dot`` and ``torch.ops.attention.gather_weighted_sum``: a dispatch mode (a FLOP counter)
-# sees each as one call, whose formula :mod:`attention.accounting` registers (2 L K H D FLOPs, the products of the
-# reference's einsums), while their inner multiply + sum stays uncounted element-wise work. Fake kernels give their
-# output shapes to dynamo and ``torch.export``.
+# sees each as one call, counted by the formula :mod:`attention.centroid.accounting` registers (2 L K H D FLOPs, what
+# the reference's einsums count), not as the element-wise multiply + sum inside. While traced (dynamo, export) the
+# chunk loops run inline instead, as the plain aten ops that every exporter (ONNX too) translates.
 _LIB = torch.library.Library("attention", "DEF")
 _LIB.define("gather_dot(Tensor q, Tensor k, Tensor idx, int rows) -> Tensor")
 _LIB.define("gather_weighted_sum(Tensor a, Tensor v, Tensor idx, int rows) -> Tensor")
@@ -433,7 +433,7 @@ class _GatherDot(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, idx: Tensor, rows: int) -> Tensor:
         ctx.save_for_backward(q, k, idx)
         ctx.rows = rows
-        return torch.ops.attention.gather_dot(q, k, idx, rows)
+        return (_gather_dot if is_tracing() else torch.ops.attention.gather_dot)(q, k, idx, rows)
 
     @staticmethod
     @once_differentiable
@@ -467,7 +467,7 @@ class _GatherWeightedSum(torch.autograd.Function):
     def forward(ctx, a: Tensor, v: Tensor, idx: Tensor, rows: int) -> Tensor:
         ctx.save_for_backward(a, v, idx)
         ctx.rows = rows
-        return torch.ops.attention.gather_weighted_sum(a, v, idx, rows)
+        return (_gather_weighted_sum if is_tracing() else torch.ops.attention.gather_weighted_sum)(a, v, idx, rows)
 
     @staticmethod
     @once_differentiable
