@@ -49,7 +49,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ..backends import BACKENDS, resolve
-from ..checks import checks_active, is_tracing
+from ..checks import check_index, check_mask, checks_active, is_tracing
 from ..points import gather
 
 __all__ = [
@@ -101,15 +101,7 @@ def _sparse_softmax_over_centroids(scores: Tensor, idx: Tensor, num_inputs: int,
 
 def check_neighbor_idx(idx: Tensor, name: str, B: int, M: int, N: int, device: torch.device) -> None:
     """``idx`` must be an integer ``(B, M, K)`` tensor on ``device`` with values in [0, N)."""
-    if not isinstance(idx, Tensor) or idx.dim() != 3 or idx.shape[:2] != (B, M):
-        shape = tuple(idx.shape) if isinstance(idx, Tensor) else type(idx).__name__
-        raise ValueError(f"{name} must be a (B, M, K) = ({B}, {M}, K) index tensor, got {shape}")
-    if idx.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{name} must hold int64 (or int32) indices, got {idx.dtype}")
-    if idx.device != device:
-        raise ValueError(f"{name} is on {idx.device} but the inputs are on {device}")
-    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= N):
-        raise ValueError(f"{name} must index the N={N} inputs, got values in [{int(idx.min())}, {int(idx.max())}]")
+    check_index(idx, name, batch=B, device=device, shape=(B, M, "K"), dims="(B, M, K)", bound=N, of=f"N={N} inputs")
 
 
 def centroid_attention(
@@ -164,8 +156,7 @@ def centroid_attention(
     if checks_active():
         if idx is not None:
             check_neighbor_idx(idx, "idx", B, M, N, q.device)
-        if mask is not None and (mask.shape != (B, N) or mask.dtype != torch.bool):
-            raise ValueError(f"mask must be a bool tensor of shape ({B}, {N}), got {mask.dtype} {tuple(mask.shape)}")
+        check_mask(mask, "mask", batch=B, length=N)
     if idx is None:
         return dense_centroid_attention(q, k, v, mask, normalize, dropout_p, eps)
     if reference:
