@@ -74,6 +74,23 @@ def input_checks(enabled: bool) -> Iterator[None]:
         set_input_checks(previous)
 
 
+def _check_batched(x: Tensor, name: str, axis: str, channels: int | None) -> bool:
+    """The part :func:`check_points` and :func:`check_seq` share: ``x`` is a floating ``(B, <axis>, C)`` tensor (C =
+    ``channels`` if given). The type is always checked; False (nothing more to check) while checks are off."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape (B, {axis}, C), got {type(x).__name__}")
+    if not checks_active():
+        return False
+    expected = f"(B, {axis}, {channels})" if channels is not None else f"(B, {axis}, C)"
+    if x.dim() != 3:
+        raise ValueError(f"{name} must be {expected}, got a {x.dim()}-d tensor of shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating point tensor (float32, float16, bfloat16, float64), got {x.dtype}")
+    if channels is not None and x.shape[-1] != channels:
+        raise ValueError(f"{name} must be {expected}, got shape {tuple(x.shape)}")
+    return True
+
+
 def check_points(
     x: Tensor,
     name: str,
@@ -93,17 +110,8 @@ def check_points(
         like: another tensor whose batch size, channel count and device ``x`` must match.
         like_name: the argument name of ``like``.
     """
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of shape (B, N, C), got {type(x).__name__}")
-    if not checks_active():
+    if not _check_batched(x, name, "N", channels):
         return
-    expected = f"(B, N, {channels})" if channels is not None else "(B, N, C)"
-    if x.dim() != 3:
-        raise ValueError(f"{name} must be {expected}, got a {x.dim()}-d tensor of shape {tuple(x.shape)}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating point tensor (float32, float16, bfloat16, float64), got {x.dtype}")
-    if channels is not None and x.shape[-1] != channels:
-        raise ValueError(f"{name} must be {expected}, got shape {tuple(x.shape)}")
     if x.shape[1] < min_points:
         what = "an empty point set" if x.shape[1] == 0 else f"{x.shape[1]} points"
         raise ValueError(f"{name} must hold at least {min_points} point(s) per batch element, got {what}")
@@ -133,17 +141,8 @@ def check_seq(x: Tensor, name: str, *, channels: int | None = None, max_len: int
         channels: the required C, if any.
         max_len: the longest L the caller supports, if any.
     """
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of shape (B, L, C), got {type(x).__name__}")
-    if not checks_active():
+    if not _check_batched(x, name, "L", channels):
         return
-    expected = f"(B, L, {channels})" if channels is not None else "(B, L, C)"
-    if x.dim() != 3:
-        raise ValueError(f"{name} must be {expected}, got a {x.dim()}-d tensor of shape {tuple(x.shape)}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating point tensor, got {x.dtype}")
-    if channels is not None and x.shape[-1] != channels:
-        raise ValueError(f"{name} must be {expected}, got shape {tuple(x.shape)}")
     if x.shape[1] < 1:
         raise ValueError(f"{name} must hold at least one token, got shape {tuple(x.shape)}")
     if max_len is not None and x.shape[1] > max_len:

@@ -371,28 +371,43 @@ _LIB.define("gather_dot(Tensor q, Tensor k, Tensor idx, int rows) -> Tensor")
 _LIB.define("gather_weighted_sum(Tensor a, Tensor v, Tensor idx, int rows) -> Tensor")
 
 
-def _gather_dot(q: Tensor, k: Tensor, idx: Tensor, rows: int) -> Tensor:
-    """``s[l, k, h] = q[l, h] . k[idx[l, k], h]``: q ``(L, H, D)``, k ``(R, H, D)``, idx ``(L, K)`` -> ``(L, K, H)``,
-    ``rows`` query rows at a time (the forward of :class:`_GatherDot`)."""
+def _gather_dot(q: Tensor, k: Tensor, idx: Tensor, rows: int, dtype: torch.dtype | None = None) -> Tensor:
+    """``s[l, k, h] = q[l, h] . k[idx[l, k], h]``: q ``(L, H, D)``, k ``(R, H, D)``, idx ``(L, K)`` -> ``(L, K, H)``
+    (in ``dtype``, default k's), ``rows`` query rows at a time. The forward of :class:`_GatherDot`, and the weights'
+    gradient of :class:`_GatherWeightedSum`."""
     L, H, D = q.shape
     K = idx.shape[1]
     chunks = []
     for s in range(0, L, rows):
         kn = k.index_select(0, idx[s : s + rows].reshape(-1)).view(-1, K, H, D)  # (r, K, H, D)
-        chunks.append(kn.mul_(q[s : s + rows, None]).sum(-1))  # (r, K, H)
+        chunks.append(kn.mul_(q[s : s + rows, None].to(kn.dtype)).sum(-1, dtype=dtype))  # (r, K, H)
     return _cat(chunks)
 
 
-def _gather_weighted_sum(a: Tensor, v: Tensor, idx: Tensor, rows: int) -> Tensor:
+def _gather_weighted_sum(a: Tensor, v: Tensor, idx: Tensor, rows: int, dtype: torch.dtype | None = None) -> Tensor:
     """``out[l, h] = sum_k a[l, k, h] v[idx[l, k], h]``: a ``(L, K, H)``, v ``(R, H, D)``, idx ``(L, K)`` ->
-    ``(L, H, D)``, ``rows`` rows at a time (the forward of :class:`_GatherWeightedSum`)."""
+    ``(L, H, D)`` (in ``dtype``, default v's), ``rows`` rows at a time. The forward of :class:`_GatherWeightedSum`,
+    and the queries' gradient of :class:`_GatherDot`."""
     L, K, H = a.shape
     D = v.shape[-1]
     chunks = []
     for s in range(0, L, rows):
         vn = v.index_select(0, idx[s : s + rows].reshape(-1)).view(-1, K, H, D)  # (r, K, H, D)
-        chunks.append(vn.mul_(a[s : s + rows, ..., None].to(vn.dtype)).sum(1))  # (r, H, D)
+        chunks.append(vn.mul_(a[s : s + rows, ..., None].to(vn.dtype)).sum(1, dtype=dtype))  # (r, H, D)
     return _cat(chunks)
+
+
+def _scatter_outer(w: Tensor, x: Tensor, idx: Tensor, rows: int, like: Tensor) -> Tensor:
+    """``out[idx[l, k], h] += w[l, k, h] x[l, h]``: w ``(L, K, H)``, x ``(L, H, D)`` -> ``(R, H, D)`` shaped and typed
+    like ``like``, accumulated in :func:`_accumulation_dtype`, ``rows`` rows at a time. The inputs' gradient of both
+    Functions (keys of :class:`_GatherDot`, values of :class:`_GatherWeightedSum`)."""
+    H, D = like.shape[1:]
+    acc = _accumulation_dtype(like.dtype)
+    out = torch.zeros(like.shape, dtype=acc, device=like.device)
+    for s in range(0, w.shape[0], rows):
+        contrib = w[s : s + rows].to(acc)[..., None] * x[s : s + rows, None].to(acc)  # (r, K, H, D)
+        out.index_add_(0, idx[s : s + rows].reshape(-1), contrib.view(-1, H, D))
+    return out.to(like.dtype)
 
 
 _LIB.impl("gather_dot", _gather_dot, "CompositeExplicitAutograd")
@@ -430,22 +445,9 @@ class _GatherDot(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         q, k, idx = ctx.saved_tensors
-        L, H, D = q.shape
-        K = idx.shape[1]
-        acc = _accumulation_dtype(k.dtype)
-        dq = []
-        dk = torch.zeros(k.shape, dtype=acc, device=k.device) if ctx.needs_input_grad[1] else None
-        for s in range(0, L, ctx.rows):
-            f = idx[s : s + ctx.rows].reshape(-1)
-            g = grad[s : s + ctx.rows]  # (r, K, H)
-            if ctx.needs_input_grad[0]:
-                kn = k.index_select(0, f).view(-1, K, H, D)
-                dq.append(kn.mul_(g.to(kn.dtype)[..., None]).sum(1, dtype=q.dtype))  # (r, H, D)
-            if dk is not None:
-                contrib = g.to(acc)[..., None] * q[s : s + ctx.rows, None].to(acc)  # (r, K, H, D)
-                dk.index_add_(0, f, contrib.view(-1, H, D))
-        dq = _cat(dq) if dq else None
-        return dq, None if dk is None else dk.to(k.dtype), None, None
+        dq = _gather_weighted_sum(grad, k, idx, ctx.rows, q.dtype) if ctx.needs_input_grad[0] else None
+        dk = _scatter_outer(grad, q, idx, ctx.rows, k) if ctx.needs_input_grad[1] else None
+        return dq, dk, None, None
 
 
 class _GatherWeightedSum(torch.autograd.Function):
@@ -464,22 +466,9 @@ class _GatherWeightedSum(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         a, v, idx = ctx.saved_tensors
-        L, K, H = a.shape
-        D = v.shape[-1]
-        acc = _accumulation_dtype(v.dtype)
-        da = []
-        dv = torch.zeros(v.shape, dtype=acc, device=v.device) if ctx.needs_input_grad[1] else None
-        for s in range(0, L, ctx.rows):
-            f = idx[s : s + ctx.rows].reshape(-1)
-            g = grad[s : s + ctx.rows]  # (r, H, D)
-            if ctx.needs_input_grad[0]:
-                vn = v.index_select(0, f).view(-1, K, H, D)
-                da.append(vn.mul_(g.to(vn.dtype)[:, None]).sum(-1, dtype=a.dtype))  # (r, K, H)
-            if dv is not None:
-                contrib = a[s : s + ctx.rows, ..., None].to(acc) * g.to(acc)[:, None]  # (r, K, H, D)
-                dv.index_add_(0, f, contrib.view(-1, H, D))
-        da = _cat(da) if da else None
-        return da, None if dv is None else dv.to(v.dtype), None, None
+        da = _gather_dot(grad, v, idx, ctx.rows, a.dtype) if ctx.needs_input_grad[0] else None
+        dv = _scatter_outer(a, grad, idx, ctx.rows, v) if ctx.needs_input_grad[1] else None
+        return da, dv, None, None
 
 
 torch.fx.wrap("knn_centroid_attention")  # FX keeps it as one call: its autograd Functions loop over chunks

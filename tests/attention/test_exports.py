@@ -11,97 +11,21 @@ import pytest
 import attention
 
 # Every name ``attention`` exported when its packages began to build their __all__ from their submodules'.
-EXPORTED = [
-    "ATTN_CHUNK_BYTES",
-    "ATTN_CHUNK_BYTES_CUDA",
-    "AUTO_ORDER",
-    "BACKENDS",
-    "Backend",
-    "CENTROID_INITS",
-    "CauchyMatrix",
-    "CentroidAttention",
-    "CentroidBlock",
-    "CentroidOutput",
-    "ConvFeatureMap",
-    "DWConv2dInit",
-    "DropPath",
-    "EDGE_BACKENDS",
-    "FEATURE_MAPS",
-    "FPSAMPLE_BUCKET_HEIGHT",
-    "FPSInit",
-    "FPS_BACKENDS",
-    "FourierAttention",
-    "FourierCross",
-    "FourierSparseAttention",
-    "HAS_FPSAMPLE",
-    "HAS_NUMBA",
-    "HAS_PYTORCH3D",
-    "HAS_TORCH_CLUSTER",
-    "HAS_TRITON",
-    "INSTALLED",
-    "INSTALL_HINTS",
-    "KMeansInit",
-    "KNN_BACKENDS",
-    "LinearAttentionMatrix",
-    "LinearInit",
-    "LowRankMatrix",
-    "MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR",
-    "MATRIX_MIXERS",
-    "MIXERS",
-    "MatrixMixer",
-    "MeanPoolInit",
-    "MixerBlock",
-    "Mlp",
-    "MlpFeatureMap",
-    "NORMALIZATIONS",
-    "QuasiseparableMatrix",
-    "RandomInit",
-    "SelfAttentionBlock",
-    "SoftmaxMatrix",
-    "ToeplitzMatrix",
-    "TruncateGrad",
-    "UNSCRIPTABLE_MATRICES",
-    "UNSCRIPTABLE_MIXERS",
-    "VandermondeMatrix",
-    "apply_matrix",
-    "attn_chunk_bytes",
-    "available",
-    "backend_names",
-    "build_centroid_init",
-    "build_mixer",
-    "cauchy_mix",
-    "centroid_attention",
-    "check_index",
-    "check_neighbor_idx",
-    "check_points",
-    "checks_active",
-    "dense_centroid_attention",
-    "edge_attention",
-    "farthest_point_sample",
-    "feature_neighbors",
-    "fold_cross",
-    "fps_auto_order",
-    "gather",
-    "input_checks",
-    "input_checks_enabled",
-    "interpolate",
-    "is_tracing",
-    "knn",
-    "knn_centroid_attention",
-    "lengths_to_mask",
-    "masked_knn_attention",
-    "nearest_upsample",
-    "pooled_cross",
-    "pooled_cross_reference",
-    "quasiseparable_mix",
-    "resolve",
-    "resolve_num_centroids",
-    "set_input_checks",
-    "sparse_edge_attention",
-    "sparse_edge_attention_reference",
-    "toeplitz_mix",
-    "vandermonde_mix",
-]
+EXPORTED = """
+ATTN_CHUNK_BYTES ATTN_CHUNK_BYTES_CUDA AUTO_ORDER BACKENDS Backend CENTROID_INITS CauchyMatrix CentroidAttention
+CentroidBlock CentroidOutput ConvFeatureMap DWConv2dInit DropPath EDGE_BACKENDS FEATURE_MAPS
+FPSAMPLE_BUCKET_HEIGHT FPSInit FPS_BACKENDS FourierAttention FourierCross FourierSparseAttention HAS_FPSAMPLE
+HAS_NUMBA HAS_PYTORCH3D HAS_TORCH_CLUSTER HAS_TRITON INSTALLED INSTALL_HINTS KMeansInit KNN_BACKENDS
+LinearAttentionMatrix LinearInit LowRankMatrix MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR MATRIX_MIXERS MIXERS
+MatrixMixer MeanPoolInit MixerBlock Mlp MlpFeatureMap NORMALIZATIONS QuasiseparableMatrix RandomInit
+SelfAttentionBlock SoftmaxMatrix ToeplitzMatrix TruncateGrad UNSCRIPTABLE_MATRICES UNSCRIPTABLE_MIXERS
+VandermondeMatrix apply_matrix attn_chunk_bytes available backend_names build_centroid_init build_mixer
+cauchy_mix centroid_attention check_index check_neighbor_idx check_points checks_active dense_centroid_attention
+edge_attention farthest_point_sample feature_neighbors fold_cross fps_auto_order gather input_checks
+input_checks_enabled interpolate is_tracing knn knn_centroid_attention lengths_to_mask masked_knn_attention
+nearest_upsample pooled_cross pooled_cross_reference quasiseparable_mix resolve resolve_num_centroids
+set_input_checks sparse_edge_attention sparse_edge_attention_reference toeplitz_mix vandermonde_mix
+""".split()
 
 
 def test_every_exported_name_resolves_and_none_was_dropped() -> None:
