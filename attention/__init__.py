@@ -3,7 +3,7 @@
 * :mod:`attention.points`: farthest point sampling, k nearest neighbours, gather and interpolation, with a plain
   PyTorch reference and optional fast backends (torch-cluster, pytorch3d, Triton).
 * :mod:`attention.centroid`: centroid attention (dense or over K nearest inputs, T steps), its inits and blocks
-  (subpackage: ``functional``, ``layer``, ``inits``, ``blocks``).
+  (subpackage: ``functional``, ``layer``, ``inits``, ``blocks``, ``accounting``).
 * :mod:`attention.layers`: the transformer MLP and stochastic depth shared by the blocks.
 * :mod:`attention.backends`: the backend switchboard (optional packages, what each kernel supports, ``resolve``).
 * :mod:`attention.checks`: the input validation of every public op (eager mode only; off while tracing).
@@ -12,195 +12,18 @@
   their non-data-dependent twins, with FSAT / FAT, in one registry (:data:`MIXERS`, :func:`build_mixer`).
 """
 
-from .backends import (
-    AUTO_ORDER,
-    BACKENDS,
-    INSTALL_HINTS,
-    INSTALLED,
-    Backend,
-    available,
-    backend_names,
-    resolve,
-)
-from .centroid import (
-    ATTN_CHUNK_BYTES,
-    ATTN_CHUNK_BYTES_CUDA,
-    CENTROID_INITS,
-    MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR,
-    NORMALIZATIONS,
-    CentroidAttention,
-    CentroidBlock,
-    CentroidOutput,
-    DWConv2dInit,
-    FPSInit,
-    KMeansInit,
-    LinearInit,
-    MeanPoolInit,
-    RandomInit,
-    SelfAttentionBlock,
-    attn_chunk_bytes,
-    build_centroid_init,
-    centroid_attention,
-    check_neighbor_idx,
-    dense_centroid_attention,
-    edge_attention,
-    feature_neighbors,
-    knn_centroid_attention,
-    masked_knn_attention,
-    resolve_num_centroids,
-)
-from .checks import (
-    check_index,
-    check_points,
-    checks_active,
-    input_checks,
-    input_checks_enabled,
-    is_tracing,
-    set_input_checks,
-)
-from .layers import DropPath, Mlp
-from .mixers import (
-    MATRIX_MIXERS,
-    MIXERS,
-    UNSCRIPTABLE_MATRICES,
-    UNSCRIPTABLE_MIXERS,
-    CauchyMatrix,
-    LinearAttentionMatrix,
-    LowRankMatrix,
-    MatrixMixer,
-    MixerBlock,
-    QuasiseparableMatrix,
-    SoftmaxMatrix,
-    ToeplitzMatrix,
-    VandermondeMatrix,
-    apply_matrix,
-    build_mixer,
-    cauchy_mix,
-    quasiseparable_mix,
-    toeplitz_mix,
-    vandermonde_mix,
-)
-from .mixers.fsat import (
-    EDGE_BACKENDS,
-    FEATURE_MAPS,
-    ConvFeatureMap,
-    FourierAttention,
-    FourierCross,
-    FourierSparseAttention,
-    MlpFeatureMap,
-    TruncateGrad,
-    fold_cross,
-    pooled_cross,
-    pooled_cross_reference,
-    sparse_edge_attention,
-    sparse_edge_attention_reference,
-)
-from .points import (
-    FPS_BACKENDS,
-    FPSAMPLE_BUCKET_HEIGHT,
-    HAS_FPSAMPLE,
-    HAS_NUMBA,
-    HAS_PYTORCH3D,
-    HAS_TORCH_CLUSTER,
-    HAS_TRITON,
-    KNN_BACKENDS,
-    farthest_point_sample,
-    fps_auto_order,
-    gather,
-    interpolate,
-    knn,
-    lengths_to_mask,
-    nearest_upsample,
-)
+from . import backends, centroid, checks, layers, mixers, points
+from .backends import *  # noqa: F403
+from .centroid import *  # noqa: F403
+from .checks import *  # noqa: F403
+from .layers import *  # noqa: F403
+from .mixers import *  # noqa: F403
+from .points import *  # noqa: F403
 
-__all__ = [
-    "ATTN_CHUNK_BYTES",
-    "ATTN_CHUNK_BYTES_CUDA",
-    "AUTO_ORDER",
-    "BACKENDS",
-    "CENTROID_INITS",
-    "EDGE_BACKENDS",
-    "FEATURE_MAPS",
-    "FPSAMPLE_BUCKET_HEIGHT",
-    "FPS_BACKENDS",
-    "HAS_FPSAMPLE",
-    "HAS_NUMBA",
-    "HAS_PYTORCH3D",
-    "HAS_TORCH_CLUSTER",
-    "HAS_TRITON",
-    "INSTALLED",
-    "INSTALL_HINTS",
-    "KNN_BACKENDS",
-    "MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR",
-    "MATRIX_MIXERS",
-    "MIXERS",
-    "NORMALIZATIONS",
-    "UNSCRIPTABLE_MATRICES",
-    "UNSCRIPTABLE_MIXERS",
-    "Backend",
-    "CauchyMatrix",
-    "CentroidAttention",
-    "CentroidBlock",
-    "CentroidOutput",
-    "ConvFeatureMap",
-    "DWConv2dInit",
-    "DropPath",
-    "FPSInit",
-    "FourierAttention",
-    "FourierCross",
-    "FourierSparseAttention",
-    "KMeansInit",
-    "LinearAttentionMatrix",
-    "LinearInit",
-    "LowRankMatrix",
-    "MatrixMixer",
-    "MeanPoolInit",
-    "MixerBlock",
-    "Mlp",
-    "MlpFeatureMap",
-    "QuasiseparableMatrix",
-    "RandomInit",
-    "SelfAttentionBlock",
-    "SoftmaxMatrix",
-    "ToeplitzMatrix",
-    "TruncateGrad",
-    "VandermondeMatrix",
-    "apply_matrix",
-    "attn_chunk_bytes",
-    "available",
-    "backend_names",
-    "build_centroid_init",
-    "build_mixer",
-    "cauchy_mix",
-    "centroid_attention",
-    "check_index",
-    "check_neighbor_idx",
-    "check_points",
-    "checks_active",
-    "dense_centroid_attention",
-    "edge_attention",
-    "farthest_point_sample",
-    "feature_neighbors",
-    "fold_cross",
-    "fps_auto_order",
-    "gather",
-    "input_checks",
-    "input_checks_enabled",
-    "interpolate",
-    "is_tracing",
-    "knn",
-    "knn_centroid_attention",
-    "lengths_to_mask",
-    "masked_knn_attention",
-    "nearest_upsample",
-    "pooled_cross",
-    "pooled_cross_reference",
-    "quasiseparable_mix",
-    "resolve",
-    "resolve_num_centroids",
-    "set_input_checks",
-    "sparse_edge_attention",
-    "sparse_edge_attention_reference",
-    "toeplitz_mix",
-    "vandermonde_mix",
-]
+# Each public name is listed once, in the __all__ of the module that defines it; the package exports them all
+# (dict.fromkeys: points re-exports the HAS_* flags of backends).
+__all__ = list(
+    dict.fromkeys(
+        [*backends.__all__, *checks.__all__, *points.__all__, *layers.__all__, *centroid.__all__, *mixers.__all__]
+    )
+)

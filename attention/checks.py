@@ -20,7 +20,9 @@ from torch import Tensor
 
 __all__ = [
     "check_index",
+    "check_mask",
     "check_points",
+    "check_seq",
     "checks_active",
     "input_checks",
     "input_checks_enabled",
@@ -72,6 +74,23 @@ def input_checks(enabled: bool) -> Iterator[None]:
         set_input_checks(previous)
 
 
+def _check_batched(x: Tensor, name: str, axis: str, channels: int | None) -> bool:
+    """The part :func:`check_points` and :func:`check_seq` share: ``x`` is a floating ``(B, <axis>, C)`` tensor (C =
+    ``channels`` if given). The type is always checked; False (nothing more to check) while checks are off."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape (B, {axis}, C), got {type(x).__name__}")
+    if not checks_active():
+        return False
+    expected = f"(B, {axis}, {channels})" if channels is not None else f"(B, {axis}, C)"
+    if x.dim() != 3:
+        raise ValueError(f"{name} must be {expected}, got a {x.dim()}-d tensor of shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating point tensor (float32, float16, bfloat16, float64), got {x.dtype}")
+    if channels is not None and x.shape[-1] != channels:
+        raise ValueError(f"{name} must be {expected}, got shape {tuple(x.shape)}")
+    return True
+
+
 def check_points(
     x: Tensor,
     name: str,
@@ -91,17 +110,8 @@ def check_points(
         like: another tensor whose batch size, channel count and device ``x`` must match.
         like_name: the argument name of ``like``.
     """
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of shape (B, N, C), got {type(x).__name__}")
-    if not checks_active():
+    if not _check_batched(x, name, "N", channels):
         return
-    expected = f"(B, N, {channels})" if channels is not None else "(B, N, C)"
-    if x.dim() != 3:
-        raise ValueError(f"{name} must be {expected}, got a {x.dim()}-d tensor of shape {tuple(x.shape)}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating point tensor (float32, float16, bfloat16, float64), got {x.dtype}")
-    if channels is not None and x.shape[-1] != channels:
-        raise ValueError(f"{name} must be {expected}, got shape {tuple(x.shape)}")
     if x.shape[1] < min_points:
         what = "an empty point set" if x.shape[1] == 0 else f"{x.shape[1]} points"
         raise ValueError(f"{name} must hold at least {min_points} point(s) per batch element, got {what}")
@@ -122,15 +132,99 @@ def check_points(
         raise ValueError(f"{name} contains NaN or Inf values; clean or mask them before calling")
 
 
-def check_index(idx: Tensor, name: str, *, batch: int, device: torch.device) -> None:
-    """Checks that ``idx`` is an integer index tensor with a leading batch dim ``batch`` on ``device``."""
+def check_seq(x: Tensor, name: str, *, channels: int | None = None, max_len: int | None = None) -> None:
+    """Checks that ``x`` is a floating ``(B, L, C)`` token sequence with at least one token.
+
+    Args:
+        x: the tensor to check.
+        name: its argument name, used in messages.
+        channels: the required C, if any.
+        max_len: the longest L the caller supports, if any.
+    """
+    if not _check_batched(x, name, "L", channels):
+        return
+    if x.shape[1] < 1:
+        raise ValueError(f"{name} must hold at least one token, got shape {tuple(x.shape)}")
+    if max_len is not None and x.shape[1] > max_len:
+        raise ValueError(f"sequence length L={x.shape[1]} exceeds max_len={max_len}: build the layer with a larger one")
+
+
+def check_mask(
+    mask: Tensor | None,
+    name: str,
+    *,
+    batch: int,
+    length: int,
+    device: torch.device | None = None,
+    like_name: str = "",
+    nonempty: str = "",
+) -> None:
+    """Checks that ``mask`` (True = real entry) is a bool ``(batch, length)`` tensor on ``device``; None passes.
+
+    Args:
+        mask: the mask to check, or None.
+        name: its argument name, used in messages.
+        batch: B.
+        length: the size of the masked axis (N points, L tokens).
+        device: the device of the data it masks, if it must match.
+        like_name: the argument name of that data, used in messages.
+        nonempty: what a row holds (e.g. ``"cloud"``): if given, every row must keep at least one True entry (a
+            reduction and a host sync).
+    """
+    if mask is None:
+        return
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a bool torch.Tensor of shape ({batch}, {length}), got {type(mask).__name__}")
+    if not checks_active():
+        return
+    if mask.shape != (batch, length) or mask.dtype != torch.bool:
+        matching = f" matching {like_name}" if like_name else ""
+        raise ValueError(
+            f"{name} must be a bool tensor of shape ({batch}, {length}){matching}, got {mask.dtype} {tuple(mask.shape)}"
+        )
+    if device is not None and mask.device != device:
+        raise ValueError(f"{name} is on {mask.device} but {like_name or 'the data'} is on {device}")
+    if nonempty and not bool(mask.any(1).all()):
+        raise ValueError(f"every {nonempty} needs at least one real entry; {name} has an all-False row")
+
+
+def check_index(
+    idx: Tensor,
+    name: str,
+    *,
+    batch: int,
+    device: torch.device,
+    shape: tuple[int | str, ...] | None = None,
+    dims: str = "",
+    bound: int | None = None,
+    of: str = "",
+) -> None:
+    """Checks that ``idx`` is an integer index tensor with a leading batch dim ``batch`` on ``device``.
+
+    Args:
+        idx: the tensor to check.
+        name: its argument name, used in messages.
+        batch: B, the size of its first dim.
+        device: the device of the data it indexes.
+        shape: its full shape, if fixed: ints, or a letter for a free dim (``(B, M, "K")``); ``dims`` names the dims
+            for the message (``"(B, M, K)"``).
+        bound: if given, every index must lie in ``[0, bound)`` (a reduction and a host sync); ``of`` says what it
+            indexes for the message (``"N=10 inputs"``).
+    """
     if not isinstance(idx, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of integer indices, got {type(idx).__name__}")
     if not checks_active():
         return
+    if shape is not None and (
+        idx.dim() != len(shape) or any(isinstance(n, int) and idx.shape[i] != n for i, n in enumerate(shape))
+    ):
+        shown = "(" + ", ".join(map(str, shape)) + ")"
+        raise ValueError(f"{name} must be a {dims} = {shown} index tensor, got shape {tuple(idx.shape)}")
     if idx.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{name} must hold int64 (or int32) indices, got {idx.dtype}")
     if idx.dim() < 1 or idx.shape[0] != batch:
         raise ValueError(f"{name} must have the batch size {batch} as its first dim, got shape {tuple(idx.shape)}")
     if idx.device != device:
         raise ValueError(f"{name} is on {idx.device} but the data is on {device}: move both to one device")
+    if bound is not None and idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= bound):
+        raise ValueError(f"{name} must index the {of}, got values in [{int(idx.min())}, {int(idx.max())}]")

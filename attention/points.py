@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from .backends import HAS_FPSAMPLE, HAS_NUMBA, HAS_PYTORCH3D, HAS_TORCH_CLUSTER, HAS_TRITON, resolve
-from .checks import check_index, check_points, checks_active
+from .checks import check_index, check_mask, check_points, checks_active
 
 __all__ = [
     "FPSAMPLE_BUCKET_HEIGHT",
@@ -84,8 +84,11 @@ def lengths_to_mask(lengths: Tensor, max_len: int) -> Tensor:
     return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]
 
 
-def _point_mask(x: Tensor, mask: Tensor | None, lengths: Tensor | None, name: str = "x") -> Tensor | None:
-    """Normalizes ``mask`` / ``lengths`` to a boolean ``(B, N)`` mask (or None when all points are real)."""
+def _point_mask(
+    x: Tensor, mask: Tensor | None, lengths: Tensor | None, name: str = "x", nonempty: str = ""
+) -> Tensor | None:
+    """Normalizes ``mask`` / ``lengths`` to a boolean ``(B, N)`` mask (or None when all points are real); a given
+    mask is checked by :func:`attention.checks.check_mask` (``nonempty``: no all-False row)."""
     B, N, _ = x.shape
     if mask is not None and lengths is not None:
         raise ValueError("pass either mask or lengths, not both")
@@ -96,14 +99,7 @@ def _point_mask(x: Tensor, mask: Tensor | None, lengths: Tensor | None, name: st
         if checks_active() and bool(((lengths < 1) | (lengths > N)).any()):
             raise ValueError(f"lengths must lie in [1, {N}] (empty clouds are not allowed), got {lengths.tolist()}")
         return lengths_to_mask(lengths, N)
-    if mask is None:
-        return None
-    if mask.shape != (B, N) or mask.dtype != torch.bool:
-        raise ValueError(
-            f"mask must be a bool tensor of shape ({B}, {N}) matching {name}, got {mask.dtype} {tuple(mask.shape)}"
-        )
-    if mask.device != x.device:
-        raise ValueError(f"mask is on {mask.device} but {name} is on {x.device}")
+    check_mask(mask, "mask", batch=B, length=N, device=x.device, like_name=name, nonempty=nonempty)
     return mask
 
 
@@ -497,9 +493,7 @@ def knn(
         raise ValueError(f"k must be a positive int, got {k!r}")
     if k > N:
         raise ValueError(f"k={k} neighbours requested but ref has only N={N} points: need k <= N")
-    mask = _point_mask(ref, mask, None, "ref")
-    if mask is not None and checks_active() and not bool(mask.any(1).all()):
-        raise ValueError("every cloud of ref needs at least one real point; mask has an all-False row (empty cloud)")
+    mask = _point_mask(ref, mask, None, "ref", nonempty="cloud of ref")
     order = None
     if query.device.type == "cpu" and ref.shape[-1] <= _KNN_CLUSTER_MAX_DIM:
         order = ("cluster", "torch")

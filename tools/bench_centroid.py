@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from attention import CentroidAttention
+from attention import CentroidAttention, attention_step_reference
 from engine.bench import (
     add_isolate_option,
     current_rss_bytes,
@@ -36,17 +36,6 @@ from engine.bench import (
     run_config,
     time_fn,
 )
-
-
-def _dense_matmul(layer: CentroidAttention, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    B, N, C = x.shape
-    M = u.shape[1]
-    H, D = layer.num_heads, layer.head_dim
-    k, v = layer.kv(layer.norm_kv(x)).view(B, N, 2, H, D).unbind(2)
-    q = layer.q(layer.norm_q(u)).view(B, M, H, D).transpose(1, 2)
-    attn = (q @ k.permute(0, 2, 3, 1)) * D**-0.5  # (B, H, M, N), materialized
-    out = attn.softmax(-1) @ v.transpose(1, 2)
-    return u + layer.proj(out.transpose(1, 2).reshape(B, M, C))
 
 
 def child(cfg: dict) -> None:
@@ -65,7 +54,7 @@ def measure(cfg: dict) -> dict:
     u = torch.randn(B, M, C, device=device, requires_grad=True)
 
     def step() -> None:
-        out = _dense_matmul(layer, x, u) if cfg["mode"] == "dense-matmul" else layer(x, u)
+        out = attention_step_reference(layer, x, u) if cfg["mode"] == "dense-matmul" else layer(x, u)
         out.sum().backward()
         x.grad = u.grad = None
         layer.zero_grad(set_to_none=True)

@@ -14,7 +14,7 @@ Families (see ``FAMILIES``):
   twins); peers DGCNN 1.8 M and PointNet++ (SSG) 1.5 M params (their GMACs are not given).
   Two GMAC columns: ours (keys and values projected once per point, then gathered per neighbour) and "per-edge k/v",
   the same forward pass with KNN attention's key/value projections evaluated per (centroid, neighbour) edge
-  (:func:`edge_projection`, a module swap defined here; outputs tested equal). The paper's 5.4 GMACs cannot come from
+  (:func:`attention.edge_projection`, a module swap; outputs tested equal). The paper's 5.4 GMACs cannot come from
   per-point projections: with them this architecture counts 1.2-1.5 GMACs at 1024 points for any sensible N1, N2, K
   (3.7 with no downsampling at all, and K hardly matters), while per edge the count grows with K, which is how
   choosing N1, N2 and K can set it. So ``ratio`` and ``--check`` compare the paper with the per-edge column, the
@@ -60,70 +60,22 @@ transformer: params 4.1 M +-15%, GMACs 5.4 +-25%) and exits with a message namin
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import json
 import pkgutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from attention import CentroidAttention, edge_attention, gather
+from attention import edge_projection
 from engine import atomic_write_text, count_gmacs, count_params
 from engine.bench import describe_machine, print_table, unit_sphere_clouds
-
-# --------------------------------------------------------------------------------------------------------------------
-# Per-edge evaluation of KNN centroid attention (MAC accounting only)
-# --------------------------------------------------------------------------------------------------------------------
-
-
-class EdgeProjectionAttention(CentroidAttention):
-    """:class:`attention.CentroidAttention` with its key and value projections evaluated per (centroid, neighbour)
-    edge: the normalized inputs are gathered ``(B, M, K, C)`` and then projected, instead of projecting the N inputs
-    once and gathering keys and values. Same function up to rounding (tested, outputs and gradients); K times the
-    key/value projection MACs. It exists so that the MAC count can be set next to KNN attention code that projects
-    per edge (the paper's); never train with it. The dense path (no neighbours) is the parent's.
-    """
-
-    def forward(
-        self, x: Tensor, centroids: Tensor, mask: Tensor | None = None, neighbor_idx: Tensor | None = None
-    ) -> Tensor:
-        if neighbor_idx is None and self.num_neighbors is None:
-            return super().forward(x, centroids, mask, neighbor_idx)
-        self.check_inputs(x, centroids, mask, neighbor_idx)
-        B, N, C = x.shape
-        M = centroids.shape[1]
-        H, D = self.num_heads, self.head_dim
-        xn = self.norm_kv(x)
-        dropout_p = self.attn_drop if self.training else 0.0
-        u = centroids
-        for _ in range(self.num_steps):
-            q = self.q(self.norm_q(u)).view(B, M, H, D).transpose(1, 2)  # (B, H, M, D)
-            idx = neighbor_idx if neighbor_idx is not None else self._feature_neighbors(u, x, mask)  # (B, M, K)
-            kn, vn = self.kv(gather(xn, idx)).view(B, M, -1, 2, H, D).unbind(3)  # (B, M, K, H, D) each
-            out = edge_attention(q, kn, vn, idx, N, mask=mask, normalize=self.normalize, dropout_p=dropout_p, eps=1e-6)
-            u = u + self.drop_path(self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, M, C))))
-        return u
-
-
-@contextlib.contextmanager
-def edge_projection(model: nn.Module) -> Iterator[nn.Module]:
-    """Swaps every :class:`attention.CentroidAttention` of ``model`` for :class:`EdgeProjectionAttention` (same
-    parameters, same module objects) inside the context, and back on exit."""
-    swapped = [m for m in model.modules() if type(m) is CentroidAttention]
-    for m in swapped:
-        m.__class__ = EdgeProjectionAttention
-    try:
-        yield model
-    finally:
-        for m in swapped:
-            m.__class__ = CentroidAttention
 
 
 @dataclass(frozen=True)

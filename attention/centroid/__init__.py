@@ -7,62 +7,22 @@ Wu et al., "Centroid Transformers: Learning to Abstract with Attention", arXiv:2
 * :mod:`.layer`: :class:`CentroidAttention`, T steps with the skip (one forward that FX, TorchScript and dynamo follow).
 * :mod:`.inits`: the centroid inits (:data:`CENTROID_INITS`).
 * :mod:`.blocks`: :class:`CentroidBlock` and :class:`SelfAttentionBlock`.
+* :mod:`.accounting`: the FLOP formulas of the chunked KNN products, the per-edge twin of the layer
+  (:func:`edge_projection`) and the plain multi-head attention step (:func:`attention_step_reference`).
+
+Each public name is listed once, in the ``__all__`` of the module that defines it; this package exports them all.
 """
 
-from ..layers import Mlp
-from .blocks import CentroidBlock, SelfAttentionBlock
-from .functional import (
-    ATTN_CHUNK_BYTES,
-    ATTN_CHUNK_BYTES_CUDA,
-    MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR,
-    NORMALIZATIONS,
-    attn_chunk_bytes,
-    centroid_attention,
-    check_neighbor_idx,
-    dense_centroid_attention,
-    edge_attention,
-    knn_centroid_attention,
-    masked_knn_attention,
-)
-from .inits import (
-    CENTROID_INITS,
-    CentroidOutput,
-    DWConv2dInit,
-    FPSInit,
-    KMeansInit,
-    LinearInit,
-    MeanPoolInit,
-    RandomInit,
-    build_centroid_init,
-    resolve_num_centroids,
-)
-from .layer import CentroidAttention, feature_neighbors
+from . import accounting, blocks, functional, inits, layer
+from .accounting import *  # noqa: F403
+from .blocks import *  # noqa: F403
+from .functional import *  # noqa: F403
+from .inits import *  # noqa: F403
+from .layer import *  # noqa: F403
 
-__all__ = [
-    "ATTN_CHUNK_BYTES",
-    "ATTN_CHUNK_BYTES_CUDA",
-    "CENTROID_INITS",
-    "MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR",
-    "NORMALIZATIONS",
-    "CentroidAttention",
-    "CentroidBlock",
-    "CentroidOutput",
-    "DWConv2dInit",
-    "FPSInit",
-    "KMeansInit",
-    "LinearInit",
-    "MeanPoolInit",
-    "Mlp",
-    "RandomInit",
-    "SelfAttentionBlock",
-    "attn_chunk_bytes",
-    "build_centroid_init",
-    "centroid_attention",
-    "check_neighbor_idx",
-    "dense_centroid_attention",
-    "edge_attention",
-    "feature_neighbors",
-    "knn_centroid_attention",
-    "masked_knn_attention",
-    "resolve_num_centroids",
-]
+__all__: list[str] = []
+__all__ += functional.__all__
+__all__ += layer.__all__
+__all__ += inits.__all__
+__all__ += blocks.__all__
+__all__ += accounting.__all__

@@ -29,9 +29,9 @@ objective); KNN neighbours are recomputed at every step from the current centroi
 
 Cost accounting: with K neighbours, the keys and values are projected once per input and then gathered per
 (centroid, neighbour) edge. Gathering the inputs first and projecting per edge computes the same function with K times
-the projection MACs; ``tools/model_stats.py`` swaps :class:`attention.CentroidAttention` for such a per-edge module
-to set our point model next to the paper's GMACs (tested equal to the default path). The layer's own forward has no
-such switch.
+the projection MACs; :func:`attention.centroid.accounting.edge_projection` swaps :class:`attention.CentroidAttention`
+for such a per-edge module to set our point model next to the paper's GMACs (tested equal to the default path). The
+layer's own forward has no such switch.
 
 Tracing: :func:`centroid_attention` validates its inputs and dispatches; :func:`dense_centroid_attention` (the path
 of every vision model) is plain tensor code that FX, TorchScript, dynamo, ``torch.export`` and ONNX follow.
@@ -47,11 +47,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
-from torch.utils import flop_counter
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from ..backends import BACKENDS, resolve
-from ..checks import checks_active, is_tracing
+from ..checks import check_index, check_mask, checks_active, is_tracing
 from ..points import gather
 
 __all__ = [
@@ -103,15 +101,7 @@ def _sparse_softmax_over_centroids(scores: Tensor, idx: Tensor, num_inputs: int,
 
 def check_neighbor_idx(idx: Tensor, name: str, B: int, M: int, N: int, device: torch.device) -> None:
     """``idx`` must be an integer ``(B, M, K)`` tensor on ``device`` with values in [0, N)."""
-    if not isinstance(idx, Tensor) or idx.dim() != 3 or idx.shape[:2] != (B, M):
-        shape = tuple(idx.shape) if isinstance(idx, Tensor) else type(idx).__name__
-        raise ValueError(f"{name} must be a (B, M, K) = ({B}, {M}, K) index tensor, got {shape}")
-    if idx.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{name} must hold int64 (or int32) indices, got {idx.dtype}")
-    if idx.device != device:
-        raise ValueError(f"{name} is on {idx.device} but the inputs are on {device}")
-    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= N):
-        raise ValueError(f"{name} must index the N={N} inputs, got values in [{int(idx.min())}, {int(idx.max())}]")
+    check_index(idx, name, batch=B, device=device, shape=(B, M, "K"), dims="(B, M, K)", bound=N, of=f"N={N} inputs")
 
 
 def centroid_attention(
@@ -166,8 +156,7 @@ def centroid_attention(
     if checks_active():
         if idx is not None:
             check_neighbor_idx(idx, "idx", B, M, N, q.device)
-        if mask is not None and (mask.shape != (B, N) or mask.dtype != torch.bool):
-            raise ValueError(f"mask must be a bool tensor of shape ({B}, {N}), got {mask.dtype} {tuple(mask.shape)}")
+        check_mask(mask, "mask", batch=B, length=N)
     if idx is None:
         return dense_centroid_attention(q, k, v, mask, normalize, dropout_p, eps)
     if reference:
@@ -366,27 +355,73 @@ def _cat(chunks: list[Tensor]) -> Tensor:
     return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
 
 
-# FlopCounterMode pushes its inner _FlopCounterMode (torch 2.11-2.15) onto the dispatch-mode stack
-_FLOP_COUNTER_MODES = (
-    flop_counter.FlopCounterMode,
-    getattr(flop_counter, "_FlopCounterMode", flop_counter.FlopCounterMode),
-)
-
-
-def _counting_flops() -> bool:
-    """Whether ``torch.utils.flop_counter.FlopCounterMode`` is counting this call.
-
-    The chunked products run as multiply + sum, element-wise work that the FLOP counter does not count; under the
-    counter they run as the equivalent einsums instead, so that GMAC figures (``engine.count_gmacs``,
-    ``tools/model_stats.py``) include the attention products, as they do for the dense path.
-    """
-    return any(isinstance(m, _FLOP_COUNTER_MODES) for m in _get_current_dispatch_mode_stack())
-
-
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 for half-precision inputs: index_add_ then uses native float atomics on CUDA (bf16 ones are CAS
     loops) and the K contributions to a key add up without rounding to 8 bits each time."""
     return torch.promote_types(dtype, torch.float32)
+
+
+# In eager mode the forward products of the two autograd Functions below run as operators of their own,
+# ``torch.ops.attention.gather_dot`` and ``torch.ops.attention.gather_weighted_sum``: a dispatch mode (a FLOP counter)
+# sees each as one call, counted by the formula :mod:`attention.centroid.accounting` registers (2 L K H D FLOPs, what
+# the reference's einsums count), not as the element-wise multiply + sum inside. While traced (dynamo, export) the
+# chunk loops run inline instead, as the plain aten ops that every exporter (ONNX too) translates.
+_LIB = torch.library.Library("attention", "DEF")
+_LIB.define("gather_dot(Tensor q, Tensor k, Tensor idx, int rows) -> Tensor")
+_LIB.define("gather_weighted_sum(Tensor a, Tensor v, Tensor idx, int rows) -> Tensor")
+
+
+def _gather_dot(q: Tensor, k: Tensor, idx: Tensor, rows: int, dtype: torch.dtype | None = None) -> Tensor:
+    """``s[l, k, h] = q[l, h] . k[idx[l, k], h]``: q ``(L, H, D)``, k ``(R, H, D)``, idx ``(L, K)`` -> ``(L, K, H)``
+    (in ``dtype``, default k's), ``rows`` query rows at a time. The forward of :class:`_GatherDot`, and the weights'
+    gradient of :class:`_GatherWeightedSum`."""
+    L, H, D = q.shape
+    K = idx.shape[1]
+    chunks = []
+    for s in range(0, L, rows):
+        kn = k.index_select(0, idx[s : s + rows].reshape(-1)).view(-1, K, H, D)  # (r, K, H, D)
+        chunks.append(kn.mul_(q[s : s + rows, None].to(kn.dtype)).sum(-1, dtype=dtype))  # (r, K, H)
+    return _cat(chunks)
+
+
+def _gather_weighted_sum(a: Tensor, v: Tensor, idx: Tensor, rows: int, dtype: torch.dtype | None = None) -> Tensor:
+    """``out[l, h] = sum_k a[l, k, h] v[idx[l, k], h]``: a ``(L, K, H)``, v ``(R, H, D)``, idx ``(L, K)`` ->
+    ``(L, H, D)`` (in ``dtype``, default v's), ``rows`` rows at a time. The forward of :class:`_GatherWeightedSum`,
+    and the queries' gradient of :class:`_GatherDot`."""
+    L, K, H = a.shape
+    D = v.shape[-1]
+    chunks = []
+    for s in range(0, L, rows):
+        vn = v.index_select(0, idx[s : s + rows].reshape(-1)).view(-1, K, H, D)  # (r, K, H, D)
+        chunks.append(vn.mul_(a[s : s + rows, ..., None].to(vn.dtype)).sum(1, dtype=dtype))  # (r, H, D)
+    return _cat(chunks)
+
+
+def _scatter_outer(w: Tensor, x: Tensor, idx: Tensor, rows: int, like: Tensor) -> Tensor:
+    """``out[idx[l, k], h] += w[l, k, h] x[l, h]``: w ``(L, K, H)``, x ``(L, H, D)`` -> ``(R, H, D)`` shaped and typed
+    like ``like``, accumulated in :func:`_accumulation_dtype`, ``rows`` rows at a time. The inputs' gradient of both
+    Functions (keys of :class:`_GatherDot`, values of :class:`_GatherWeightedSum`)."""
+    H, D = like.shape[1:]
+    acc = _accumulation_dtype(like.dtype)
+    out = torch.zeros(like.shape, dtype=acc, device=like.device)
+    for s in range(0, w.shape[0], rows):
+        contrib = w[s : s + rows].to(acc)[..., None] * x[s : s + rows, None].to(acc)  # (r, K, H, D)
+        out.index_add_(0, idx[s : s + rows].reshape(-1), contrib.view(-1, H, D))
+    return out.to(like.dtype)
+
+
+_LIB.impl("gather_dot", _gather_dot, "CompositeExplicitAutograd")
+_LIB.impl("gather_weighted_sum", _gather_weighted_sum, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("attention::gather_dot", lib=_LIB)
+def _gather_dot_fake(q: Tensor, k: Tensor, idx: Tensor, rows: int) -> Tensor:
+    return k.new_empty(q.shape[0], idx.shape[1], q.shape[1])
+
+
+@torch.library.register_fake("attention::gather_weighted_sum", lib=_LIB)
+def _gather_weighted_sum_fake(a: Tensor, v: Tensor, idx: Tensor, rows: int) -> Tensor:
+    return v.new_empty(a.shape[0], a.shape[2], v.shape[2])
 
 
 class _GatherDot(torch.autograd.Function):
@@ -402,40 +437,17 @@ class _GatherDot(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, idx: Tensor, rows: int) -> Tensor:
-        L, H, D = q.shape
-        K = idx.shape[1]
-        counting = _counting_flops()
-        chunks = []
-        for s in range(0, L, rows):
-            kn = k.index_select(0, idx[s : s + rows].reshape(-1)).view(-1, K, H, D)  # (r, K, H, D)
-            if counting:
-                chunks.append(torch.einsum("rhd,rkhd->rkh", q[s : s + rows], kn))
-            else:
-                chunks.append(kn.mul_(q[s : s + rows, None]).sum(-1))  # (r, K, H)
         ctx.save_for_backward(q, k, idx)
         ctx.rows = rows
-        return _cat(chunks)
+        return (_gather_dot if is_tracing() else torch.ops.attention.gather_dot)(q, k, idx, rows)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         q, k, idx = ctx.saved_tensors
-        L, H, D = q.shape
-        K = idx.shape[1]
-        acc = _accumulation_dtype(k.dtype)
-        dq = []
-        dk = torch.zeros(k.shape, dtype=acc, device=k.device) if ctx.needs_input_grad[1] else None
-        for s in range(0, L, ctx.rows):
-            f = idx[s : s + ctx.rows].reshape(-1)
-            g = grad[s : s + ctx.rows]  # (r, K, H)
-            if ctx.needs_input_grad[0]:
-                kn = k.index_select(0, f).view(-1, K, H, D)
-                dq.append(kn.mul_(g.to(kn.dtype)[..., None]).sum(1, dtype=q.dtype))  # (r, H, D)
-            if dk is not None:
-                contrib = g.to(acc)[..., None] * q[s : s + ctx.rows, None].to(acc)  # (r, K, H, D)
-                dk.index_add_(0, f, contrib.view(-1, H, D))
-        dq = _cat(dq) if dq else None
-        return dq, None if dk is None else dk.to(k.dtype), None, None
+        dq = _gather_weighted_sum(grad, k, idx, ctx.rows, q.dtype) if ctx.needs_input_grad[0] else None
+        dk = _scatter_outer(grad, q, idx, ctx.rows, k) if ctx.needs_input_grad[1] else None
+        return dq, dk, None, None
 
 
 class _GatherWeightedSum(torch.autograd.Function):
@@ -446,40 +458,17 @@ class _GatherWeightedSum(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a: Tensor, v: Tensor, idx: Tensor, rows: int) -> Tensor:
-        L, K, H = a.shape
-        D = v.shape[-1]
-        counting = _counting_flops()
-        chunks = []
-        for s in range(0, L, rows):
-            vn = v.index_select(0, idx[s : s + rows].reshape(-1)).view(-1, K, H, D)  # (r, K, H, D)
-            if counting:
-                chunks.append(torch.einsum("rkh,rkhd->rhd", a[s : s + rows].to(vn.dtype), vn))
-            else:
-                chunks.append(vn.mul_(a[s : s + rows, ..., None].to(vn.dtype)).sum(1))  # (r, H, D)
         ctx.save_for_backward(a, v, idx)
         ctx.rows = rows
-        return _cat(chunks)
+        return (_gather_weighted_sum if is_tracing() else torch.ops.attention.gather_weighted_sum)(a, v, idx, rows)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
         a, v, idx = ctx.saved_tensors
-        L, K, H = a.shape
-        D = v.shape[-1]
-        acc = _accumulation_dtype(v.dtype)
-        da = []
-        dv = torch.zeros(v.shape, dtype=acc, device=v.device) if ctx.needs_input_grad[1] else None
-        for s in range(0, L, ctx.rows):
-            f = idx[s : s + ctx.rows].reshape(-1)
-            g = grad[s : s + ctx.rows]  # (r, H, D)
-            if ctx.needs_input_grad[0]:
-                vn = v.index_select(0, f).view(-1, K, H, D)
-                da.append(vn.mul_(g.to(vn.dtype)[:, None]).sum(-1, dtype=a.dtype))  # (r, K, H)
-            if dv is not None:
-                contrib = a[s : s + ctx.rows, ..., None].to(acc) * g.to(acc)[:, None]  # (r, K, H, D)
-                dv.index_add_(0, f, contrib.view(-1, H, D))
-        da = _cat(da) if da else None
-        return da, None if dv is None else dv.to(v.dtype), None, None
+        da = _gather_dot(grad, v, idx, ctx.rows, a.dtype) if ctx.needs_input_grad[0] else None
+        dv = _scatter_outer(a, grad, idx, ctx.rows, v) if ctx.needs_input_grad[1] else None
+        return da, dv, None, None
 
 
 torch.fx.wrap("knn_centroid_attention")  # FX keeps it as one call: its autograd Functions loop over chunks

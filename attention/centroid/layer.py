@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..backends import backend_names
-from ..checks import check_points, checks_active
+from ..checks import check_mask, check_points, checks_active
 from ..layers import DropPath
 from ..points import knn
 from .functional import (
@@ -142,13 +142,7 @@ class CentroidAttention(nn.Module):
             raise ValueError(f"centroid attention maps N inputs to M <= N centroids, got M={M} > N={N}")
         if self.num_neighbors is not None and self.num_neighbors > N:
             raise ValueError(f"num_neighbors K={self.num_neighbors} exceeds the N={N} inputs: need K <= N")
-        if mask is not None:
-            if mask.shape != (B, N) or mask.dtype != torch.bool:
-                raise ValueError(
-                    f"mask must be a bool tensor of shape ({B}, {N}), got {mask.dtype} {tuple(mask.shape)}"
-                )
-            if not bool(mask.any(1).all()):
-                raise ValueError("every cloud needs at least one real input; mask has an all-False row")
+        check_mask(mask, "mask", batch=B, length=N, device=x.device, like_name="x", nonempty="cloud")
         if neighbor_idx is not None:
             check_neighbor_idx(neighbor_idx, "neighbor_idx", B, M, N, x.device)
 

@@ -15,44 +15,20 @@ from functools import partial
 
 from torch import nn
 
-from .block import MixerBlock
+from . import block, fsat, functional, structured
+from .block import *  # noqa: F403
+from .fsat import *  # noqa: F403
 from .fsat import FourierAttention, FourierSparseAttention
-from .functional import cauchy_mix, quasiseparable_mix, toeplitz_mix, vandermonde_mix
-from .structured import (
-    MATRIX_MIXERS,
-    UNSCRIPTABLE_MATRICES,
-    CauchyMatrix,
-    LinearAttentionMatrix,
-    LowRankMatrix,
-    MatrixMixer,
-    QuasiseparableMatrix,
-    SoftmaxMatrix,
-    ToeplitzMatrix,
-    VandermondeMatrix,
-    apply_matrix,
-)
+from .functional import *  # noqa: F403
+from .structured import *  # noqa: F403
+from .structured import UNSCRIPTABLE_MATRICES, MatrixMixer
 
-__all__ = [
-    "MATRIX_MIXERS",
-    "MIXERS",
-    "UNSCRIPTABLE_MATRICES",
-    "UNSCRIPTABLE_MIXERS",
-    "CauchyMatrix",
-    "LinearAttentionMatrix",
-    "LowRankMatrix",
-    "MatrixMixer",
-    "MixerBlock",
-    "QuasiseparableMatrix",
-    "SoftmaxMatrix",
-    "ToeplitzMatrix",
-    "VandermondeMatrix",
-    "apply_matrix",
-    "build_mixer",
-    "cauchy_mix",
-    "quasiseparable_mix",
-    "toeplitz_mix",
-    "vandermonde_mix",
-]
+# Each public name is listed once, in the __all__ of the module that defines it; this package exports them all.
+__all__ = ["MIXERS", "UNSCRIPTABLE_MIXERS", "build_mixer"]
+__all__ += structured.__all__
+__all__ += functional.__all__
+__all__ += fsat.__all__
+__all__ += block.__all__
 
 MIXERS: dict[str, Callable[..., nn.Module]] = {
     "softmax": partial(MatrixMixer, matrix="softmax"),

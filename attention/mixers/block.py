@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ..centroid import Mlp
+from ..layers import Mlp
 
 __all__ = ["MixerBlock"]
 

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..backends import resolve
-from ..checks import checks_active
+from ..checks import check_seq, checks_active
 
 __all__ = [
     "EDGE_BACKENDS",
@@ -77,17 +77,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _check_seq(x: Tensor, name: str) -> None:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of shape (B, L, C), got {type(x).__name__}")
-    if x.dim() != 3:
-        raise ValueError(f"{name} must be (B, L, C), got a {x.dim()}-d tensor of shape {tuple(x.shape)}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating point tensor, got {x.dtype}")
-    if x.shape[1] < 1:
-        raise ValueError(f"{name} must hold at least one token, got shape {tuple(x.shape)}")
-
-
 def pooled_cross(a: Tensor, b: Tensor) -> Tensor:
     """``C0[k] = sum_{i+j=k} a_i * b_j`` by a zero-padded real FFT along the sequence, in float32 (or float64).
 
@@ -100,7 +89,7 @@ def pooled_cross(a: Tensor, b: Tensor) -> Tensor:
         float64 so that CPU and CUDA agree to float64 rounding; pocketfft and cuFFT round float32 differently).
     """
     if not torch.jit.is_scripting():  # eager validation (TorchScript skips the branch, its condition included)
-        _check_seq(a, "a")
+        check_seq(a, "a")
         if a.shape != b.shape:
             raise ValueError(f"a and b must have the same shape (B, L, C), got {tuple(a.shape)} and {tuple(b.shape)}")
     L = a.shape[1]
@@ -438,11 +427,7 @@ class FourierCross(nn.Module):
 
 
 def _check_input(x: Tensor, dim: int, max_len: int | None, attn_mask: Tensor | None, supports_mask: bool) -> None:
-    _check_seq(x, "x")
-    if x.shape[-1] != dim:
-        raise ValueError(f"x must be (B, L, {dim}), got shape {tuple(x.shape)}")
-    if max_len is not None and x.shape[1] > max_len:
-        raise ValueError(f"sequence length L={x.shape[1]} exceeds max_len={max_len}: build the layer with a larger one")
+    check_seq(x, "x", channels=dim, max_len=max_len)
     if attn_mask is not None and not supports_mask:
         raise ValueError("FourierSparseAttention takes no attn_mask (its edges are predicted): pass attn_mask=None")
 

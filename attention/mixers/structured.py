@@ -68,6 +68,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..checks import check_seq
 from .functional import MIX_BACKENDS, cauchy_mix, hydra_factors, hydra_mix, toeplitz_mix, vandermonde_mix
 
 __all__ = [
@@ -490,13 +491,6 @@ class MatrixMixer(nn.Module):
             g = self.gate_param[:, :, :L].expand(B, -1, -1, -1)
         return q, k, v, g
 
-    def _check(self, x: Tensor) -> None:
-        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
-            got = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"x must be (B, L, {self.dim}), got {got}")
-        if x.shape[1] < 1:
-            raise ValueError("x must hold at least one token")
-
     def _out(self, y: Tensor, B: int, L: int) -> Tensor:
         return self.proj_drop(self.proj(y.transpose(1, 2).reshape(B, L, self.dim)))  # (B, L, C)
 
@@ -513,7 +507,7 @@ class MatrixMixer(nn.Module):
 
     def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
         if not torch.jit.is_scripting():  # eager validation (TorchScript skips the branch, its condition included)
-            self._check(x)
+            check_seq(x, "x", channels=self.dim)
         if attn_mask is not None and self.matrix_name != "softmax":
             raise ValueError(f"attn_mask is supported by the softmax matrix only, not '{self.matrix_name}': pass None")
         B, L, _ = x.shape
@@ -527,7 +521,7 @@ class MatrixMixer(nn.Module):
 
     def forward_reference(self, x: Tensor) -> Tensor:
         """:meth:`forward` through the dense matrix (tests only)."""
-        self._check(x)
+        check_seq(x, "x", channels=self.dim)
         B, L, _ = x.shape
         q, k, v, g = self.inputs(x)
         return self._out(apply_matrix(self.matrix.materialize(q, k, g), v), B, L)

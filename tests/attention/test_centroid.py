@@ -2,38 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.testing import assert_close
+from torch.utils.flop_counter import FlopCounterMode
 
 from attention import (
     CENTROID_INITS,
     CentroidAttention,
     CentroidBlock,
     SelfAttentionBlock,
+    attention_step_reference,
     build_centroid_init,
     centroid_attention,
+    edge_projection,
     gather,
 )
-
-
-def _manual_mha(layer: CentroidAttention, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """u + proj(SDPA(q(u), k(x), v(x))) written with the layer's weights and no norm."""
-    B, N, C = x.shape
-    M = u.shape[1]
-    H, D = layer.num_heads, layer.head_dim
-    q = F.linear(u, layer.q.weight, layer.q.bias).view(B, M, H, D).transpose(1, 2)
-    k, v = F.linear(x, layer.kv.weight, layer.kv.bias).view(B, N, 2, H, D).unbind(2)
-    out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2))
-    return u + layer.proj(out.transpose(1, 2).reshape(B, M, C))
 
 
 def test_identity_init_one_step_is_self_attention_plus_skip() -> None:
     layer = CentroidAttention(24, num_heads=3, norm_layer=None, qkv_bias=True).eval()
     x = torch.randn(2, 33, 24)
-    assert_close(layer(x, x), _manual_mha(layer, x, x))
+    assert_close(layer(x, x), attention_step_reference(layer, x, x))
     # and against torch's own MultiheadAttention with the same weights
     mha = nn.MultiheadAttention(24, 3, bias=True, batch_first=True).eval()
     with torch.no_grad():
@@ -49,7 +43,7 @@ def test_t_steps_are_repeated_updates() -> None:
     x, u = torch.randn(2, 40, 16), torch.randn(2, 10, 16)
     expected = u
     for _ in range(3):
-        expected = _manual_mha(layer, x, expected)
+        expected = attention_step_reference(layer, x, expected)
     assert_close(layer(x, u), expected)
 
 
@@ -114,6 +108,73 @@ def test_chunked_knn_path_equals_reference(normalize: str, chunk_bytes: int | No
     g = torch.randn_like(ref)
     for a, b in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(ref, (q, k, v), g)):
         assert_close(a, b)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, None])  # one centroid row per chunk; all rows in one chunk
+def test_flop_counter_counts_the_chunked_products_as_the_reference_einsums(chunk_bytes: int | None) -> None:
+    """The chunked products are counted by their registered formulas, 2 B M K H D FLOPs each, as the reference's
+    einsums are; counting changes neither the output nor the path that runs."""
+    B, H, M, N, D, K = 2, 3, 13, 63, 5, 7
+    q, k, v = (torch.randn(B, H, n, D) for n in (M, N, N))
+    idx = torch.randint(0, N, (B, M, K))
+    flops, outs = {}, {}
+    for reference in (False, True):
+        with FlopCounterMode(display=False) as counter:
+            outs[reference] = centroid_attention(q, k, v, idx, chunk_bytes=chunk_bytes, reference=reference)
+        flops[reference] = counter.get_flop_counts()["Global"]
+    assert flops[True] == {torch.ops.aten.bmm: 2 * 2 * B * M * K * H * D}
+    assert flops[False] == {
+        torch.ops.attention.gather_dot: 2 * B * M * K * H * D,
+        torch.ops.attention.gather_weighted_sum: 2 * B * M * K * H * D,
+    }
+    assert torch.equal(outs[False], centroid_attention(q, k, v, idx, chunk_bytes=chunk_bytes))
+    assert_close(outs[False], outs[True])
+
+
+@pytest.mark.parametrize("normalize", ["inputs", "centroids"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_edge_projection_is_the_same_function_with_k_times_the_projection_macs(normalize: str, masked: bool) -> None:
+    torch.manual_seed(0)
+    B, N, M, C, K = 2, 37, 11, 30, 5
+    layer = CentroidAttention(C, num_heads=3, num_neighbors=K, num_steps=2, normalize=normalize, qkv_bias=True)
+    x, u = torch.randn(B, N, C, dtype=torch.float64), torch.randn(B, M, C, dtype=torch.float64)
+    layer = layer.double()
+    mask = torch.rand(B, N) > 0.3 if masked else None
+
+    def run(per_edge: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        xi, ui = x.clone().requires_grad_(), u.clone().requires_grad_()
+        layer.zero_grad()
+        with edge_projection(layer) if per_edge else contextlib.nullcontext():
+            out = layer(xi, ui, mask=mask)
+        out.square().sum().backward()
+        return out, [xi.grad, ui.grad, *(p.grad for p in layer.parameters())]
+
+    (out, grads), (out_e, grads_e) = run(False), run(True)
+    assert_close(out_e, out)
+    for g_e, g in zip(grads_e, grads):
+        assert_close(g_e, g)
+    # The count: per step, the k/v projection runs on M * K gathered inputs instead of the N inputs once.
+    flops = {}
+    for per_edge in (False, True):
+        counter = FlopCounterMode(display=False)
+        with torch.no_grad(), counter, edge_projection(layer) if per_edge else contextlib.nullcontext():
+            layer(x, u, mask=mask)
+        flops[per_edge] = counter.get_total_flops() / 2
+    assert flops[True] - flops[False] == (2 * M * K - N) * B * C * 2 * C  # 2 steps, one projection of N inputs
+    # The swap is scoped: outside the context the layer is the core's class again.
+    assert type(layer) is CentroidAttention
+
+
+def test_per_edge_evaluation_gives_the_same_logits() -> None:
+    from pointcloud import create_model  # the model whose GMACs tools/model_stats.py sets next to the paper's
+
+    torch.manual_seed(0)
+    model = create_model("centroid_transformer_modelnet40", num_neighbors=6).eval()
+    points = torch.randn(2, 64, 3)
+    with torch.no_grad():
+        ref = model(points)
+        with edge_projection(model):
+            assert_close(model(points), ref, rtol=1e-4, atol=1e-4)
 
 
 def test_default_chunk_budget_is_per_device_and_read_when_called(monkeypatch: pytest.MonkeyPatch) -> None:

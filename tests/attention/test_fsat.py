@@ -226,7 +226,7 @@ def test_bad_inputs_raise_clear_errors() -> None:
     m = FourierSparseAttention(8, num_heads=2, max_len=10)
     with pytest.raises(ValueError, match="exceeds max_len=10"):
         m(torch.randn(1, 11, 8))
-    with pytest.raises(ValueError, match=r"must be \(B, L, C\)"):
+    with pytest.raises(ValueError, match=r"must be \(B, L, 8\), got a 2-d tensor"):
         m(torch.randn(11, 8))
     with pytest.raises(ValueError, match=r"must be \(B, L, 8\)"):
         m(torch.randn(1, 5, 9))

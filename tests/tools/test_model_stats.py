@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -10,9 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from torch.testing import assert_close
 
-from attention import CentroidAttention
 from engine.testing import load_tool
 from pointcloud import model as pc_model
 
@@ -116,49 +113,3 @@ def test_placeholders_skipped_and_unknown_model_rejected(tiny_peer: str, capsys:
     with pytest.raises(SystemExit) as exc:
         model_stats.main(["--models", "no_such_model"])
     assert exc.value.code == 2
-
-
-@pytest.mark.parametrize("normalize", ["inputs", "centroids"])
-@pytest.mark.parametrize("masked", [False, True])
-def test_edge_projection_is_the_same_function_with_k_times_the_projection_macs(normalize: str, masked: bool) -> None:
-    from torch.utils.flop_counter import FlopCounterMode
-
-    torch.manual_seed(0)
-    B, N, M, C, K = 2, 37, 11, 30, 5
-    layer = CentroidAttention(C, num_heads=3, num_neighbors=K, num_steps=2, normalize=normalize, qkv_bias=True)
-    x, u = torch.randn(B, N, C, dtype=torch.float64), torch.randn(B, M, C, dtype=torch.float64)
-    layer = layer.double()
-    mask = torch.rand(B, N) > 0.3 if masked else None
-
-    def run(per_edge: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        xi, ui = x.clone().requires_grad_(), u.clone().requires_grad_()
-        layer.zero_grad()
-        with model_stats.edge_projection(layer) if per_edge else contextlib.nullcontext():
-            out = layer(xi, ui, mask=mask)
-        out.square().sum().backward()
-        return out, [xi.grad, ui.grad, *(p.grad for p in layer.parameters())]
-
-    (out, grads), (out_e, grads_e) = run(False), run(True)
-    assert_close(out_e, out)
-    for g_e, g in zip(grads_e, grads):
-        assert_close(g_e, g)
-    # The count: per step, the k/v projection runs on M * K gathered inputs instead of the N inputs once.
-    flops = {}
-    for per_edge in (False, True):
-        counter = FlopCounterMode(display=False)
-        with torch.no_grad(), counter, model_stats.edge_projection(layer) if per_edge else contextlib.nullcontext():
-            layer(x, u, mask=mask)
-        flops[per_edge] = counter.get_total_flops() / 2
-    assert flops[True] - flops[False] == (2 * M * K - N) * B * C * 2 * C  # 2 steps, one projection of N inputs
-    # The swap is scoped: outside the context the layer is the core's class again.
-    assert type(layer) is CentroidAttention
-
-
-def test_per_edge_evaluation_gives_the_same_logits() -> None:
-    torch.manual_seed(0)
-    model = pc_model.create_model(CT, num_neighbors=6).eval()
-    points = torch.randn(2, 64, 3)
-    with torch.no_grad():
-        ref = model(points)
-        with model_stats.edge_projection(model):
-            assert_close(model(points), ref, rtol=1e-4, atol=1e-4)
