@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -163,7 +164,11 @@ class Backend:
         fn = _LOADED.get(self.impl)
         if fn is None:
             module, name = self.impl.split(":")
-            fn = _LOADED[self.impl] = getattr(importlib.import_module(module), name)
+            # an imported module from sys.modules: dynamo follows that lookup, while importlib is a graph break
+            loaded = sys.modules.get(module)
+            if loaded is None:
+                loaded = importlib.import_module(module)
+            fn = _LOADED[self.impl] = getattr(loaded, name)
         return fn
 
 

@@ -325,8 +325,9 @@ def knn_chunked(
     both sets centred on the reference cloud's mean (the expansion's rounding error, ~1e-7 of ``|q|^2 + |r|^2`` in
     float32, grows with the norms: clouds far from the origin would otherwise get wrong neighbours). Each query keeps
     a few spare candidates, whose distances are then computed exactly as ``sum_c (q_c - r_c)^2`` on the inputs (the
-    arithmetic of a dense distance matrix, so near-equal neighbours resolve as there), and the k nearest are kept,
-    ties going to the lower index. No input validation: :func:`knn` and ``capsules.chamfer_distance`` validate.
+    arithmetic of a dense distance matrix, so near-equal neighbours resolve as there), and the k nearest are kept (in
+    no particular order among exactly equal distances). No input validation: :func:`knn` and
+    ``capsules.chamfer_distance`` validate theirs.
 
     Args:
         query: ``(B, M, C)``; searched in its precision, float32 at least (float64 stays float64).
@@ -374,13 +375,12 @@ def knn_chunked(
                 cand_d, cand = torch.cat([cand_d, tile_d], -1), torch.cat([cand, tile_i + t], -1)
                 cand_d, keep = cand_d.topk(min(kc, cand_d.shape[-1]), dim=-1, largest=False, sorted=False)
                 cand = cand.gather(-1, keep)
-        cand = cand.sort(dim=-1).values  # by index: the stable sort below then breaks ties to the lower index
         exact = _exact_sq_dist(q0[:, s : s + rows], r0, cand)  # (B, m, kc)
         if mask is not None:
             exact = exact.masked_fill(~gather(mask, cand), math.inf)
-        dist, order = exact.sort(dim=-1, stable=True)
-        dists.append(dist[..., :k])
-        idxs.append(cand.gather(-1, order[..., :k]))
+        dist, order = exact.topk(k, dim=-1, largest=False, sorted=True)
+        dists.append(dist)
+        idxs.append(cand.gather(-1, order))
     if len(dists) == 1:
         return dists[0], idxs[0]
     return torch.cat(dists, 1), torch.cat(idxs, 1)

@@ -207,13 +207,13 @@ def test_knn_chunking_gives_same_result() -> None:
         assert_close(full[0], cols[0])
 
 
-def test_knn_chunked_keeps_the_input_precision_and_breaks_ties_to_the_lower_index() -> None:
-    """The one chunked exact search (knn's reference, Chamfer's "chunked"): float64 stays float64, and equal
-    distances go to the lower index, like a dense matrix's min."""
+def test_knn_chunked_keeps_the_input_precision_and_equals_a_dense_matrix() -> None:
+    """The one chunked exact search (knn's reference, Chamfer's "chunked"): float64 stays float64, and its choice is
+    a dense distance matrix's, whatever the chunking."""
     q = torch.tensor([[[0.0, 0.0]]], dtype=torch.float64)
-    r = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, 2.0], [0.0, -1.0]]], dtype=torch.float64)
+    r = torch.tensor([[[1.0, 0.0], [0.0, 3.0], [-2.0, 0.0], [0.0, 0.5], [0.0, -4.0]]], dtype=torch.float64)
     dist, idx = knn_chunked(q, r, 3)
-    assert dist.dtype == torch.float64 and idx.tolist() == [[[0, 1, 2]]] and dist.tolist() == [[[1.0, 1.0, 1.0]]]
+    assert dist.dtype == torch.float64 and idx.tolist() == [[[3, 0, 2]]] and dist.tolist() == [[[0.25, 1.0, 4.0]]]
     a, b = torch.randn(2, 40, 3, dtype=torch.float64), torch.randn(2, 33, 3, dtype=torch.float64)
     dense = ((a[:, :, None] - b[:, None]) ** 2).sum(-1).min(-1)
     for budget in (8, 8 * 2 * 10, None):  # column tiles, row chunks, the default
