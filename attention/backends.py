@@ -1,16 +1,19 @@
 """The backend switchboard: which optional packages are installed, what each fast kernel supports, and one resolver.
 
-Every op with fast paths (FPS, KNN, Chamfer, the Cauchy / Vandermonde mixers, FSAT's edge products) has a plain
-PyTorch reference (``"torch"``) and optional backends. Each backend is declared once here, with the package it needs,
-the devices it runs on, whether its result is exact (identical to the reference) and the shapes it supports.
-:func:`resolve` turns a requested backend into the one that runs:
+Every op with fast paths (FPS, KNN, Chamfer, the Cauchy / Vandermonde mixers, FSAT's edge products, the KNN
+attention's form) has a plain PyTorch reference and optional backends. Each backend is declared once here
+(:class:`Backend`): the callable that runs it (imported when it first runs), the package it needs, the devices it
+runs on, whether its result is exact (identical to the reference), the shapes it supports (limits read from the
+kernel module, :mod:`attention.kernels.limits`) and, apart from those hard limits, the shapes where ``"auto"``
+prefers it. :func:`resolve` is the only code that orders or rejects backends; callers pass the shape and ask:
 
-* ``"auto"`` walks the op's per-device preference order (measured: ``tools/bench_points.py`` and
-  ``docs/benchmarks.md``) and takes the first *exact* backend that is installed, runs on the device and supports the
-  shape; the reference always qualifies.
+* ``"auto"`` walks the op's per-device order (:data:`AUTO_ORDER`) and takes the first *exact* backend that is
+  installed, runs on the device, supports the shape and prefers it; the list's last entry takes every shape. A backend
+  enters an order only once a bench has timed it on that device (``tools/bench_points.py``, ``tools/bench_centroid.py``,
+  ``tools/bench_modelnet.py``; ``docs/benchmarks.md``): pytorch3d, never timed, is explicit only.
 * while FX, dynamo or ``torch.export`` trace the caller, ``"auto"`` is the reference (plain tensor code);
 * an explicit name runs that backend or raises: ``ImportError`` (with the install hint) when its package is missing,
-  ``ValueError`` when it cannot take the device or the shape (never a silent fallback).
+  ``ValueError`` naming the limit when it cannot take the device or the shape (never a silent fallback).
 
 Optional packages are probed once at import with ``importlib.util.find_spec`` (nothing is imported until a backend
 runs), like PyG's ``torch_geometric.typing``.
@@ -18,13 +21,17 @@ runs), like PyG's ``torch_geometric.typing``.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 
 from .checks import is_tracing
+from .kernels.limits import FPS_TRITON_MAX_CHANNELS, FPS_TRITON_MAX_POINTS, MIX_TRITON_MAX_HEAD_DIM
 
 __all__ = [
     "AUTO_ORDER",
@@ -36,6 +43,7 @@ __all__ = [
     "HAS_TRITON",
     "INSTALLED",
     "INSTALL_HINTS",
+    "MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR",
     "Backend",
     "available",
     "backend_names",
@@ -67,51 +75,175 @@ INSTALLED: dict[str | None, bool] = {
     "numba": HAS_NUMBA,
 }
 
+Shape = Mapping[str, object]
+
+
+def _triton_interpreted() -> bool:
+    """Whether Triton's interpreter is on (``TRITON_INTERPRET=1``, read by triton when it is imported): its kernels
+    then run on CPU tensors, which is how CI runs them without a GPU."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
+
 
 @dataclass(frozen=True)
 class Backend:
-    """What one fast kernel of one op needs and supports.
+    """One backend of one op: its callable, what it needs, what it supports, and where ``"auto"`` prefers it.
 
     Attributes:
-        op: the op (``"fps"``, ``"knn"``, ``"chamfer"``, ``"cauchy_mix"``, ``"vandermonde_mix"``, ``"fsat_edges"``).
+        op: the op (``"fps"``, ``"knn"``, ``"chamfer"``, ``"cauchy_mix"``, ``"vandermonde_mix"``, ``"fsat_edges"``,
+            ``"knn_attention"``).
         name: the backend name users pass (``backend="cluster"``).
+        impl: the callable, as ``"module:function"`` (imported when it first runs, so that importing
+            :mod:`attention` imports no optional package) or the callable itself. FPS and KNN, whose backends share
+            a signature, call it through :meth:`load`; the other ops' callers branch on the resolved name (their
+            backends take different arguments, or FX must see each form's function as a leaf), and None marks an
+            entry whose callable lives in the calling package (Chamfer's, in ``capsules``).
         package: the optional package it imports, or None (plain torch).
         devices: device types it runs on.
         exact: True when its result equals the reference's (same indices / values up to rounding); ``"auto"`` picks
             only exact backends.
-        limits: shape key -> largest supported value (e.g. ``{"N": 65536, "C": 8}``); a shape over a limit is
-            skipped by ``"auto"`` and refused when the backend is explicit.
-        check: extra shape test returning why the backend cannot run, or None.
+        limits: shape key -> largest supported value (e.g. ``{"N": 65536, "C": 8}``), read from the kernel module;
+            a shape over a limit is skipped by ``"auto"`` and refused when the backend is explicit.
+        check: a further requirement, ``check(shape, dtype)`` -> why the backend cannot run, or None.
+        prefer: ``"auto"`` only: ``prefer(shape, dtype)`` -> whether auto takes this backend for that shape (where a
+            bench found it faster); an explicit request ignores it.
+        interpreted: a Triton kernel, which also runs CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``).
     """
 
     op: str
     name: str
+    impl: str | Callable | None = None
     package: str | None = None
     devices: tuple[str, ...] = ("cpu", "cuda")
     exact: bool = True
     limits: Mapping[str, int] = field(default_factory=dict)
-    check: Callable[[Mapping[str, object]], str | None] | None = None
+    check: Callable[[Shape, torch.dtype | None], str | None] | None = None
+    prefer: Callable[[Shape, torch.dtype | None], bool] | None = None
+    interpreted: bool = False
 
     def installed(self) -> bool:
         return INSTALLED[self.package]
 
-    def unsupported(self, device: torch.device, shape: Mapping[str, object] | None) -> str | None:
-        """Why this backend cannot run on ``device`` for ``shape``, or None when it can."""
-        if device.type not in self.devices:
-            return f"backend {self.name!r} of {self.op} runs on {'/'.join(self.devices)}, got a {device.type} tensor"
+    def runs_on(self, device: torch.device | str) -> bool:
+        kind = torch.device(device).type
+        return kind in self.devices or (self.interpreted and kind == "cpu" and _triton_interpreted())
+
+    def unsupported(
+        self, device: torch.device | str, shape: Shape | None = None, dtype: torch.dtype | None = None
+    ) -> str | None:
+        """Why this backend cannot run on ``device`` for ``shape`` and ``dtype``, or None when it can."""
+        device = torch.device(device)
+        if not self.runs_on(device):
+            also = " (CPU tensors under TRITON_INTERPRET=1, set before triton is imported)" if self.interpreted else ""
+            return (
+                f"backend {self.name!r} of {self.op} runs on {'/'.join(self.devices)}{also}, got a {device.type} tensor"
+            )
         for key, limit in self.limits.items():
             value = (shape or {}).get(key)
             if value is not None and value > limit:
                 return f"backend {self.name!r} of {self.op} supports {key} <= {limit}, got {key}={value}"
         if self.check is not None and shape is not None:
-            return self.check(shape)
+            return self.check(shape, dtype)
         return None
 
+    def supports(
+        self, device: torch.device | str, shape: Shape | None = None, dtype: torch.dtype | None = None
+    ) -> bool:
+        """Whether this backend can run on ``device`` for ``shape`` and ``dtype`` (installation aside)."""
+        return self.unsupported(device, shape, dtype) is None
 
-# Limits of attention/kernels/fps_triton.py (MAX_POINTS, MAX_CHANNELS: one block of points per cloud in registers);
-# tests/attention/test_backends.py checks they match the kernel's constants where triton is installed.
-TRITON_FPS_MAX_POINTS = 65536
-TRITON_FPS_MAX_CHANNELS = 8
+    def preferred(self, shape: Shape | None = None, dtype: torch.dtype | None = None) -> bool:
+        """Whether ``"auto"`` takes this backend for ``shape`` and ``dtype`` (given that it supports them)."""
+        return self.prefer is None or (shape is not None and self.prefer(shape, dtype))
+
+    def load(self) -> Callable:
+        """The callable that runs this backend (its module is imported on the first call)."""
+        if self.impl is None:
+            raise TypeError(f"backend {self.name!r} of {self.op} is run by its caller, not through load()")
+        if callable(self.impl):
+            return self.impl
+        fn = _LOADED.get(self.impl)
+        if fn is None:
+            module, name = self.impl.split(":")
+            # an imported module from sys.modules: dynamo follows that lookup, while importlib is a graph break
+            loaded = sys.modules.get(module)
+            if loaded is None:
+                loaded = importlib.import_module(module)
+            fn = _LOADED[self.impl] = getattr(loaded, name)
+        return fn
+
+
+_LOADED: dict[str, Callable] = {}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Shape requirements and "auto" preferences (each from a bench, docs/benchmarks.md)
+# --------------------------------------------------------------------------------------------------------------------
+
+# The numba FPS prunes with a kd-tree, which skips most of a cloud in low dimensions only: tools/bench_points.py
+# measured it 1.5-40x faster than the reference for C = 3 on every CPU shape tried (B = 1-32, N = 512-100K), but not
+# reliably faster from C = 8 up (random 8-64-d features), so "auto" uses it for coordinates only.
+FPS_NUMBA_AUTO_MAX_DIM = 4
+
+# torch_cluster's CPU kd-tree beats the brute-force reference only in low dimensions (tools/bench_points.py: about 2x
+# faster for C = 3, 1.5x slower at C = 8, 3x slower at C = 64), so "auto" uses it for coordinates only; the same holds
+# for Chamfer's search (forward + backward at B = 8, N = M = 2048, C = 3: 25 ms against 97 ms with knn_torch, 197 ms
+# chunked and 1.7 s dense on 2 CPU cores).
+KNN_CLUSTER_AUTO_MAX_DIM = 4
+
+# Chamfer on CPU: "auto" uses the dense reference while its (B, N, M, C) difference tensor stays below this many bytes.
+CHAMFER_DENSE_AUTO_BYTES = 2 * 2**20
+
+# "auto" takes the masked form of the KNN attention (where AUTO_ORDER lists it: CUDA) while a stage's inputs per
+# neighbour N / K is at most this: the masked form does N / K times the gather form's attention work, as large matrix
+# products instead of gathers. H100, bf16 AMP, forward + backward (tools/gpu_check.py, docs/benchmarks.md):
+# bench_centroid (B=1, H=4, K=32) masked vs gather 3.11 vs 3.63 ms at N / K = 32, 3.43 vs 4.76 at 128, 4.47 vs 4.65
+# at 256, 11.5 vs 4.68 at 512; the point model (N / K = 43 and 21) trained 1.2-1.3x faster masked at batch 32 and
+# 2.2x at batch 128. Timed for normalize="inputs" only ("centroids" keeps several dense (B, H, M, N) tensors).
+MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR = 128
+
+
+def _numba_fps_preferred(shape: Shape, dtype: torch.dtype | None) -> bool:
+    return shape.get("C", 0) <= FPS_NUMBA_AUTO_MAX_DIM
+
+
+def _low_dimensional(shape: Shape, dtype: torch.dtype | None) -> bool:
+    return shape.get("C", 0) <= KNN_CLUSTER_AUTO_MAX_DIM
+
+
+def _cluster_chamfer_preferred(shape: Shape, dtype: torch.dtype | None) -> bool:
+    return _low_dimensional(shape, dtype) and dtype != torch.float64  # the kd-tree searches in float32
+
+
+def _small_dense_chamfer(shape: Shape, dtype: torch.dtype | None) -> bool:
+    size = shape.get("B", 1) * shape.get("N", 1) * shape.get("M", 1) * shape.get("C", 1) * shape.get("itemsize", 4)
+    return size <= CHAMFER_DENSE_AUTO_BYTES
+
+
+def _not_float64(shape: Shape, dtype: torch.dtype | None) -> bool:
+    return dtype != torch.float64  # the Triton mixers compute in float32; float64 keeps the reference's precision
+
+
+def _masked_attention_preferred(shape: Shape, dtype: torch.dtype | None) -> bool:
+    # N / K must be known and the neighbours distinct (the masked form counts a repeated index once), as after a KNN
+    # search; a caller's own index may repeat one.
+    if not shape.get("distinct") or shape.get("normalize", "inputs") != "inputs":
+        return False
+    return shape["N"] / shape["K"] <= MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR
+
+
+def _every_cloud_has_k_real_points(shape: Shape, dtype: torch.dtype | None) -> str | None:
+    """torch_cluster's and pytorch3d's KNN cannot pad missing neighbours with inf (the reference can).
+
+    ``shape["min_real"]``: the real points of the smallest cloud, None when every point is real, or a callable that
+    counts them (a host sync on CUDA, run only when this check is reached)."""
+    fewest = shape.get("min_real")
+    if callable(fewest):
+        fewest = fewest()
+    k = shape.get("k")
+    if fewest is not None and k is not None and fewest < k:
+        return f"this KNN backend needs k <= the real points of every cloud, got k={k} and a cloud of {fewest}"
+    return None
+
 
 BACKENDS: dict[str, dict[str, Backend]] = {}
 
@@ -122,70 +254,113 @@ def _register(*backends: Backend) -> None:
 
 
 _register(
-    Backend("fps", "torch"),
+    # FPS: (x (B, N, C), num_samples, start (B,), mask (B, N) or None) -> (B, M) indices
+    Backend("fps", "torch", "attention.points:_fps_torch"),
     # torch-cluster's FPS is FPS, but on CUDA its rounding differs from the reference's (tools/bench_points.py on an
     # H100: other indices in one cloud of B = 32, N = 4096 and at N = 100K), and there it was never faster than the
     # torch path beyond the Triton kernel's limit (1501 vs 966-1486 ms at N = 100K): "auto" does not pick it.
-    Backend("fps", "cluster", "torch_cluster", exact=False),
-    Backend("fps", "pytorch3d", "pytorch3d"),
+    Backend("fps", "cluster", "attention.points:_fps_cluster", "torch_cluster", exact=False),
+    Backend("fps", "pytorch3d", "attention.points:_fps_pytorch3d", "pytorch3d"),
     Backend(
         "fps",
         "triton",
+        "attention.kernels.fps_triton:fps_triton",
         "triton",
         devices=("cuda",),
-        limits={"N": TRITON_FPS_MAX_POINTS, "C": TRITON_FPS_MAX_CHANNELS},
+        limits={"N": FPS_TRITON_MAX_POINTS, "C": FPS_TRITON_MAX_CHANNELS},
+        interpreted=True,
     ),
     # fpsample's plain FPS (Rust, CPU, one cloud at a time) is FPS, but its float rounding differs from the
     # reference's: near-ties resolve differently and the indices then diverge (tools/bench_points.py: one of the
     # B = 32, N = 1024, M = 512 batches differed), so it is not "exact" here and "auto" does not pick it.
-    Backend("fps", "fpsample", "fpsample", devices=("cpu",), exact=False),
+    Backend("fps", "fpsample", "attention.points:_fps_fpsample", "fpsample", devices=("cpu",), exact=False),
     # fpsample's bucket FPS (kd-line buckets): much faster on large clouds, but an approximation (other indices, its
     # first sample is not ``start``, coverage measured in docs/benchmarks.md); explicit only.
-    Backend("fps", "fpsample_bucket", "fpsample", devices=("cpu",), exact=False),
+    Backend(
+        "fps", "fpsample_bucket", "attention.points:_fps_fpsample_bucket", "fpsample", devices=("cpu",), exact=False
+    ),
     # attention/kernels/fps_numba.py: exact FPS (the reference's indices) with kd-tree pruning, one cloud at a time;
     # any C, masks and lengths.
-    Backend("fps", "numba", "numba", devices=("cpu",)),
-    Backend("knn", "torch"),
-    Backend("knn", "cluster", "torch_cluster"),
-    Backend("knn", "pytorch3d", "pytorch3d"),
-    # capsules.chamfer_distance: the dense reference, the chunked exact search, KNN searches, pytorch3d
-    Backend("chamfer", "dense"),
+    Backend(
+        "fps", "numba", "attention.kernels.fps_numba:fps_numba", "numba", devices=("cpu",), prefer=_numba_fps_preferred
+    ),
+    # KNN: (query (B, M, C), ref (B, N, C), k, mask (B, N) or None, chunk_bytes) -> (dist, idx) (B, M, k)
+    Backend("knn", "torch", "attention.points:_knn_torch"),
+    Backend(
+        "knn",
+        "cluster",
+        "attention.points:_knn_cluster",
+        "torch_cluster",
+        check=_every_cloud_has_k_real_points,
+        prefer=_low_dimensional,
+    ),
+    Backend("knn", "pytorch3d", "attention.points:_knn_pytorch3d", "pytorch3d", check=_every_cloud_has_k_real_points),
+    # Chamfer (capsules.chamfer_distance, which holds the callables: capsules depends on attention, not the other way):
+    # the dense reference, the chunked exact search in the inputs' precision, attention.knn's searches (float32),
+    # pytorch3d's KNN.
+    Backend("chamfer", "dense", prefer=_small_dense_chamfer),
     Backend("chamfer", "chunked"),
     Backend("chamfer", "knn_torch"),
-    Backend("chamfer", "knn_cluster", "torch_cluster"),
-    Backend("chamfer", "pytorch3d", "pytorch3d"),
-    Backend("cauchy_mix", "torch"),
-    Backend("cauchy_mix", "triton", "triton", devices=("cuda",), limits={"D": 64, "Dv": 64}),
-    Backend("vandermonde_mix", "torch"),
-    Backend("vandermonde_mix", "triton", "triton", devices=("cuda",), limits={"D": 64, "Dv": 64}),
+    Backend("chamfer", "knn_cluster", package="torch_cluster", prefer=_cluster_chamfer_preferred),
+    Backend("chamfer", "pytorch3d", package="pytorch3d"),
+    # The structured mixers' chunked path and their tiled Triton kernels (attention.mixers.functional branches on the
+    # name: the two take different arguments).
+    Backend("cauchy_mix", "torch", "attention.mixers.functional:cauchy_mix"),
+    Backend(
+        "cauchy_mix",
+        "triton",
+        "attention.kernels.mixers_triton:CauchyMixTriton",
+        "triton",
+        devices=("cuda",),
+        limits={"D": MIX_TRITON_MAX_HEAD_DIM, "Dv": MIX_TRITON_MAX_HEAD_DIM},
+        prefer=_not_float64,
+        interpreted=True,
+    ),
+    Backend("vandermonde_mix", "torch", "attention.mixers.functional:vandermonde_mix"),
+    Backend(
+        "vandermonde_mix",
+        "triton",
+        "attention.kernels.mixers_triton:VandermondeMixTriton",
+        "triton",
+        devices=("cuda",),
+        limits={"D": MIX_TRITON_MAX_HEAD_DIM, "Dv": MIX_TRITON_MAX_HEAD_DIM},
+        prefer=_not_float64,
+        interpreted=True,
+    ),
+    # FSAT's edge products (attention.mixers.fsat.sparse_edge_attention branches on the name)
     Backend("fsat_edges", "csr"),
     Backend("fsat_edges", "gather"),
     # attention.centroid: the KNN path as chunked gathers (memory O(B M K H) + a chunk) or as dense products under the
-    # neighbour mask (attention.centroid.masked_knn_attention: O(M N) work, faster where N / K is small)
-    Backend("knn_attention", "gather"),
-    Backend("knn_attention", "masked"),
+    # neighbour mask (O(M N) work, faster where N / K is small). The layer and centroid_attention branch on the name
+    # (FX keeps each form's function as a leaf).
+    Backend("knn_attention", "gather", "attention.centroid.functional:knn_centroid_attention"),
+    Backend(
+        "knn_attention",
+        "masked",
+        "attention.centroid.functional:masked_knn_attention",
+        prefer=_masked_attention_preferred,
+    ),
 )
 
-# "auto" preference per (op, device type), fastest first, from tools/bench_points.py (docs/benchmarks.md); the
-# reference ends every list. Callers may narrow the choice by shape (e.g. KNN uses torch_cluster's kd-tree only in
-# low dimensions) through the shape checks and limits above, or by passing their own order.
+# "auto" order per (op, device type), fastest first; each entry timed on that device by a bench (docs/benchmarks.md),
+# and the last entry takes every shape (the reference, or for Chamfer the chunked search). Shape preferences sit in the
+# entries' ``prefer`` above.
 AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
-    ("fps", "cpu"): ("torch",),  # farthest_point_sample passes ("numba", "torch") for coordinates (C <= 4)
-    ("fps", "cuda"): ("triton", "pytorch3d", "torch"),
-    ("knn", "cpu"): ("torch",),
-    ("knn", "cuda"): ("pytorch3d", "torch"),
-    ("chamfer", "cpu"): ("dense",),  # capsules.chamfer passes a per-shape order (size, dimension, dtype)
-    ("chamfer", "cuda"): ("pytorch3d", "chunked"),
+    ("fps", "cpu"): ("numba", "torch"),  # numba for coordinates (C <= FPS_NUMBA_AUTO_MAX_DIM)
+    ("fps", "cuda"): ("triton", "torch"),
+    ("knn", "cpu"): ("cluster", "torch"),  # the kd-tree for coordinates (C <= KNN_CLUSTER_AUTO_MAX_DIM)
+    ("knn", "cuda"): ("torch",),
+    # the dense reference for small inputs, the kd-tree for low-dimensional float32 clouds, else the chunked search
+    ("chamfer", "cpu"): ("dense", "knn_cluster", "chunked"),
+    ("chamfer", "cuda"): ("chunked",),
     ("cauchy_mix", "cpu"): ("torch",),
-    ("cauchy_mix", "cuda"): ("triton", "torch"),
+    ("cauchy_mix", "cuda"): ("triton", "torch"),  # float64 stays on the reference
     ("vandermonde_mix", "cpu"): ("torch",),
     ("vandermonde_mix", "cuda"): ("triton", "torch"),
-    ("fsat_edges", "cpu"): ("csr",),
-    ("fsat_edges", "cuda"): ("gather",),
+    ("fsat_edges", "cpu"): ("csr",),  # 20x faster there than gathering
+    ("fsat_edges", "cuda"): ("gather",),  # CUDA's index_add is fast; csr is not measured on a GPU
     # "masked" was 2.2x faster on one CPU thread at the point model's first stage (M=512, N=1024, K=24) but keeps
-    # O(B H M N) memory, so CPU stays on "gather". On CUDA "masked" comes first, and
-    # attention.centroid.knn_attention_form takes it only for a layer's own N / K <= MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR
-    # (H100 timings there).
+    # O(B H M N) memory, so CPU stays on "gather"; on CUDA "masked" while N / K <= MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR.
     ("knn_attention", "cpu"): ("gather",),
     ("knn_attention", "cuda"): ("masked", "gather"),
 }
@@ -201,27 +376,29 @@ def backend_names(op: str) -> list[str]:
 def available(op: str, name: str, device: torch.device | str = "cpu") -> bool:
     """Whether backend ``name`` of ``op`` is installed and runs on ``device`` (shape limits aside)."""
     b = BACKENDS.get(op, {}).get(name)
-    return b is not None and b.installed() and torch.device(device).type in b.devices
+    return b is not None and b.installed() and b.runs_on(device)
 
 
 def resolve(
     op: str,
     backend: str,
     device: torch.device | str,
-    shape: Mapping[str, object] | None = None,
-    order: tuple[str, ...] | None = None,
+    shape: Shape | None = None,
+    dtype: torch.dtype | None = None,
 ) -> str:
-    """The backend that runs ``op`` for a request.
+    """The backend that runs ``op`` for a request: the only place where backends are ordered or refused.
 
     Args:
         op: a key of :data:`BACKENDS`.
         backend: ``"auto"`` or a backend name.
         device: the device of the op's tensors.
-        shape: sizes the kernels' limits are checked against (e.g. ``{"N": 70000, "C": 3, "masked": False}``).
-        order: overrides the ``"auto"`` preference (:data:`AUTO_ORDER`) for this call.
+        shape: sizes the kernels' limits and preferences are read from (e.g. ``{"N": 70000, "C": 3}``; each op's
+            keys are those its entries read).
+        dtype: the dtype of the op's tensors (some backends prefer or refuse one).
 
     Raises:
-        ValueError: unknown backend, or an explicit backend that cannot take this device or shape.
+        ValueError: unknown backend, or an explicit backend that cannot take this device or shape (the message names
+            the limit).
         ImportError: an explicit backend whose package is not installed (the message says what to install).
     """
     choices = BACKENDS.get(op)
@@ -230,11 +407,11 @@ def resolve(
     reference = next(iter(choices))
     if backend == "auto" and is_tracing():
         return reference  # FX / dynamo / export follow plain tensor code; a compiled extension or numpy would break it
-    device = torch.device(device)  # after the tracing check: under FX a tensor's .device is a proxy
     if backend == "auto":
-        for name in order if order is not None else AUTO_ORDER.get((op, device.type), (reference,)):
+        device = torch.device(device)  # after the tracing check: under FX a tensor's .device is a proxy
+        for name in AUTO_ORDER.get((op, device.type), (reference,)):
             b = choices[name]
-            if b.exact and b.installed() and b.unsupported(device, shape) is None:
+            if b.exact and b.installed() and b.preferred(shape, dtype) and b.supports(device, shape, dtype):
                 return name
         return reference
     if backend not in choices:
@@ -242,7 +419,9 @@ def resolve(
     b = choices[backend]
     if not b.installed():
         raise ImportError(f"backend {backend!r} of {op} is not installed; install {INSTALL_HINTS[b.package]}")
-    why = b.unsupported(device, shape)
+    if not isinstance(device, (str, torch.device)):
+        return backend  # FX symbolic tracing: the device is a proxy, there is nothing to check it against
+    why = b.unsupported(device, shape, dtype)
     if why is not None:
         raise ValueError(f"{why}; use backend='auto' to pick one that can")
     return backend

@@ -50,33 +50,27 @@ import math
 import torch
 from torch import Tensor
 
-from .backends import HAS_FPSAMPLE, HAS_NUMBA, HAS_PYTORCH3D, HAS_TORCH_CLUSTER, HAS_TRITON, resolve
+from .backends import BACKENDS, HAS_FPSAMPLE, HAS_NUMBA, HAS_PYTORCH3D, HAS_TORCH_CLUSTER, HAS_TRITON, resolve
 from .checks import check_index, check_mask, check_points, checks_active
+from .chunking import chunk_budget, chunk_rows
 
 __all__ = [
     "FPSAMPLE_BUCKET_HEIGHT",
-    "FPS_BACKENDS",
     "HAS_FPSAMPLE",
     "HAS_NUMBA",
     "HAS_PYTORCH3D",
     "HAS_TORCH_CLUSTER",
     "HAS_TRITON",
-    "KNN_BACKENDS",
     "farthest_point_sample",
-    "fps_auto_order",
     "gather",
     "interpolate",
     "knn",
+    "knn_chunked",
     "lengths_to_mask",
     "nearest_upsample",
 ]
 
 _logger = logging.getLogger(__name__)
-
-# Default memory budget of one chunk of the brute-force distance matrix, in bytes; on CUDA a larger one, where a chunk
-# costs its kernel launches more than its bytes (see attention.centroid.functional.ATTN_CHUNK_BYTES_CUDA).
-KNN_CHUNK_BYTES = 32 * 2**20
-KNN_CHUNK_BYTES_CUDA = 256 * 2**20
 
 
 def lengths_to_mask(lengths: Tensor, max_len: int) -> Tensor:
@@ -200,12 +194,6 @@ def _fps_pytorch3d(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | No
     return torch.gather(perm, 1, idx)
 
 
-def _fps_triton(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None) -> Tensor:
-    from .kernels.fps_triton import fps_triton
-
-    return fps_triton(x.detach(), num_samples, start, mask)
-
-
 # Height of fpsample's kd-line buckets (its docs suggest 3-9 for large clouds); a larger height is faster and
 # coarser.
 FPSAMPLE_BUCKET_HEIGHT = 7
@@ -236,47 +224,8 @@ def _fps_fpsample(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | Non
     return torch.from_numpy(out).to(x.device)
 
 
-def _fps_numba(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None) -> Tensor:
-    """Exact FPS with kd-tree pruning (attention/kernels/fps_numba.py), one cloud at a time."""
-    import numpy as np
-
-    from .kernels.fps_numba import fps_numba_cloud
-
-    pts = x.detach().float().cpu().numpy()
-    starts = start.tolist()
-    keep = None if mask is None else mask.cpu().numpy()
-    every = np.arange(x.shape[1], dtype=np.int64)
-    out = np.empty((x.shape[0], num_samples), dtype=np.int64)
-    for b in range(x.shape[0]):
-        real = every if keep is None else np.flatnonzero(keep[b]).astype(np.int64)
-        out[b] = fps_numba_cloud(np.ascontiguousarray(pts[b]), real, int(starts[b]), num_samples)
-    return torch.from_numpy(out).to(x.device)
-
-
 def _fps_fpsample_bucket(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None) -> Tensor:
     return _fps_fpsample(x, num_samples, start, mask, bucket=True)
-
-
-# The numba FPS prunes with a kd-tree, which skips most of a cloud in low dimensions only: tools/bench_points.py
-# measured it 1.5-40x faster than the reference for C = 3 on every CPU shape tried (B = 1-32, N = 512-100K), but not
-# reliably faster from C = 8 up (random 8-64-d features), so "auto" uses it for coordinates only.
-_FPS_NUMBA_MAX_DIM = 4
-
-
-def fps_auto_order(device: torch.device, channels: int) -> tuple[str, ...] | None:
-    """The "auto" preference of FPS for points of ``channels`` dimensions on ``device`` (None: the default order)."""
-    return ("numba", "torch") if device.type == "cpu" and channels <= _FPS_NUMBA_MAX_DIM else None
-
-
-FPS_BACKENDS = {
-    "torch": _fps_torch,
-    "cluster": _fps_cluster,
-    "pytorch3d": _fps_pytorch3d,
-    "triton": _fps_triton,
-    "fpsample": _fps_fpsample,
-    "fpsample_bucket": _fps_fpsample_bucket,
-    "numba": _fps_numba,
-}
 
 
 def farthest_point_sample(
@@ -298,8 +247,8 @@ def farthest_point_sample(
             real point per cloud (drawn from ``generator``). Given ``start`` the result is deterministic.
         mask: optional ``(B, N)`` bool, True for real points of a padded (ragged) batch.
         lengths: optional ``(B,)`` number of real points per cloud (real points first); exclusive with ``mask``.
-        backend: ``"auto"`` or a name of :data:`FPS_BACKENDS` (see the module docstring); ``"fpsample_bucket"`` is
-            approximate; ``"numba"`` is exact and pruned (auto's CPU choice for C <= 4).
+        backend: ``"auto"`` or a backend of ``attention.backend_names("fps")`` (see the module docstring);
+            ``"fpsample_bucket"`` is approximate; ``"numba"`` is exact and pruned (auto's CPU choice for C <= 4).
         generator: random generator for ``start=None``.
 
     Returns:
@@ -340,10 +289,8 @@ def farthest_point_sample(
     if mask is not None and checks_active() and not bool(mask.gather(1, start[:, None]).all()):
         raise ValueError("start points at a padded point (mask is False there)")
     shape = {"B": B, "N": N, "C": x.shape[-1], "M": num_samples, "masked": mask is not None}
-    name = resolve(
-        "fps", backend, x.device, shape, order=fps_auto_order(x.device, x.shape[-1])
-    )  # the reference while tracing (attention.backends)
-    return FPS_BACKENDS[name](x, num_samples, start, mask)
+    name = resolve("fps", backend, x.device, shape)  # the reference while tracing (attention.backends)
+    return BACKENDS["fps"][name].load()(x, num_samples, start, mask)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -364,40 +311,67 @@ def _exact_sq_dist(query: Tensor, ref: Tensor, idx: Tensor) -> Tensor:
     return nbrs.sub_(query.unsqueeze(2)).square_().sum(-1)
 
 
-def _knn_torch(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chunk_bytes: int) -> tuple[Tensor, Tensor]:
-    """Reference KNN: brute force over chunks of queries, so at most ``chunk_bytes`` of distances exist at once.
+def knn_chunked(
+    query: Tensor, ref: Tensor, k: int, *, mask: Tensor | None = None, chunk_bytes: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """The exact chunked nearest-neighbour search: :func:`knn`'s reference, and the search of the Chamfer distance.
 
-    The candidate set comes from ``|q|^2 + |r|^2 - 2 q.r`` (a matmul). The expansion's rounding error (~1e-7 of
-    ``|q|^2 + |r|^2``) can swap near-equal neighbours at the k-th place, so each chunk keeps a few spare candidates,
-    recomputes their distances exactly as ``sum((q - r)^2)`` and keeps the k nearest. Both sets are first centred
-    on the reference cloud's mean: the error grows with the norms, so clouds far from the origin would otherwise get
-    wrong neighbours (at an offset of 1000 almost all of them).
+    Brute force over chunks of queries (and, for very large clouds, of reference points), so that at most
+    ``chunk_bytes`` of distances exist at once. The candidate set comes from ``|q|^2 + |r|^2 - 2 q.r`` (a matmul) on
+    both sets centred on the reference cloud's mean (the expansion's rounding error, ~1e-7 of ``|q|^2 + |r|^2`` in
+    float32, grows with the norms: clouds far from the origin would otherwise get wrong neighbours). Each query keeps
+    a few spare candidates, whose distances are then computed exactly as ``sum_c (q_c - r_c)^2`` on the inputs (the
+    arithmetic of a dense distance matrix, so near-equal neighbours resolve as there), and the k nearest are kept (in
+    no particular order among exactly equal distances). No input validation: :func:`knn` and
+    ``capsules.chamfer_distance`` validate theirs.
+
+    Args:
+        query: ``(B, M, C)``; searched in its precision, float32 at least (float64 stays float64).
+        ref: ``(B, N, C)`` with the same dtype, ``k <= N``.
+        k: neighbours per query.
+        mask: optional ``(B, N)`` bool, True for real reference points; a query whose cloud has fewer than k real
+            points gets distance ``inf`` in its last slots.
+        chunk_bytes: memory budget of one chunk of distances (default ``attention.chunking.chunk_budget("knn", ...)``).
+
+    Returns:
+        ``(dist, idx)``: ``(B, M, k)`` squared distances in ascending order (no gradient) and int64 indices.
     """
     B, M, C = query.shape
     N = ref.shape[1]
-    q = query.detach().float()
-    r = ref.detach().float()
+    work = torch.promote_types(query.dtype, torch.float32)
+    q0, r0 = query.detach().to(work), ref.detach().to(work)
     if mask is None:
-        centre = r.mean(1, keepdim=True)
+        centre = r0.mean(1, keepdim=True)
     else:
-        w = mask.unsqueeze(-1).float()
-        centre = (r * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp_min(1.0)
-    q = q - centre
-    r = r - centre
+        w = mask.unsqueeze(-1).to(work)
+        centre = (r0 * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp_min(1.0)
+    q, r = q0 - centre, r0 - centre
     r_sq = r.pow(2).sum(-1)  # (B, N)
     if mask is not None:
         r_sq = r_sq.masked_fill(~mask, math.inf)  # padded points are infinitely far
     kc = min(N, k + max(4, k // 4))
-    # A chunk holds either its (B, m, N) distances or its (B, m, kc, C) gathered candidates, never both.
-    rows = max(1, chunk_bytes // (4 * B * max(N, kc * C)))
-    rt = r.transpose(1, 2)
+    budget = chunk_budget("knn", query.device) if chunk_bytes is None else chunk_bytes
+    item = torch.finfo(work).bits // 8
+    # A chunk holds either its (B, rows, cols) distances or its (B, rows, kc, C) candidates, never both; all N columns
+    # at once unless a single query row would not fit.
+    cols = N if B * max(N, kc * C) * item <= budget else max(1, budget // (B * item))
+    rows = chunk_rows(M, B * max(cols, kc * C) * item, budget)
+    rt = r.transpose(1, 2)  # (B, C, N)
     dists, idxs = [], []
     for s in range(0, M, rows):
         qc = q[:, s : s + rows]  # (B, m, C)
-        d = torch.baddbmm(r_sq[:, None, :], qc, rt, alpha=-2.0)  # (B, m, N), minus |q|^2
-        cand = d.topk(kc, dim=-1, largest=False, sorted=False).indices  # (B, m, kc)
-        del d
-        exact = _exact_sq_dist(qc, r, cand)
+        cand = cand_d = None
+        for t in range(0, N, cols):
+            d = torch.baddbmm(r_sq[:, None, t : t + cols], qc, rt[:, :, t : t + cols], alpha=-2.0)  # minus |q|^2
+            tile_d, tile_i = d.topk(min(kc, d.shape[-1]), dim=-1, largest=False, sorted=False)  # (B, m, <= kc)
+            del d
+            if cand is None:
+                cand_d, cand = tile_d, tile_i + t
+            else:  # keep the kc nearest of the running candidates and this column tile's
+                cand_d, cand = torch.cat([cand_d, tile_d], -1), torch.cat([cand, tile_i + t], -1)
+                cand_d, keep = cand_d.topk(min(kc, cand_d.shape[-1]), dim=-1, largest=False, sorted=False)
+                cand = cand.gather(-1, keep)
+        exact = _exact_sq_dist(q0[:, s : s + rows], r0, cand)  # (B, m, kc)
         if mask is not None:
             exact = exact.masked_fill(~gather(mask, cand), math.inf)
         dist, order = exact.topk(k, dim=-1, largest=False, sorted=True)
@@ -406,6 +380,13 @@ def _knn_torch(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chunk_by
     if len(dists) == 1:
         return dists[0], idxs[0]
     return torch.cat(dists, 1), torch.cat(idxs, 1)
+
+
+def _knn_torch(
+    query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chunk_bytes: int | None
+) -> tuple[Tensor, Tensor]:
+    """The reference of :func:`knn`: :func:`knn_chunked` in float32."""
+    return knn_chunked(query.detach().float(), ref.detach().float(), k, mask=mask, chunk_bytes=chunk_bytes)
 
 
 def _knn_cluster(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chunk_bytes: int) -> tuple[Tensor, Tensor]:
@@ -455,12 +436,6 @@ def _knn_pytorch3d(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chun
     return dist, idx
 
 
-KNN_BACKENDS = {"torch": _knn_torch, "cluster": _knn_cluster, "pytorch3d": _knn_pytorch3d}
-# torch_cluster's CPU kd-tree beats the brute-force reference only in low dimensions (tools/bench_points.py: about 2x
-# faster for C = 3, 1.5x slower at C = 8, 3x slower at C = 64), so "auto" uses it for coordinates only.
-_KNN_CLUSTER_MAX_DIM = 4
-
-
 def knn(
     query: Tensor,
     ref: Tensor,
@@ -477,11 +452,12 @@ def knn(
         ref: ``(B, N, C)`` reference points or features.
         k: neighbours per query, ``1 <= k <= N``.
         mask: optional ``(B, N)`` bool, True for real reference points. A query whose cloud has fewer than k real
-            points gets distance ``inf`` in its last slots (their indices point at padded points: mask them).
+            points gets distance ``inf`` in its last slots (their indices point at padded points: mask them); only
+            the reference can pad so: ``"auto"`` then takes it, and an explicit other backend raises ``ValueError``.
         backend: ``"auto"``, ``"torch"``, ``"cluster"`` or ``"pytorch3d"``.
         chunk_bytes: memory budget of one chunk of the reference's distance matrix; the full ``(B, M, N)`` matrix
-            is never built when it would exceed this (default :data:`KNN_CHUNK_BYTES`, on CUDA
-            :data:`KNN_CHUNK_BYTES_CUDA`).
+            is never built when it would exceed this (default ``attention.chunking.chunk_budget("knn", device)``:
+            32 MiB, 256 MiB on CUDA).
 
     Returns:
         ``(dist, idx)``: float32 ``(B, M, k)`` squared distances in ascending order and int64 ``(B, M, k)`` indices.
@@ -494,15 +470,11 @@ def knn(
     if k > N:
         raise ValueError(f"k={k} neighbours requested but ref has only N={N} points: need k <= N")
     mask = _point_mask(ref, mask, None, "ref", nonempty="cloud of ref")
-    order = None
-    if query.device.type == "cpu" and ref.shape[-1] <= _KNN_CLUSTER_MAX_DIM:
-        order = ("cluster", "torch")
-    name = resolve("knn", backend, query.device, {"N": N, "C": ref.shape[-1]}, order=order)
-    if name != "torch" and mask is not None and int(mask.sum(1).min()) < k:
-        name = "torch"  # torch_cluster and pytorch3d cannot pad missing neighbours with inf; the reference can
-    if chunk_bytes is None:
-        chunk_bytes = KNN_CHUNK_BYTES_CUDA if query.device.type == "cuda" else KNN_CHUNK_BYTES
-    return KNN_BACKENDS[name](query, ref, k, mask, chunk_bytes)
+    # the real points of the smallest cloud, counted (a host sync on CUDA) only by a backend that must know them
+    fewest = None if mask is None else (lambda: int(mask.sum(1).min()))
+    shape = {"N": N, "C": ref.shape[-1], "k": k, "min_real": fewest}
+    name = resolve("knn", backend, query.device, shape)  # the reference while tracing (attention.backends)
+    return BACKENDS["knn"][name].load()(query, ref, k, mask, chunk_bytes)
 
 
 # --------------------------------------------------------------------------------------------------------------------

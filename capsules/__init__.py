@@ -16,7 +16,6 @@ input cloud and its reconstruction.
 
 from .chamfer import (
     CHAMFER_BACKENDS,
-    CHAMFER_CHUNK_BYTES,
     CHAMFER_DEFINITION,
     ChamferOutput,
     chamfer_definition,
@@ -26,7 +25,6 @@ from .model import MODELS, PointCapsNet, create_model, list_models, register_mod
 
 __all__ = [
     "CHAMFER_BACKENDS",
-    "CHAMFER_CHUNK_BYTES",
     "CHAMFER_DEFINITION",
     "MODELS",
     "ChamferOutput",

@@ -19,7 +19,8 @@ Backends (all agree with ``"dense"``, the ground truth, in value and gradient; `
 backend            nearest-neighbour search
 =================  ==================================================================================================
 ``dense``          full ``(B, N, M)`` distance matrix, ``min`` over each axis, autograd through it (reference)
-``chunked``        exact ``sum_c (a_c - b_c)^2`` over tiles of at most ``chunk_bytes``, running min (CPU, CUDA)
+``chunked``        :func:`attention.knn_chunked` in the inputs' precision: chunks of at most ``chunk_bytes``, exact
+                   ``sum_c (a_c - b_c)^2`` for the final choice (CPU, CUDA)
 ``knn_torch``      :func:`attention.knn` ``backend="torch"`` (matmul brute force, memory bounded)
 ``knn_cluster``    :func:`attention.knn` ``backend="cluster"`` (torch-cluster kd-tree on CPU; searches in float32)
 ``pytorch3d``      ``pytorch3d.ops.knn_points`` with K = 1 (CUDA kernels), when installed
@@ -39,10 +40,11 @@ from torch import Tensor
 
 from attention import gather, knn, resolve
 from attention.checks import check_points
+from attention.chunking import chunk_budget
+from attention.points import knn_chunked
 
 __all__ = [
     "CHAMFER_BACKENDS",
-    "CHAMFER_CHUNK_BYTES",
     "CHAMFER_DEFINITION",
     "ChamferOutput",
     "chamfer_definition",
@@ -53,17 +55,6 @@ CHAMFER_DEFINITION = (
     "Chamfer distance = mean over a of min over b ||a - b||^2 + mean over b of min over a ||b - a||^2 "
     "(squared L2, sum of the two directional means, no factor 1/2), averaged over the batch"
 )
-
-# Default memory budget of one tile of the distance matrix in the chunked search, in bytes.
-CHAMFER_CHUNK_BYTES = 32 * 2**20
-
-# "auto" on CPU uses the dense reference while its (B, N, M, C) difference tensor stays below this many bytes.
-_DENSE_AUTO_BYTES = 2 * 2**20
-
-# "auto" on CPU uses torch_cluster's kd-tree for coordinates: forward + backward at B = 8, N = M = 2048, C = 3 took
-# 25 ms against 97 ms (knn_torch), 197 ms (chunked) and 1.7 s (dense) on 2 CPU cores; like attention.knn, it is
-# used for low dimensions only, where a kd-tree beats brute force.
-_CLUSTER_MAX_DIM = 4
 
 
 _REDUCTIONS = ("mean", "sum", "none")
@@ -115,47 +106,10 @@ def _dense(a: Tensor, b: Tensor, chunk_bytes: int) -> tuple[Tensor, Tensor, Tens
     return dist_a, dist_b, idx_a, idx_b
 
 
-@torch.no_grad()
-def _nearest_chunked(q: Tensor, r: Tensor, chunk_bytes: int) -> Tensor:
-    """Index ``(B, Q)`` of the nearest ``r`` of every ``q``, never holding more than ``chunk_bytes`` of distances.
-
-    Tiles ``(B, rows, cols)`` of the distance matrix are built as ``sum_c (q_c - r_c)^2`` one channel at a time (the
-    same arithmetic as the dense reference, so near ties resolve alike; no ``(B, rows, cols, C)`` temporary), and a
-    running min is kept over column tiles. Two tiles live at once (the sum and one channel's term).
-    """
-    B, Q, C = q.shape
-    R = r.shape[1]
-    work = torch.promote_types(q.dtype, torch.float32)  # search half precision inputs in float32
-    qt = q.detach().to(work).permute(2, 0, 1)  # (C, B, Q)
-    rt = r.detach().to(work).permute(2, 0, 1)  # (C, B, R)
-    budget = max(1, chunk_bytes // (2 * torch.finfo(work).bits // 8))  # elements per tile
-    if B * R <= budget:
-        cols, rows = R, budget // (B * R)
-    else:
-        cols, rows = max(1, budget // B), 1
-    idx = torch.empty(B, Q, dtype=torch.long, device=q.device)
-    for s in range(0, Q, rows):
-        e = min(Q, s + rows)
-        run_d = run_i = None
-        for t in range(0, R, cols):
-            u = min(R, t + cols)
-            d = (qt[0, :, s:e, None] - rt[0, :, None, t:u]).square_()  # (B, rows, cols)
-            for c in range(1, C):
-                d.add_((qt[c, :, s:e, None] - rt[c, :, None, t:u]).square_())
-            tile_d, tile_i = d.min(dim=2)  # (B, rows)
-            del d
-            if run_d is None:
-                run_d, run_i = tile_d, tile_i
-            else:
-                closer = tile_d < run_d  # strict: an earlier tile keeps ties, like a single min
-                run_d = torch.where(closer, tile_d, run_d)
-                run_i = torch.where(closer, tile_i + t, run_i)
-        idx[:, s:e] = run_i
-    return idx
-
-
 def _search_chunked(a: Tensor, b: Tensor, chunk_bytes: int) -> tuple[Tensor, Tensor]:
-    return _nearest_chunked(a, b, chunk_bytes), _nearest_chunked(b, a, chunk_bytes)
+    idx_a = knn_chunked(a, b, 1, chunk_bytes=chunk_bytes)[1].squeeze(-1)
+    idx_b = knn_chunked(b, a, 1, chunk_bytes=chunk_bytes)[1].squeeze(-1)
+    return idx_a, idx_b
 
 
 def _search_knn(backend: str):
@@ -199,21 +153,10 @@ CHAMFER_BACKENDS = {
 
 
 def _resolve_backend(backend: str, a: Tensor, b: Tensor) -> str:
-    """The backend for these clouds, through :func:`attention.backends.resolve` (the one switchboard).
-
-    ``auto``'s preference depends on the shape: the dense reference while its difference tensor is small, the kd-tree
-    for low-dimensional float32 clouds, else the chunked search; on CUDA pytorch3d when installed.
-    """
+    """The backend for these clouds: :func:`attention.backends.resolve` (the one switchboard) given their sizes."""
     B, N, C = a.shape
-    if a.device.type == "cuda":
-        order = ("pytorch3d", "chunked")
-    elif B * N * b.shape[1] * C * a.element_size() <= _DENSE_AUTO_BYTES:
-        order = ("dense",)
-    elif C <= _CLUSTER_MAX_DIM and a.dtype != torch.float64:  # the kd-tree searches in float32
-        order = ("knn_cluster", "chunked")
-    else:
-        order = ("chunked",)
-    return resolve("chamfer", backend, a.device, {"C": C}, order=order)
+    shape = {"B": B, "N": N, "M": b.shape[1], "C": C, "itemsize": a.element_size()}
+    return resolve("chamfer", backend, a.device, shape, a.dtype)
 
 
 def _safe_sqrt(x: Tensor) -> Tensor:
@@ -231,7 +174,7 @@ def chamfer_distance(
     return_per_point: bool = False,
     return_indices: bool = False,
     backend: str = "auto",
-    chunk_bytes: int = CHAMFER_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
 ) -> Tensor | ChamferOutput:
     """Chamfer distance between the clouds ``a`` and ``b`` of every batch element.
 
@@ -253,9 +196,10 @@ def chamfer_distance(
             ``squared`` convention as the loss, differentiable).
         return_indices: also return the nearest indices ``idx_a (B, N)`` into b and ``idx_b (B, M)`` into a.
         backend: ``"auto"``, ``"dense"``, ``"chunked"``, ``"knn_torch"``, ``"knn_cluster"`` or ``"pytorch3d"`` (see
-            the module docstring). ``"auto"``: pytorch3d on CUDA when installed, else chunked; on CPU the dense
-            reference for small inputs, knn_cluster for C <= 4 (not float64) when installed, else chunked.
-        chunk_bytes: memory budget of one tile of the distance matrix for ``"chunked"`` (and ``"knn_torch"``).
+            the module docstring). ``"auto"``: chunked on CUDA; on CPU the dense reference for small inputs,
+            knn_cluster for C <= 4 (not float64) when installed, else chunked (``attention.backends.AUTO_ORDER``).
+        chunk_bytes: memory budget of one tile of the distance matrix for ``"chunked"`` (and ``"knn_torch"``); default
+            ``attention.chunking.chunk_budget("chamfer", device)`` (32 MiB).
 
     Returns:
         The loss alone when neither ``return_per_point`` nor ``return_indices`` is set; otherwise a
@@ -267,6 +211,8 @@ def chamfer_distance(
         raise TypeError(f"a and b must have the same dtype, got {a.dtype} and {b.dtype}")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; choose one of {list(_REDUCTIONS)}")
+    if chunk_bytes is None:
+        chunk_bytes = chunk_budget("chamfer", a.device)
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
     name = _resolve_backend(backend, a, b)

@@ -48,21 +48,17 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ..backends import BACKENDS, resolve
+from ..backends import resolve
 from ..checks import check_index, check_mask, checks_active, is_tracing
+from ..chunking import chunk_budget, chunk_rows
 from ..points import gather
 
 __all__ = [
-    "ATTN_CHUNK_BYTES",
-    "ATTN_CHUNK_BYTES_CUDA",
-    "MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR",
     "NORMALIZATIONS",
-    "attn_chunk_bytes",
     "centroid_attention",
     "check_neighbor_idx",
     "dense_centroid_attention",
     "edge_attention",
-    "knn_attention_form",
     "knn_centroid_attention",
     "masked_knn_attention",
 ]
@@ -133,13 +129,14 @@ def centroid_attention(
         normalize: ``"inputs"`` (softmax over inputs) or ``"centroids"`` (soft k-means assignment, see module doc).
         dropout_p: dropout on the attention weights (pass 0 in eval).
         eps: keeps the row normalization of ``normalize="centroids"`` finite for a centroid with no mass.
-        chunk_bytes: memory budget of one chunk of gathered keys or values (default: :func:`attn_chunk_bytes`,
-            16 MiB on CPU, 256 MiB on CUDA).
+        chunk_bytes: memory budget of one chunk of gathered keys or values (default:
+            ``attention.chunking.chunk_budget("knn_attention", device)``, 16 MiB on CPU, 256 MiB on CUDA).
         reference: use the plain gather-everything KNN path.
         backend: the KNN path's form (``idx`` given): ``"gather"`` (chunked gathers, memory O(B M K H) plus a chunk),
             ``"masked"`` (:func:`masked_knn_attention`, dense matrix products under the neighbour mask) or ``"auto"``
             (``"gather"``: a caller's ``idx`` may repeat a neighbour, which the masked form counts once; the layer,
-            whose own search never repeats one, takes ``"masked"`` on CUDA, see :func:`knn_attention_form`).
+            whose own search never repeats one, takes ``"masked"`` on CUDA where N / K is small: op
+            ``"knn_attention"`` of :func:`attention.backends.resolve`).
 
     Returns:
         ``(B, H, M, D)`` attended values (before the output projection and skip).
@@ -165,7 +162,9 @@ def centroid_attention(
         kn = gather(k.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
         vn = gather(v.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
         return edge_attention(q, kn, vn, idx, N, mask=mask, normalize=normalize, dropout_p=dropout_p, eps=eps)
-    if knn_attention_form(backend, q.device) == "masked":  # "auto": gather (the caller's idx may repeat an index)
+    # "auto" is "gather" here: the caller's idx may repeat an index (attention.backends, "knn_attention")
+    shape = {"N": N, "K": idx.shape[-1], "distinct": False, "normalize": normalize}
+    if resolve("knn_attention", backend, q.device, shape) == "masked":
         return masked_knn_attention(q, k, v, idx, mask, normalize, dropout_p, eps)
     return knn_centroid_attention(q, k, v, idx, mask, normalize, dropout_p, eps, chunk_bytes)
 
@@ -182,35 +181,6 @@ def dense_centroid_attention(
     """The dense path of :func:`centroid_attention` without validation: q ``(B, H, M, D)``, k and v
     ``(B, H, N, D)``, mask ``(B, N)`` bool or None; returns ``(B, H, M, D)``. Plain tensor code (traceable)."""
     return _attend(q, k, v, None if mask is None else mask[:, None, None, :], normalize, dropout_p, eps)
-
-
-# "auto" takes the masked form (where AUTO_ORDER lists it: CUDA) while a stage's inputs per neighbour N / K is at most
-# this: the masked form does N / K times the gather form's attention work, as large matrix products instead of
-# gathers. H100, bf16 AMP, forward + backward (tools/gpu_check.py, docs/benchmarks.md): bench_centroid (B=1, H=4,
-# K=32) masked vs gather 3.11 vs 3.63 ms at N / K = 32, 3.43 vs 4.76 at 128, 4.47 vs 4.65 at 256, 11.5 vs 4.68 at
-# 512; the point model (N / K = 43 and 21) trained 1.2-1.3x faster masked at batch 32 and 2.2x at batch 128.
-MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR = 128
-
-
-def knn_attention_form(backend: str, device: torch.device, inputs_per_neighbor: float | None = None) -> str:
-    """``"gather"`` or ``"masked"``: the KNN path's form for ``backend``.
-
-    ``"auto"`` follows :data:`attention.backends.AUTO_ORDER` (CUDA: masked first) but takes ``"masked"`` only for a
-    known ``inputs_per_neighbor`` (N / K) of at most :data:`MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR`. None (unknown, e.g.
-    a caller's index that may repeat a neighbour, which the masked form counts once) means ``"gather"``. Explicit
-    names never touch ``device`` (a proxy under FX). While traced (FX, dynamo, export) ``"auto"`` is ``"gather"``.
-    The limit is read from this module (``attention.centroid.functional.MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR``)."""
-    if backend == "auto":
-        if inputs_per_neighbor is None or (
-            not is_tracing() and inputs_per_neighbor > MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR
-        ):
-            return "gather"
-        return resolve("knn_attention", "auto", device)
-    if backend not in BACKENDS["knn_attention"]:
-        raise ValueError(
-            f"unknown KNN attention backend {backend!r}; choose one of {['auto', *BACKENDS['knn_attention']]}"
-        )
-    return backend
 
 
 def masked_knn_attention(
@@ -271,8 +241,8 @@ def knn_centroid_attention(
     ``(B, H, N, D)``, idx ``(B, M, K)``; returns ``(B, H, M, D)``. An FX leaf (custom autograd Functions)."""
     B, H, M, D = q.shape
     N, K = k.shape[2], idx.shape[-1]
-    budget = attn_chunk_bytes(q.device) if chunk_bytes is None else chunk_bytes
-    rows = _chunk_rows(B * M, K * H * D * q.element_size(), budget)
+    budget = chunk_budget("knn_attention", q.device) if chunk_bytes is None else chunk_bytes
+    rows = chunk_rows(B * M, K * H * D * q.element_size(), budget)
     # The Functions work on rows of (batch, point) pairs: (B * M) query rows, (B * N) key / value rows, and indices
     # into the flat key rows. A chunk is then a contiguous slice of rows (no copy of a strided slice of q, idx or
     # the output per chunk), and the gathered (rows, K, H, D) block is reduced in place. These reshapes are views
@@ -319,31 +289,6 @@ def edge_attention(
     scores = torch.einsum("bhmd,bmkhd->bhmk", q, kn) * q.shape[-1] ** -0.5  # (B, H, M, K)
     attn = _knn_weights(scores, idx, N, mask, normalize, dropout_p, eps)
     return torch.einsum("bhmk,bmkhd->bhmd", attn, vn)
-
-
-# Memory budget of the gathered keys (or values) of one chunk of centroids in the KNN path, in bytes. The chunk is
-# multiplied in place; the backward pass adds the per-edge gradients of the keys (values) as a chunk-sized temporary
-# in float32 (twice the budget for bf16 inputs), which index_add_ scatters.
-ATTN_CHUNK_BYTES = 16 * 2**20
-# The budget on CUDA. Every chunk costs about ten kernels in the forward and backward passes, and on a GPU a small
-# kernel costs its launch (microseconds), not its bytes: 16 MiB take an H100 about 5 us to move. A forward + backward
-# of the centroid transformer runs 4,331 aten ops at batch 32 with the CPU budgets and 1,255 with the CUDA ones
-# (13,965 and 2,079 at batch 128; bench_modelnet's ops/step, docs/benchmarks.md "GPU"), and its H100 step time had
-# followed the op count (37 ms at batch 32, 128 ms at 128).
-ATTN_CHUNK_BYTES_CUDA = 256 * 2**20
-
-
-def attn_chunk_bytes(device: torch.device) -> int:
-    """The KNN path's default chunk budget on ``device``: :data:`ATTN_CHUNK_BYTES_CUDA` on CUDA, else
-    :data:`ATTN_CHUNK_BYTES` (read when called, so either can be set on this module)."""
-    return ATTN_CHUNK_BYTES_CUDA if device.type == "cuda" else ATTN_CHUNK_BYTES
-
-
-def _chunk_rows(num_rows: int, row_bytes: int, budget: int) -> int:
-    """Rows per chunk: as many as fit the budget, spread evenly over the chunks (no small last chunk)."""
-    rows = max(1, min(num_rows, budget // max(1, row_bytes)))
-    chunks = -(-num_rows // rows)
-    return -(-num_rows // chunks)
 
 
 def _flat_rows(idx: Tensor, N: int) -> Tensor:

@@ -14,7 +14,7 @@ methods from their live annotations, not from strings.
 import torch
 from torch import Tensor, nn
 
-from ..backends import backend_names
+from ..backends import backend_names, resolve
 from ..checks import check_mask, check_points, checks_active
 from ..layers import DropPath
 from ..points import knn
@@ -22,7 +22,6 @@ from .functional import (
     NORMALIZATIONS,
     check_neighbor_idx,
     dense_centroid_attention,
-    knn_attention_form,
     knn_centroid_attention,
     masked_knn_attention,
 )
@@ -59,9 +58,9 @@ class CentroidAttention(nn.Module):
         knn_backend: backend of :func:`attention.knn`.
         attn_backend: form of the KNN attention: ``"gather"`` (chunked gathers), ``"masked"`` (dense products under
             the neighbour mask, :func:`attention.centroid.masked_knn_attention`) or ``"auto"`` (on CUDA ``"masked"``
-            while N / K <= ``MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR`` and ``normalize="inputs"``, else ``"gather"``; on CPU
-            and while traced ``"gather"``). The masked form counts a repeated neighbour index once: under "auto" a
-            given ``neighbor_idx`` must not repeat one.
+            while N / K <= ``attention.backends.MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR`` and ``normalize="inputs"``, else
+            ``"gather"``; on CPU and while traced ``"gather"``). The masked form counts a repeated neighbour index
+            once: under "auto" a given ``neighbor_idx`` must not repeat one.
         drop_path: stochastic depth on each step's update (timm's DropPath; the vision models use it).
         validate_inputs: check the inputs in eager mode (:meth:`check_inputs`, behind
             :func:`attention.checks.checks_active`). False for a layer inside a model that validates its own input:
@@ -180,11 +179,9 @@ class CentroidAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, idx: Tensor, mask: Tensor | None, dropout_p: float
     ) -> Tensor:
         # TorchScript cannot compile the chunked autograd Functions: a scripted KNN layer raises here.
-        # "auto" sizes by N / K (a KNN search's neighbours never repeat; a given neighbor_idx must not, under "auto").
-        # Timed only for normalize="inputs" (SDPA); "centroids" keeps several dense (B, H, M, N) tensors: gather.
-        per_neighbor = None
-        if self.attn_backend == "auto" and self.normalize == "inputs":
-            per_neighbor = k.shape[2] / idx.shape[-1]
-        if knn_attention_form(self.attn_backend, q.device, per_neighbor) == "masked":
+        # The form is the switchboard's (op "knn_attention"): "auto" sizes it by N / K and the normalization; a KNN
+        # search's neighbours never repeat, and a given neighbor_idx must not, under "auto".
+        shape = {"N": k.shape[2], "K": idx.shape[-1], "distinct": True, "normalize": self.normalize}
+        if resolve("knn_attention", self.attn_backend, q.device, shape) == "masked":
             return masked_knn_attention(q, k, v, idx, mask, self.normalize, dropout_p)
         return knn_centroid_attention(q, k, v, idx, mask, self.normalize, dropout_p)

@@ -3,12 +3,12 @@
 Han et al., "QuickFPS: Architecture and Algorithm Co-Design for Farthest Point Sampling in Large-Scale Point
 Clouds" (arXiv:2205.00705): FPS only lowers a point's min-distance when the new sample is nearer than that
 min-distance, so a whole spatial bucket whose bounding box lies farther from the new sample than the bucket's largest
-min-distance cannot change and is skipped. Unlike fpsample's bucket FPS this returns the reference's indices
-exactly (:func:`attention.points._fps_torch`): every distance that is computed uses the reference's float32
-arithmetic, ``d = ((x0 - c0)^2 + (x1 - c1)^2) + (x2 - c2)^2`` (each difference, square and sum rounded to float32,
-no fused multiply-add: numba compiles without ``fastmath``, and LLVM contracts a multiply and an add into an FMA only
-under a ``contract`` flag that numba sets only with ``fastmath``), the skip test is conservative by a proven margin
-(see :func:`_can_skip`), and ties go to the lowest index like ``torch.argmax``.
+min-distance cannot change and is skipped. Unlike fpsample's bucket FPS this returns the reference's indices exactly
+(``backend="torch"`` of :func:`attention.farthest_point_sample`): every distance that is computed uses the
+reference's float32 arithmetic, ``d = ((x0 - c0)^2 + (x1 - c1)^2) + (x2 - c2)^2`` (each difference, square and sum
+rounded to float32, no fused multiply-add: numba compiles without ``fastmath``, and LLVM contracts a multiply and an
+add into an FMA only under a ``contract`` flag that numba sets only with ``fastmath``), the skip test is conservative
+by a proven margin (see :func:`_can_skip`), and ties go to the lowest index like ``torch.argmax``.
 
 The tree is a complete binary kd-tree in heap layout (node k has children 2k+1 and 2k+2, all leaves at one depth):
 every node splits its points at the median of its widest coordinate (quickselect, O(N) per level), leaves hold about
@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+import torch
+from torch import Tensor
 
-__all__ = ["LEAF_SIZE", "fps_numba_cloud"]
+__all__ = ["LEAF_SIZE", "fps_numba", "fps_numba_cloud"]
 
 # Points per kd-tree leaf (about; leaves of one tree differ by at most one point). tools/bench_points.py measured
 # 16-64 within a few percent of each other on 50K-100K clouds.
@@ -236,3 +238,17 @@ def fps_numba_cloud(pts: np.ndarray, real: np.ndarray, first: int, num_samples: 
         ``(M,)`` int64 original indices.
     """
     return _fps_cloud(pts, real, first, num_samples, LEAF_SIZE)
+
+
+def fps_numba(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None) -> Tensor:
+    """FPS indices ``(B, M)`` of ``x`` ``(B, N, C)`` from ``start`` ``(B,)``, one cloud at a time; the reference's
+    contract (``backend="numba"`` of :func:`attention.farthest_point_sample`)."""
+    pts = x.detach().float().cpu().numpy()
+    starts = start.tolist()
+    keep = None if mask is None else mask.cpu().numpy()
+    every = np.arange(x.shape[1], dtype=np.int64)
+    out = np.empty((x.shape[0], num_samples), dtype=np.int64)
+    for b in range(x.shape[0]):
+        real = every if keep is None else np.flatnonzero(keep[b]).astype(np.int64)
+        out[b] = fps_numba_cloud(np.ascontiguousarray(pts[b]), real, int(starts[b]), num_samples)
+    return torch.from_numpy(out).to(x.device)

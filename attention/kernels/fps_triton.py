@@ -1,10 +1,11 @@
 """Farthest point sampling as one Triton program per cloud.
 
-The reference (:func:`attention.points._fps_torch`) launches a handful of kernels for each of the M steps; here one
-program per batch element keeps the running min-distance of all N points in registers and runs all M steps in a
-single launch. Distances are accumulated channel by channel in float32 in the same order as the reference, without
-fused multiply-adds, and
-``tl.argmax`` breaks ties to the lowest index like ``torch.argmax``, so the indices equal the reference's.
+The reference (``backend="torch"`` of :func:`attention.farthest_point_sample`) launches a handful of kernels for
+each of the M steps; here one program per batch element keeps the running min-distance of all N points in registers
+and runs all M steps in a single launch. Distances are accumulated channel by channel in float32 in the same order as
+the reference, without fused multiply-adds, and ``tl.argmax`` breaks ties to the lowest index like ``torch.argmax``,
+so the indices equal the reference's. Its limits (N, C) are in :mod:`attention.kernels.limits`, where
+:mod:`attention.backends` reads them.
 
 Tested against the reference on CUDA (``tests/attention/test_points.py``, marked ``gpu``) and, without a GPU, under
 Triton's interpreter (``TRITON_INTERPRET=1``) on CPU tensors.
@@ -18,14 +19,10 @@ import triton.language as tl
 from torch import Tensor
 
 from ._triton_compat import loop_bound
+from .limits import FPS_TRITON_MAX_CHANNELS as MAX_CHANNELS
+from .limits import FPS_TRITON_MAX_POINTS as MAX_POINTS
 
-__all__ = ["fps_triton"]
-
-# One program holds next_pow2(N) distances; beyond this the registers spill and the torch loop is the better choice.
-MAX_POINTS = 1 << 16
-# The channel loop is unrolled at compile time (one kernel per C): beyond a few channels (FPS in feature space) the
-# torch loop is used instead of compiling large kernels.
-MAX_CHANNELS = 8
+__all__ = ["MAX_CHANNELS", "MAX_POINTS", "fps_triton"]
 
 
 @triton.jit
@@ -64,10 +61,8 @@ def _fps_kernel(
 def fps_triton(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | None) -> Tensor:
     """FPS indices ``(B, M)`` of ``x`` ``(B, N, C)`` from ``start`` ``(B,)``; same contract as the reference."""
     B, N, C = x.shape
-    if N > MAX_POINTS or C > MAX_CHANNELS:
-        from ..points import _fps_torch
-
-        return _fps_torch(x, num_samples, start, mask)
+    if N > MAX_POINTS or C > MAX_CHANNELS:  # attention.backends refuses these before they get here
+        raise ValueError(f"fps_triton supports N <= {MAX_POINTS} and C <= {MAX_CHANNELS}, got N={N}, C={C}")
     xf = x.detach().float().contiguous()
     out = torch.empty(B, num_samples, dtype=torch.long, device=x.device)
     m = mask.to(torch.int8).contiguous() if mask is not None else xf  # any pointer when unused

@@ -45,13 +45,9 @@ import triton.language as tl
 from torch import Tensor
 
 from ._triton_compat import loop_bound
+from .limits import MIX_TRITON_MAX_HEAD_DIM as MAX_HEAD_DIM
 
 __all__ = ["MAX_HEAD_DIM", "CauchyMixTriton", "VandermondeMixTriton", "cauchy_mix_triton", "vandermonde_mix_triton"]
-
-# The backward tiles hold BLOCK_M * BLOCK_N * next_pow2(D) values (BLOCK_M, BLOCK_N >= 16 for tl.dot): beyond
-# D = 64 they spill out of registers even with 16 warps, and so do the (BLOCK, Dv) operands beyond Dv = 64 (ptxas
-# for sm_90). Larger heads (D or Dv) take the chunked PyTorch path (attention.mixers.functional decides).
-MAX_HEAD_DIM = 64
 
 _CAUCHY: tl.constexpr = tl.constexpr(0)  # the kernels' KIND
 _VANDERMONDE: tl.constexpr = tl.constexpr(1)

@@ -52,8 +52,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..backends import resolve
+from ..backends import backend_names, resolve
 from ..checks import check_seq, checks_active
+from ..chunking import chunk_budget, chunk_rows
 
 __all__ = [
     "EDGE_BACKENDS",
@@ -137,7 +138,7 @@ def fold_cross(c0: Tensor, a: Tensor, b: Tensor) -> Tensor:
     return even + odd - a.to(c0.dtype) * b.to(c0.dtype)
 
 
-EDGE_BACKENDS = ("csr", "gather")
+EDGE_BACKENDS = tuple(backend_names("fsat_edges"))  # declared in attention.backends
 
 
 def sparse_edge_attention(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Tensor, backend: str = "auto") -> Tensor:
@@ -181,7 +182,7 @@ def sparse_edge_attention(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Te
         q2, k2, v2 = q2.to(acc), k2.to(acc), v2.to(acc)  # torch.sparse has no bf16 / fp16 CPU kernels
         Dot, Scatter, edge_args = _CsrEdgeDot, _CsrEdgeScatter, (_CsrEdges(flat, N, E),)
     else:
-        chunk = max(1, _EDGE_CHUNK_BYTES // max(1, E * D * q.element_size()))
+        chunk = chunk_rows(N, E * D * q.element_size(), chunk_budget("fsat_edges", q.device))  # (rows, E, D) blocks
         Dot, Scatter, edge_args = _EdgeDot, _EdgeScatter, (flat, chunk)
     scores = Dot.apply(q2, k2, *edge_args).to(acc) / math.sqrt(D)  # (N, E)
     scores = scores.masked_fill(~valid, float("-inf"))
@@ -194,9 +195,6 @@ def sparse_edge_attention(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Te
     denom = torch.zeros(N, device=q.device, dtype=acc).index_add(0, flat, ex.reshape(-1))
     w = ex / denom.index_select(0, flat).view(N, E).clamp_min(1e-30) * conf.reshape(N, E).to(acc)  # (N, E)
     return Scatter.apply(w.to(v2.dtype), v2, *edge_args).view(B, H, L, D).to(v.dtype)
-
-
-_EDGE_CHUNK_BYTES = 16 * 2**20  # scratch of the gathered (rows, E, D) blocks (gather backend)
 
 
 class _CsrEdges:

@@ -11,7 +11,8 @@ an optional Triton kernel for CUDA); tensors are ``(B, H, L, D)``.
   chunked path (``backend="torch"``) is the reference. ``backend="triton"``
   (:mod:`attention.kernels.mixers_triton`) is a flash-attention-style tiled kernel, forward and backward, that never
   builds more than a ``(block, block, D)`` tile in registers; ``"auto"`` picks it for CUDA tensors when triton is
-  installed and D, Dv <= 64, and the chunked path otherwise (CPU, float64, larger heads).
+  installed and D, Dv <= 64, and the chunked path otherwise (CPU, float64, larger heads): the choice is
+  :func:`attention.backends.resolve`'s (ops ``"cauchy_mix"`` / ``"vandermonde_mix"``).
 * :func:`toeplitz_mix`: FFT convolution with a kernel of length 2L-1, O(L log L).
 * :func:`quasiseparable_mix`: Hydra's bidirectional quasiseparable matrix (a forward and a backward SSM, shift and
   free diagonal) as one batched chunked selective scan (SSD form): O(L T D) for chunk length T, O(L / T) sequential
@@ -21,19 +22,17 @@ an optional Triton kernel for CUDA); tensors are ``(B, H, L, D)``.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..backends import HAS_TRITON, resolve
+from ..chunking import chunk_budget, chunk_rows
 
 __all__ = [
     "HAS_TRITON",
-    "MIX_BACKENDS",
     "cauchy_mix",
-    "chunk_rows",
     "hydra_factors",
     "hydra_mix",
     "quasiseparable_mix",
@@ -41,46 +40,17 @@ __all__ = [
     "vandermonde_mix",
 ]
 
-DEFAULT_BUDGET_BYTES = 64 * 2**20  # per-chunk scratch of the Cauchy / Vandermonde paths
 
-# HAS_TRITON is probed once in attention.backends; the kernel module (which imports triton) is imported in the branch.
-MIX_BACKENDS = ("torch", "triton")  # of cauchy_mix / vandermonde_mix, besides "auto"
-
-
-def _triton_interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")  # it runs CPU tensors
+def _mix_backend(op: str, backend: str, x: Tensor, v: Tensor) -> str:
+    """``"torch"`` or ``"triton"`` for :func:`cauchy_mix` / :func:`vandermonde_mix` on these inputs (the switchboard's
+    choice: float64 stays on the reference under ``"auto"``; an explicit ``"triton"`` on CPU needs Triton's
+    interpreter)."""
+    return resolve(op, backend, x.device, {"D": x.shape[-1], "Dv": v.shape[-1]}, x.dtype)
 
 
-def _use_triton(backend: str, x: Tensor, v: Tensor, op: str = "cauchy_mix") -> bool:
-    """Resolves ``backend`` of :func:`cauchy_mix` / :func:`vandermonde_mix` for these inputs: True for the kernel."""
-    if backend not in ("auto", *MIX_BACKENDS):
-        raise ValueError(f"unknown backend {backend!r}; choose one of {['auto', *MIX_BACKENDS]}")
-    if backend == "torch":
-        return False
-    if backend == "auto":  # float64 keeps the reference's precision (the kernel computes in float32)
-        if x.dtype == torch.float64:
-            return False
-        return resolve(op, "auto", x.device, {"D": x.shape[-1], "Dv": v.shape[-1]}) == "triton"
-    if not HAS_TRITON:
-        raise ImportError("backend 'triton' is not installed; install triton (it comes with CUDA builds of torch)")
-    if not (x.is_cuda or _triton_interpreted()):
-        raise ImportError(
-            f"backend 'triton' needs CUDA tensors, got {x.device}; use backend='torch' (or 'auto') on CPU, "
-            "or set TRITON_INTERPRET=1 before importing triton to run the kernel in Triton's interpreter"
-        )
-    from ..kernels.mixers_triton import MAX_HEAD_DIM
-
-    if max(x.shape[-1], v.shape[-1]) <= MAX_HEAD_DIM:
-        return True
-    raise ValueError(
-        f"backend 'triton' supports head dims D, Dv <= {MAX_HEAD_DIM}, got D={x.shape[-1]}, Dv={v.shape[-1]}; "
-        "use backend='torch' or 'auto'"
-    )
-
-
-def chunk_rows(B: int, H: int, L: int, d_group: int, itemsize: int, budget: int = DEFAULT_BUDGET_BYTES) -> int:
-    """Query rows per chunk so that ``B H rows L (d_group + 2)`` scratch values fit in ``budget`` bytes."""
-    return max(1, min(L, budget // max(1, B * H * L * (d_group + 2) * itemsize)))
+def _chunk(B: int, H: int, L: int, d_group: int, itemsize: int, device: torch.device) -> int:
+    """Query rows per chunk so that ``B H rows L (d_group + 2)`` scratch values fit the op's chunk budget."""
+    return chunk_rows(L, B * H * L * (d_group + 2) * itemsize, chunk_budget("structured_mix", device))
 
 
 def _acc(t: Tensor) -> torch.dtype:
@@ -142,7 +112,8 @@ def cauchy_mix(
         a: ``(B, H, L, D)`` row terms.
         b: ``(B, H, L, D)`` column terms.
         v: ``(B, H, L, Dv)``.
-        chunk: query rows per chunk (default: from a 64 MiB scratch budget); chunked path only.
+        chunk: query rows per chunk (default: from ``attention.chunking.chunk_budget("structured_mix", device)``,
+            64 MiB of scratch); chunked path only.
         d_group: D terms summed per step; chunked path only.
         backend: ``"torch"`` (the chunked path), ``"triton"`` (CUDA, D and Dv <= 64; CPU tensors only under
             ``TRITON_INTERPRET=1``) or ``"auto"`` (triton for CUDA tensors when it applies, else torch).
@@ -152,7 +123,7 @@ def cauchy_mix(
         computes float64 inputs in float32).
     """
     B, H, L, D = a.shape
-    if _use_triton(backend, a, v):
+    if _mix_backend("cauchy_mix", backend, a, v) == "triton":
         from ..kernels.mixers_triton import CauchyMixTriton
 
         with torch.autocast(device_type=v.device.type, enabled=False):
@@ -160,7 +131,7 @@ def cauchy_mix(
         return y.to(v.dtype)
     acc = _acc(v)
     d_group = max(1, min(d_group, D))
-    chunk = chunk or chunk_rows(B, H, L, d_group, torch.finfo(acc).bits // 8)
+    chunk = chunk or _chunk(B, H, L, d_group, torch.finfo(acc).bits // 8, v.device)
     with torch.autocast(device_type=v.device.type, enabled=False):
         y = _CauchyMix.apply(a.to(acc), b.to(acc), v.to(acc), chunk, d_group)
     return y.to(v.dtype)
@@ -238,7 +209,7 @@ def vandermonde_mix(
         ``(B, H, L, Dv)`` in ``v``'s dtype.
     """
     B, H, L, D = q.shape
-    if _use_triton(backend, q, v, op="vandermonde_mix"):
+    if _mix_backend("vandermonde_mix", backend, q, v) == "triton":
         from ..kernels.mixers_triton import VandermondeMixTriton
 
         with torch.autocast(device_type=v.device.type, enabled=False):
@@ -246,7 +217,7 @@ def vandermonde_mix(
         return y.to(v.dtype)
     acc = _acc(v)
     d_group = max(1, min(d_group, D))
-    chunk = chunk or chunk_rows(B, H, L, d_group, torch.finfo(acc).bits // 8)
+    chunk = chunk or _chunk(B, H, L, d_group, torch.finfo(acc).bits // 8, v.device)
     with torch.autocast(device_type=v.device.type, enabled=False):
         y = _VandermondeMix.apply(q.to(acc), k.to(acc), v.to(acc), 2 * math.pi * freq, chunk, d_group)
     return y.to(v.dtype)

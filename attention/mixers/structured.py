@@ -68,8 +68,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..backends import backend_names
 from ..checks import check_seq
-from .functional import MIX_BACKENDS, cauchy_mix, hydra_factors, hydra_mix, toeplitz_mix, vandermonde_mix
+from .functional import cauchy_mix, hydra_factors, hydra_mix, toeplitz_mix, vandermonde_mix
 
 __all__ = [
     "MATRIX_MIXERS",
@@ -91,8 +92,11 @@ torch.fx.wrap("hydra_mix")
 
 
 def _check_backend(backend: str) -> None:
-    if backend not in ("auto", *MIX_BACKENDS):
-        raise ValueError(f"unknown backend {backend!r}; choose one of {['auto', *MIX_BACKENDS]}")
+    """At construction: ``backend`` must name a backend of the Cauchy and Vandermonde products (they share their
+    names in attention.backends); whether it can take the device and shapes is resolved when the mixer runs."""
+    names = backend_names("cauchy_mix")
+    if backend not in ("auto", *names):
+        raise ValueError(f"unknown backend {backend!r}; choose one of {['auto', *names]}")
 
 
 def apply_matrix(m: Tensor, v: Tensor) -> Tensor:

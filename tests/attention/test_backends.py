@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import importlib
+import itertools
 
 import pytest
 import torch
 
 import attention
 from attention import backends
-from attention.backends import BACKENDS, available, resolve
+from attention.backends import AUTO_ORDER, BACKENDS, available, resolve
+from attention.kernels import limits
 
 
 def test_auto_falls_back_to_the_reference_when_nothing_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -41,9 +43,11 @@ def test_auto_never_picks_an_approximate_backend(monkeypatch: pytest.MonkeyPatch
     assert not BACKENDS["fps"]["fpsample_bucket"].exact and not BACKENDS["fps"]["fpsample"].exact
     # torch-cluster's CUDA FPS chose other indices on an H100 (docs/benchmarks.md): past Triton's limit, torch
     assert resolve("fps", "auto", "cuda", {"N": 100_000, "C": 3}) == "torch"
-    assert resolve("fps", "auto", "cuda", {"N": 100, "C": 3}, order=("cluster", "torch")) == "torch"
-    order = ("fpsample_bucket", "fpsample", "torch")
-    assert resolve("fps", "auto", "cpu", {"N": 100, "C": 3}, order=order) == "torch"
+    # even an order that lists them skips them
+    monkeypatch.setitem(AUTO_ORDER, ("fps", "cuda"), ("cluster", "torch"))
+    assert resolve("fps", "auto", "cuda", {"N": 100, "C": 3}) == "torch"
+    monkeypatch.setitem(AUTO_ORDER, ("fps", "cpu"), ("fpsample_bucket", "fpsample", "torch"))
+    assert resolve("fps", "auto", "cpu", {"N": 100, "C": 3}) == "torch"
     assert resolve("fps", "fpsample_bucket", "cpu", {"N": 100, "C": 3}) == "fpsample_bucket"
     with pytest.raises(ValueError, match="runs on cpu, got a cuda tensor"):
         resolve("fps", "fpsample", "cuda", {"N": 100, "C": 3})
@@ -60,23 +64,189 @@ def test_explicit_backend_errors_name_the_fix(monkeypatch: pytest.MonkeyPatch) -
     assert available("fps", "torch", "cpu") and not available("fps", "triton", "cpu")
 
 
-@pytest.mark.skipif(not backends.HAS_TRITON, reason="triton not installed")
-def test_declared_triton_limits_match_the_kernels() -> None:
-    kernel = importlib.import_module("attention.kernels.fps_triton")
-    assert backends.TRITON_FPS_MAX_POINTS == kernel.MAX_POINTS
-    assert backends.TRITON_FPS_MAX_CHANNELS == kernel.MAX_CHANNELS
-    mixers_kernel = importlib.import_module("attention.kernels.mixers_triton")
+def test_declared_limits_are_the_kernels() -> None:
+    """The entries read their limits from attention.kernels.limits (no triton needed), which the kernels import."""
+    assert dict(BACKENDS["fps"]["triton"].limits) == {
+        "N": limits.FPS_TRITON_MAX_POINTS,
+        "C": limits.FPS_TRITON_MAX_CHANNELS,
+    }
     for op in ("cauchy_mix", "vandermonde_mix"):
         assert dict(BACKENDS[op]["triton"].limits) == {
-            "D": mixers_kernel.MAX_HEAD_DIM,
-            "Dv": mixers_kernel.MAX_HEAD_DIM,
+            "D": limits.MIX_TRITON_MAX_HEAD_DIM,
+            "Dv": limits.MIX_TRITON_MAX_HEAD_DIM,
         }
+    if backends.HAS_TRITON:
+        fps_kernel = importlib.import_module("attention.kernels.fps_triton")
+        assert (fps_kernel.MAX_POINTS, fps_kernel.MAX_CHANNELS) == (
+            limits.FPS_TRITON_MAX_POINTS,
+            limits.FPS_TRITON_MAX_CHANNELS,
+        )
+        assert importlib.import_module("attention.kernels.mixers_triton").MAX_HEAD_DIM == limits.MIX_TRITON_MAX_HEAD_DIM
+
+
+def test_importing_attention_imports_no_optional_package() -> None:
+    """Backends are imported when they first run: a fresh interpreter that imports the package (and resolves every
+    op) has loaded no kernel module and none of the optional packages (torch's own FLOP counter imports triton)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, attention, capsules\n"
+        "from attention.backends import BACKENDS, resolve\n"
+        "for op in BACKENDS:\n"
+        "    for device in ('cpu', 'cuda'):\n"
+        "        resolve(op, 'auto', device, {})\n"
+        "lazy = ('numba', 'torch_cluster', 'pytorch3d', 'fpsample', 'attention.kernels.fps_triton',\n"
+        "        'attention.kernels.fps_numba', 'attention.kernels.mixers_triton')\n"
+        "print(sorted(m for m in lazy if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_pytorch3d_is_in_no_auto_order() -> None:
+    """A backend enters an auto order once a bench has timed it there; pytorch3d never was: explicit only."""
+    assert all("pytorch3d" not in order for order in AUTO_ORDER.values())
+
+
+def test_every_auto_order_names_declared_exact_backends_and_ends_with_one_that_takes_every_shape() -> None:
+    for (op, device), order in AUTO_ORDER.items():
+        assert device in ("cpu", "cuda") and order, (op, device)
+        for name in order:
+            b = BACKENDS[op][name]
+            assert b.exact and (device in b.devices), (op, device, name)
+        last = BACKENDS[op][order[-1]]
+        assert last.package is None and last.prefer is None and not last.limits and last.check is None, (op, device)
+
+
+# One input each restriction of an entry refuses: (op, backend, device, shape, dtype, what the error names).
+def _refused_inputs() -> list[tuple[str, str, str, dict, torch.dtype | None, str]]:
+    cases = []
+    for op, choices in BACKENDS.items():
+        for name, b in choices.items():
+            for device in ("cpu", "cuda"):
+                if device not in b.devices:
+                    cases.append((op, name, device, {}, None, f"runs on {'/'.join(b.devices)}.*got a {device} tensor"))
+            device = b.devices[0]
+            for key, limit in b.limits.items():
+                cases.append((op, name, device, {key: limit + 1}, None, f"supports {key} <= {limit}, got {key}="))
+            if b.check is not None:  # the KNN kd-tree / pytorch3d: every cloud needs k real points
+                cases.append((op, name, device, {"k": 4, "min_real": 3}, None, "got k=4 and a cloud of 3"))
+    return cases
+
+
+REFUSED = _refused_inputs()
+
+
+@pytest.mark.parametrize(
+    "op, name, device, shape, dtype, match", REFUSED, ids=lambda v: str(v) if isinstance(v, str) else None
+)
+def test_explicit_backend_that_cannot_take_the_input_raises_naming_the_limit(
+    op: str, name: str, device: str, shape: dict, dtype, match: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(backends.INSTALLED, BACKENDS[op][name].package, True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match=match):
+        resolve(op, name, device, shape, dtype)
+
+
+@pytest.mark.parametrize("op", sorted(BACKENDS))
+def test_every_op_refuses_what_its_backends_cannot_take(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every restriction declared for ``op`` is among the refused inputs above, and an unknown name is refused too
+    (the ops whose backends all take every input: Chamfer, FSAT's edges, the KNN attention's forms)."""
+    restricted = {n for n, b in BACKENDS[op].items() if b.limits or b.check or set(b.devices) != {"cpu", "cuda"}}
+    assert restricted == {case[1] for case in REFUSED if case[0] == op}
+    with pytest.raises(ValueError, match=rf"unknown backend 'nope' for {op}; choose one of \['auto'"):
+        resolve(op, "nope", "cpu")
+
+
+def _shapes(op: str) -> list[tuple[dict, torch.dtype]]:
+    """Inputs that each op's preferences and limits tell apart."""
+    if op == "fps":
+        grid = [{"B": 2, "N": n, "C": c, "M": 5, "masked": m} for n in (100, 70_000) for c in (3, 16) for m in (0, 1)]
+    elif op == "knn":
+        grid = [{"N": 20, "C": c, "k": 4, "min_real": r} for c in (3, 16) for r in (None, 3, 10, lambda: 3)]
+    elif op == "chamfer":
+        grid = [{"B": b, "N": n, "M": n, "C": c, "itemsize": 4} for b in (1, 8) for n in (10, 2048) for c in (3, 8)]
+    elif op in ("cauchy_mix", "vandermonde_mix"):
+        grid = [{"D": d, "Dv": dv} for d in (16, 65) for dv in (16, 65)]
+    elif op == "knn_attention":
+        grid = [
+            {"N": n, "K": 8, "distinct": d, "normalize": z}
+            for n in (64, 1024, 1028) for d in (True, False) for z in ("inputs", "centroids")
+        ]  # fmt: skip
+    else:
+        grid = [{}]
+    return [(shape, dtype) for shape in grid for dtype in (torch.float32, torch.float64, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("op", sorted(BACKENDS))
+def test_auto_never_picks_a_backend_that_cannot_take_the_input(op: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    for package in backends.INSTALLED:
+        monkeypatch.setitem(backends.INSTALLED, package, True)
+    for device, (shape, dtype) in itertools.product(("cpu", "cuda"), _shapes(op)):
+        name = resolve(op, "auto", device, shape, dtype)
+        b = BACKENDS[op][name]
+        assert b.exact and b.supports(device, shape, dtype), (device, shape, dtype, name)
+
+
+def test_auto_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What "auto" takes, per device and shape (each from a bench, docs/benchmarks.md), with every package present."""
+    for package in backends.INSTALLED:
+        monkeypatch.setitem(backends.INSTALLED, package, True)
+    f32, f64 = torch.float32, torch.float64
+    cases = [
+        ("fps", "cpu", {"N": 1024, "C": 3}, f32, "numba"),  # the kd-tree pays for coordinates only
+        ("fps", "cpu", {"N": 1024, "C": 16}, f32, "torch"),
+        ("fps", "cuda", {"N": 4096, "C": 3}, f32, "triton"),
+        ("fps", "cuda", {"N": 70_000, "C": 3}, f32, "torch"),  # beyond the kernel's registers
+        ("knn", "cpu", {"N": 1024, "C": 3, "k": 16, "min_real": None}, f32, "cluster"),
+        ("knn", "cpu", {"N": 1024, "C": 64, "k": 16, "min_real": None}, f32, "torch"),
+        ("knn", "cpu", {"N": 1024, "C": 3, "k": 16, "min_real": 15}, f32, "torch"),  # the reference pads with inf
+        ("knn", "cuda", {"N": 1024, "C": 3, "k": 16, "min_real": None}, f32, "torch"),
+        ("chamfer", "cpu", {"B": 2, "N": 10, "M": 12, "C": 3, "itemsize": 4}, f32, "dense"),
+        ("chamfer", "cpu", {"B": 8, "N": 2048, "M": 2048, "C": 3, "itemsize": 4}, f32, "knn_cluster"),
+        ("chamfer", "cpu", {"B": 8, "N": 2048, "M": 2048, "C": 3, "itemsize": 8}, f64, "chunked"),
+        ("chamfer", "cpu", {"B": 8, "N": 2048, "M": 2048, "C": 8, "itemsize": 4}, f32, "chunked"),
+        ("chamfer", "cuda", {"B": 2, "N": 10, "M": 12, "C": 3, "itemsize": 4}, f32, "chunked"),
+        ("cauchy_mix", "cuda", {"D": 16, "Dv": 16}, f32, "triton"),
+        ("cauchy_mix", "cuda", {"D": 16, "Dv": 16}, f64, "torch"),  # the reference's precision
+        ("vandermonde_mix", "cuda", {"D": 65, "Dv": 16}, f32, "torch"),
+        ("vandermonde_mix", "cpu", {"D": 16, "Dv": 16}, f32, "torch"),
+        ("fsat_edges", "cpu", {}, f32, "csr"),
+        ("fsat_edges", "cuda", {}, f32, "gather"),
+        ("knn_attention", "cuda", {"N": 128 * 8, "K": 8, "distinct": True, "normalize": "inputs"}, f32, "masked"),
+        ("knn_attention", "cuda", {"N": 1028, "K": 8, "distinct": True, "normalize": "inputs"}, f32, "gather"),
+        ("knn_attention", "cuda", {"N": 64, "K": 8, "distinct": False, "normalize": "inputs"}, f32, "gather"),
+        ("knn_attention", "cuda", {"N": 64, "K": 8, "distinct": True, "normalize": "centroids"}, f32, "gather"),
+        ("knn_attention", "cpu", {"N": 64, "K": 8, "distinct": True, "normalize": "inputs"}, f32, "gather"),
+    ]
+    for op, device, shape, dtype, expected in cases:
+        assert resolve(op, "auto", device, shape, dtype) == expected, (op, device, shape, dtype)
+
+
+def test_auto_is_the_reference_while_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(backends, "is_tracing", lambda: True)
+    for op, choices in BACKENDS.items():
+        assert resolve(op, "auto", "cuda", {}) == next(iter(choices))
+
+
+def test_triton_takes_cpu_tensors_only_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(backends.INSTALLED, "triton", True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for op in ("fps", "cauchy_mix", "vandermonde_mix"):
+        assert resolve(op, "triton", "cpu", {}) == "triton"
+        assert resolve(op, "auto", "cpu", {"C": 3, "D": 16, "Dv": 16}) != "triton"  # auto on CPU: never timed there
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        resolve("cauchy_mix", "triton", "cpu", {})
 
 
 def test_submodule_all_agree_with_the_package() -> None:
     """Every public name of a submodule is exported by `attention`, and every package name comes from one."""
     names: set[str] = set()
-    for sub in ("backends", "centroid", "checks", "fsat", "layers", "mixers", "points"):
+    for sub in ("backends", "centroid", "checks", "chunking", "layers", "mixers", "mixers.fsat", "points"):
         module = importlib.import_module(f"attention.{sub}")
         assert all(hasattr(module, n) for n in module.__all__), sub
         names |= set(module.__all__)

@@ -180,16 +180,18 @@ def test_per_edge_evaluation_gives_the_same_logits() -> None:
 def test_default_chunk_budget_is_per_device_and_read_when_called(monkeypatch: pytest.MonkeyPatch) -> None:
     """16 MiB on CPU, 256 MiB on CUDA (where a chunk costs its kernel launches, not its bytes); either can be set."""
     import attention.centroid.functional as functional
+    from attention import chunking
 
-    assert functional.attn_chunk_bytes(torch.device("cpu")) == functional.ATTN_CHUNK_BYTES == 16 * 2**20
-    assert functional.attn_chunk_bytes(torch.device("cuda", 0)) == functional.ATTN_CHUNK_BYTES_CUDA == 256 * 2**20
+    assert chunking.chunk_budget("knn_attention", torch.device("cpu")) == 16 * 2**20
+    assert chunking.chunk_budget("knn_attention", torch.device("cuda", 0)) == 256 * 2**20
     budgets = []
-    real = functional._chunk_rows
+    real = functional.chunk_rows
     spy = lambda n, row, budget: budgets.append(budget) or real(n, row, budget)  # noqa: E731
-    monkeypatch.setattr(functional, "_chunk_rows", spy)
+    monkeypatch.setattr(functional, "chunk_rows", spy)
     q, k, v = (torch.randn(1, 2, n, 4, requires_grad=True) for n in (3, 9, 9))
     idx = torch.randint(0, 9, (1, 3, 4))
-    monkeypatch.setattr(functional, "ATTN_CHUNK_BYTES", 2 * 128)  # a row: K * H * D float32 = 128 B; 2 per chunk
+    # a row: K * H * D float32 = 128 B; 2 per chunk
+    monkeypatch.setitem(chunking.CHUNK_BUDGETS, "knn_attention", {"default": 2 * 128})
     out = centroid_attention(q, k, v, idx)
     assert budgets == [256]
     assert_close(out, centroid_attention(q, k, v, idx, reference=True))
@@ -234,16 +236,21 @@ def test_masked_knn_path_counts_a_repeated_index_once() -> None:
 def test_auto_knn_attention_form_by_device_and_inputs_per_neighbor() -> None:
     """ "auto": masked on CUDA up to MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR, gather above, on CPU and for an unknown N / K
     (a caller's idx); explicit names are kept."""
-    from attention.centroid import functional as fn
+    from attention import backends
 
-    cuda, cpu, limit = torch.device("cuda"), torch.device("cpu"), fn.MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR
-    assert fn.knn_attention_form("auto", cuda, limit) == "masked"
-    assert fn.knn_attention_form("auto", cuda, 1024 / 24) == "masked"  # the point model's first stage
-    assert fn.knn_attention_form("auto", cuda, limit + 0.5) == "gather"
-    assert fn.knn_attention_form("auto", cuda) == "gather"
-    assert fn.knn_attention_form("auto", cpu, 1) == "gather"
-    assert fn.knn_attention_form("masked", cpu) == "masked"
-    assert fn.knn_attention_form("gather", cuda, 1) == "gather"
+    cuda, cpu, limit = torch.device("cuda"), torch.device("cpu"), backends.MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR
+
+    def form(backend: str, device: torch.device, N: float, K: int = 1, distinct: bool = True) -> str:
+        shape = {"N": N, "K": K, "distinct": distinct, "normalize": "inputs"}
+        return backends.resolve("knn_attention", backend, device, shape)
+
+    assert form("auto", cuda, limit) == "masked"
+    assert form("auto", cuda, 1024, 24) == "masked"  # the point model's first stage
+    assert form("auto", cuda, limit + 0.5) == "gather"
+    assert form("auto", cuda, 4, distinct=False) == "gather"  # a caller's idx may repeat a neighbour
+    assert form("auto", cpu, 1) == "gather"
+    assert form("masked", cpu, 1) == "masked"
+    assert form("gather", cuda, 1) == "gather"
 
 
 @pytest.mark.parametrize("where", ["functional", "layer"])
@@ -267,7 +274,7 @@ def test_auto_knn_attention_uses_the_call_inputs_per_neighbor(where: str, monkey
     idx = torch.randint(0, N, (B, M, K))
     centroids = CentroidAttention(C, num_heads=H, num_neighbors=K, normalize="centroids").double()
     for limit, layer_used in ((N / K, [1]), (N / K - 0.5, [])):
-        monkeypatch.setattr(fn, "MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR", limit)
+        monkeypatch.setattr(backends, "MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR", limit)
         seen.clear()
         if where == "layer":
             layer(x, u)

@@ -26,12 +26,23 @@ input_checks_enabled interpolate is_tracing knn knn_centroid_attention lengths_t
 nearest_upsample pooled_cross pooled_cross_reference quasiseparable_mix resolve resolve_num_centroids
 set_input_checks sparse_edge_attention sparse_edge_attention_reference toeplitz_mix vandermonde_mix
 """.split()
+# Caller-side backend orders and per-module chunk budgets, replaced by the switchboard (attention.backends.resolve,
+# the entries' preferences) and one budget table (attention.chunking.CHUNK_BUDGETS, chunk_budget).
+REMOVED = {
+    "ATTN_CHUNK_BYTES",
+    "ATTN_CHUNK_BYTES_CUDA",
+    "FPS_BACKENDS",
+    "KNN_BACKENDS",
+    "attn_chunk_bytes",
+    "fps_auto_order",
+}
 
 
 def test_every_exported_name_resolves_and_none_was_dropped() -> None:
     assert len(attention.__all__) == len(set(attention.__all__))
     assert [n for n in attention.__all__ if not hasattr(attention, n)] == []
-    assert sorted(set(EXPORTED) - set(attention.__all__)) == []
+    assert sorted(set(EXPORTED) - REMOVED - set(attention.__all__)) == []
+    assert not REMOVED & set(attention.__all__)
     namespace: dict = {}
     exec("from attention import *", namespace)
     assert set(attention.__all__) <= set(namespace)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attention import chunking
 from attention.mixers import fsat
 from attention.mixers.fsat import (
     FourierAttention,
@@ -74,7 +75,7 @@ def test_sparse_attention_matches_dense_reference(
     """Both edge backends (CSR products; chunked gather / scatter) == the dense masked reference, all gradients."""
     B, H, D, E = 2, 3, 5, 6
     if rows_per_chunk:  # several chunks of key rows in the gather / scatter functions
-        monkeypatch.setattr(fsat, "_EDGE_CHUNK_BYTES", rows_per_chunk * E * D * 8)
+        monkeypatch.setitem(chunking.CHUNK_BUDGETS, "fsat_edges", {"default": rows_per_chunk * E * D * 8})
     idx, conf = _edges(B, H, L, E, seed=L)
     q, k, v = (torch.randn(B, H, L, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
     conf.requires_grad_(True)

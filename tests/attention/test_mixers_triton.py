@@ -14,6 +14,7 @@ import sys
 import pytest
 import torch
 
+from attention import backends
 from attention.mixers import MatrixMixer, cauchy_mix, functional, vandermonde_mix
 
 
@@ -124,25 +125,27 @@ def test_triton_mixers_on_cuda_equal_chunked_and_dense(kind: str, dtype: torch.d
 @pytest.mark.skipif(not functional.HAS_TRITON, reason="triton missing")
 def test_auto_picks_triton_on_cuda_where_it_applies() -> None:
     t = torch.zeros(1, 1, 3, 16, device="cuda")
-    assert functional._use_triton("auto", t, t)
-    assert functional._use_triton("auto", t.bfloat16(), t.bfloat16())
-    assert not functional._use_triton("auto", t.double(), t.double())  # the reference's float64 precision
-    big = torch.zeros(1, 1, 3, 65, device="cuda")
-    assert not functional._use_triton("auto", big, t) and not functional._use_triton("auto", t, big)
-    assert not functional._use_triton("torch", t, t)
+    for op in ("cauchy_mix", "vandermonde_mix"):
+        assert functional._mix_backend(op, "auto", t, t) == "triton"
+        assert functional._mix_backend(op, "auto", t.bfloat16(), t.bfloat16()) == "triton"
+        assert functional._mix_backend(op, "auto", t.double(), t.double()) == "torch"  # the reference's float64
+        big = torch.zeros(1, 1, 3, 65, device="cuda")
+        assert functional._mix_backend(op, "auto", big, t) == functional._mix_backend(op, "auto", t, big) == "torch"
+        assert functional._mix_backend(op, "torch", t, t) == "torch"
 
 
 def test_triton_backend_on_cpu_without_interpreter_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device is a limit (ValueError naming it); a missing package an ImportError saying what to install."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(functional, "HAS_TRITON", True)
+    monkeypatch.setitem(backends.INSTALLED, "triton", True)
     x, y, v, _ = _inputs("cauchy", 1, 1, 5, 4, 3)
     for kind in ("cauchy", "vandermonde"):
-        with pytest.raises(ImportError, match=r"needs CUDA tensors, got cpu; use backend='torch'.*TRITON_INTERPRET=1"):
+        with pytest.raises(ValueError, match=r"runs on cuda \(CPU tensors under TRITON_INTERPRET=1.*got a cpu tensor"):
             _mix(kind, x, y, v, 0.2, "triton")
     m = MatrixMixer(8, 2, matrix="cauchy", backend="triton")
-    with pytest.raises(ImportError, match="needs CUDA tensors"):
+    with pytest.raises(ValueError, match="runs on cuda"):
         m(torch.randn(1, 5, 8))
-    monkeypatch.setattr(functional, "HAS_TRITON", False)
+    monkeypatch.setitem(backends.INSTALLED, "triton", False)
     with pytest.raises(ImportError, match="install triton"):
         _mix("cauchy", x, y, v, 0.2, "triton")
 
@@ -150,23 +153,26 @@ def test_triton_backend_on_cpu_without_interpreter_says_what_to_do(monkeypatch: 
 def test_backend_choice_and_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
     installed = functional.HAS_TRITON
     x, y, v, _ = _inputs("cauchy", 1, 2, 9, 4, 3)
-    with pytest.raises(ValueError, match=r"unknown backend 'cuda'; choose one of \['auto', 'torch', 'triton'\]"):
+    with pytest.raises(
+        ValueError, match=r"unknown backend 'cuda' for cauchy_mix; choose one of \['auto', 'torch', 'triton'\]"
+    ):
         cauchy_mix(x, y, v, backend="cuda")
     with pytest.raises(ValueError, match="unknown backend"):
         MatrixMixer(8, 2, matrix="vandermonde", backend="fast")
     # auto on CPU is the chunked path (even under the interpreter), with or without triton installed
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     for has in (True, False):
-        monkeypatch.setattr(functional, "HAS_TRITON", has)
-        assert not functional._use_triton("auto", x, v)
+        monkeypatch.setitem(backends.INSTALLED, "triton", has)
+        assert functional._mix_backend("cauchy_mix", "auto", x, v) == "torch"
         torch.testing.assert_close(cauchy_mix(x, y, v), cauchy_mix(x, y, v, backend="torch"), rtol=0, atol=0)
     if installed:  # heads beyond the kernel's registers: "auto" falls back, an explicit "triton" says why not
         monkeypatch.delenv("TRITON_INTERPRET")  # (the kernel module imported here must stay compilable)
-        monkeypatch.setattr(functional, "_triton_interpreted", lambda: True)
-        monkeypatch.setattr(functional, "HAS_TRITON", True)
+        monkeypatch.setattr(backends, "_triton_interpreted", lambda: True)
+        monkeypatch.setitem(backends.INSTALLED, "triton", True)
         big = torch.zeros(1, 1, 3, 65)
-        with pytest.raises(ValueError, match="D, Dv <= 64, got D=65"):
-            functional._use_triton("triton", big, v[:, :1, :3])
+        for kind in ("cauchy", "vandermonde"):
+            with pytest.raises(ValueError, match=r"backend 'triton' of \w+_mix supports D <= 64, got D=65"):
+                _mix(kind, big, big, v[:, :1, :3], 0.2, "triton")
     # the kwarg reaches the mixer's matrix, and "torch" is the chunked path
     m = MatrixMixer(8, 2, matrix="cauchy", backend="torch")
     assert m.matrix.backend == "torch"

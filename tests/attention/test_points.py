@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch.testing import assert_close
 
 from attention import CentroidAttention, backends, points
-from attention.points import farthest_point_sample, gather, interpolate, knn, nearest_upsample
+from attention.points import farthest_point_sample, gather, interpolate, knn, knn_chunked, nearest_upsample
 
 KNN_ALT = [
     pytest.param("cluster", marks=pytest.mark.skipif(not points.HAS_TORCH_CLUSTER, reason="torch-cluster missing")),
@@ -196,6 +198,27 @@ def test_knn_chunking_gives_same_result() -> None:
     tiny = knn(q, r, 8, backend="torch", chunk_bytes=4 * 2 * 500)
     assert torch.equal(full[1], tiny[1])
     assert_close(full[0], tiny[0])
+    # Less than one row: the reference points are walked in column tiles too (a running set of candidates).
+    mask = torch.rand(2, 500) > 0.2
+    full = knn(q, r, 8, mask=mask, backend="torch")
+    for budget in (4 * 2 * 7, 4 * 2 * 100):
+        cols = knn(q, r, 8, mask=mask, backend="torch", chunk_bytes=budget)
+        assert torch.equal(full[1], cols[1]), budget
+        assert_close(full[0], cols[0])
+
+
+def test_knn_chunked_keeps_the_input_precision_and_equals_a_dense_matrix() -> None:
+    """The one chunked exact search (knn's reference, Chamfer's "chunked"): float64 stays float64, and its choice is
+    a dense distance matrix's, whatever the chunking."""
+    q = torch.tensor([[[0.0, 0.0]]], dtype=torch.float64)
+    r = torch.tensor([[[1.0, 0.0], [0.0, 3.0], [-2.0, 0.0], [0.0, 0.5], [0.0, -4.0]]], dtype=torch.float64)
+    dist, idx = knn_chunked(q, r, 3)
+    assert dist.dtype == torch.float64 and idx.tolist() == [[[3, 0, 2]]] and dist.tolist() == [[[0.25, 1.0, 4.0]]]
+    a, b = torch.randn(2, 40, 3, dtype=torch.float64), torch.randn(2, 33, 3, dtype=torch.float64)
+    dense = ((a[:, :, None] - b[:, None]) ** 2).sum(-1).min(-1)
+    for budget in (8, 8 * 2 * 10, None):  # column tiles, row chunks, the default
+        dist, idx = knn_chunked(a, b, 1, chunk_bytes=budget)
+        assert torch.equal(idx[..., 0], dense.indices) and torch.equal(dist[..., 0], dense.values)
 
 
 def test_knn_chunking_bounds_memory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -340,7 +363,8 @@ def test_missing_backend_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(ImportError, match="pip install fpsample"):
         farthest_point_sample(torch.rand(1, 10, 3), 3, backend="fpsample")
     monkeypatch.setitem(backends.INSTALLED, "triton", True)
-    with pytest.raises(ValueError, match="runs on cuda, got a cpu tensor"):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match=r"runs on cuda \(CPU tensors under TRITON_INTERPRET=1.*got a cpu tensor"):
         farthest_point_sample(torch.rand(1, 10, 3), 3, backend="triton")
 
 
@@ -352,24 +376,51 @@ def test_auto_backend_works_without_optional_packages(monkeypatch: pytest.Monkey
     assert torch.equal(knn(x, x, 3)[1], knn(x, x, 3, backend="torch")[1])
 
 
+def _spy_on(monkeypatch: pytest.MonkeyPatch, op: str, used: list[str], run_as: dict[str, str]) -> None:
+    """Every backend of ``op`` records its name when it runs; ``run_as`` maps a backend to the one that computes for
+    it (a package this machine may lack)."""
+    real = dict(backends.BACKENDS[op])
+    for name, b in real.items():
+        runner = real[run_as.get(name, name)]
+        spy = lambda *a, _n=name, _r=runner: used.append(_n) or _r.load()(*a)  # noqa: E731
+        monkeypatch.setitem(backends.BACKENDS[op], name, dataclasses.replace(b, impl=spy))
+
+
 def test_auto_knn_picks_cluster_for_coordinates_only(monkeypatch: pytest.MonkeyPatch) -> None:
     used = []
-    reference = points.KNN_BACKENDS["torch"]
-    for name, fn in list(points.KNN_BACKENDS.items()):
-        monkeypatch.setitem(points.KNN_BACKENDS, name, lambda *a, _n=name, _f=fn: used.append(_n) or _f(*a))
+    _spy_on(monkeypatch, "knn", used, {"cluster": "torch"})
     monkeypatch.setitem(backends.INSTALLED, "torch_cluster", True)
-    monkeypatch.setitem(points.KNN_BACKENDS, "cluster", lambda *a: used.append("cluster") or reference(*a))
     knn(torch.rand(1, 5, 3), torch.rand(1, 20, 3), 2)
     knn(torch.rand(1, 5, 16), torch.rand(1, 20, 16), 2)
     assert used == ["cluster", "torch"]
+    # a cloud with fewer than k real points: auto takes the reference, which pads with inf
+    mask = torch.zeros(1, 20, dtype=torch.bool)
+    mask[0, :3] = True
+    dist, _ = knn(torch.rand(1, 5, 3), torch.rand(1, 20, 3), 4, mask=mask)
+    assert used[2:] == ["torch"] and bool(torch.isinf(dist[..., 3]).all())
+
+
+@pytest.mark.parametrize("backend", ["cluster", "pytorch3d"])
+def test_explicit_knn_backend_refuses_a_cloud_with_fewer_than_k_real_points(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the reference pads missing neighbours with inf: an explicit other backend raises instead of switching."""
+    used = []
+    _spy_on(monkeypatch, "knn", used, {"cluster": "torch", "pytorch3d": "torch"})
+    monkeypatch.setitem(backends.INSTALLED, backends.BACKENDS["knn"][backend].package, True)
+    q, r = torch.rand(2, 5, 3), torch.rand(2, 20, 3)
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    mask[1, 3:] = False
+    with pytest.raises(ValueError, match=r"needs k <= the real points of every cloud, got k=4 and a cloud of 3"):
+        knn(q, r, 4, mask=mask, backend=backend)
+    knn(q, r, 3, mask=mask, backend=backend)  # k = 3 fits every cloud
+    assert used == [backend]
 
 
 def test_auto_fps_picks_numba_on_cpu_for_coordinates_only(monkeypatch: pytest.MonkeyPatch) -> None:
     used = []
-    reference = points.FPS_BACKENDS["torch"]
+    _spy_on(monkeypatch, "fps", used, {"numba": "torch"})
     monkeypatch.setitem(backends.INSTALLED, "numba", True)
-    monkeypatch.setitem(points.FPS_BACKENDS, "torch", lambda *a: used.append("torch") or reference(*a))
-    monkeypatch.setitem(points.FPS_BACKENDS, "numba", lambda *a: used.append("numba") or reference(*a))
     farthest_point_sample(torch.rand(2, 20, 3), 5)
     farthest_point_sample(torch.rand(2, 20, 16), 5)
     monkeypatch.setitem(backends.INSTALLED, "numba", False)
@@ -390,13 +441,15 @@ def test_input_checks_can_be_switched_off() -> None:
 
 _INTERPRETED_FPS = """
 import torch
+from attention import BACKENDS, farthest_point_sample
 from attention.kernels.fps_triton import fps_triton
-from attention.points import FPS_BACKENDS
-fps_torch = FPS_BACKENDS["torch"]
+fps_torch = BACKENDS["fps"]["torch"].load()
 torch.manual_seed(0)
 for B, N, C, M in [(3, 63, 5, 20), (2, 100, 3, 50)]:
     x, s = torch.rand(B, N, C), torch.randint(0, N, (B,))
     assert torch.equal(fps_triton(x, M, s, None), fps_torch(x, M, s, None))
+    # the public path: an explicit "triton" takes CPU tensors under the interpreter (attention.backends.resolve)
+    assert torch.equal(farthest_point_sample(x, M, start=s, backend="triton"), fps_torch(x, M, s, None))
     mask = torch.rand(B, N) > 0.3
     mask[torch.arange(B), s] = True
     assert torch.equal(fps_triton(x, M // 3, s, mask), fps_torch(x, M // 3, s, mask))

@@ -90,11 +90,10 @@ def test_train_step_reads_nothing_back_but_its_input_check(attn_backend: str, mo
     """The CUDA path's host syncs, counted on CPU: one train step of the centroid transformer reads one value back,
     the input check's NaN test, and none with input checks off. (On CPU, xyz KNN uses torch-cluster, which must read
     edge counts back; the CUDA path is plain torch, so the test takes that path here.)"""
-    from attention import input_checks
-    from attention import points as point_ops
+    from attention import backends, input_checks
     from engine.testing import host_syncs
 
-    monkeypatch.setattr(point_ops, "_KNN_CLUSTER_MAX_DIM", 0)  # KNN in xyz by plain torch, as on CUDA
+    monkeypatch.setattr(backends, "KNN_CLUSTER_AUTO_MAX_DIM", 0)  # KNN in xyz by plain torch, as on CUDA
     model = create_model("centroid_transformer_modelnet40", attn_backend=attn_backend, **SMALL)
     points, labels = torch.rand(4, 128, 3), torch.randint(0, 40, (4,))
 

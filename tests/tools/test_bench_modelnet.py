@@ -77,20 +77,23 @@ def test_chunk_budget_sets_every_default_within_and_restores_them(monkeypatch: p
     """A ``--chunk-mb`` row really runs at its budget: the budgets its forward's chunking asked for (the backward
     reuses the forward's chunk rows)."""
     import attention.centroid.functional as functional
-    import attention.points as points
+    from attention.chunking import chunk_budget
 
-    before = (functional.attn_chunk_bytes(torch.device("cuda")), points.KNN_CHUNK_BYTES)
+    def defaults() -> tuple[int, int, int, int]:
+        return tuple(chunk_budget(op, d) for op in ("knn_attention", "knn") for d in ("cpu", "cuda"))
+
+    before = defaults()
     budgets = []
-    real = functional._chunk_rows
+    real = functional.chunk_rows
     spy = lambda n, row, budget: budgets.append(budget) or real(n, row, budget)  # noqa: E731
-    monkeypatch.setattr(functional, "_chunk_rows", spy)
+    monkeypatch.setattr(functional, "chunk_rows", spy)
     model = pc_model.create_model(CT, num_centroids=(32, 16), num_neighbors=8)
     x = torch.rand(2, 64, 3)
     with bench_modelnet.chunk_budget(1):
-        assert functional.attn_chunk_bytes(torch.device("cuda")) == points.KNN_CHUNK_BYTES == 2**20
+        assert defaults() == (2**20,) * 4
         model(x).sum().backward()
     assert budgets and set(budgets) == {2**20}
-    assert (functional.attn_chunk_bytes(torch.device("cuda")), points.KNN_CHUNK_BYTES) == before
+    assert defaults() == before
 
 
 @pytest.mark.parametrize("argv", [["--amp"], ["--models", "no_such_model"], ["--batch", "1"], ["--chunk-mb", "0"]])

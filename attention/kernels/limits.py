@@ -1,0 +1,21 @@
+"""What each kernel supports, importable without triton or numba.
+
+The kernels import their limits from here, and :mod:`attention.backends` declares them in its entries, so the
+switchboard knows a kernel's shapes without importing the kernel's package.
+"""
+
+from __future__ import annotations
+
+__all__ = ["FPS_TRITON_MAX_CHANNELS", "FPS_TRITON_MAX_POINTS", "MIX_TRITON_MAX_HEAD_DIM"]
+
+# attention/kernels/fps_triton.py: one program holds next_pow2(N) distances; beyond this the registers spill and the
+# torch loop is the better choice.
+FPS_TRITON_MAX_POINTS = 1 << 16
+# Its channel loop is unrolled at compile time (one kernel per C): beyond a few channels (FPS in feature space) the
+# torch loop is used instead of compiling large kernels.
+FPS_TRITON_MAX_CHANNELS = 8
+
+# attention/kernels/mixers_triton.py: the backward tiles hold BLOCK_M * BLOCK_N * next_pow2(D) values (BLOCK_M,
+# BLOCK_N >= 16 for tl.dot): beyond D = 64 they spill out of registers even with 16 warps, and so do the (BLOCK, Dv)
+# operands beyond Dv = 64 (ptxas for sm_90). Larger heads (D or Dv) take the chunked PyTorch path.
+MIX_TRITON_MAX_HEAD_DIM = 64
