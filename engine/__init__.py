@@ -17,9 +17,11 @@ from engine.checkpoint import (
     resolve_resume,
     save_checkpoint,
     set_rng_state,
+    unwrap_state_dict,
 )
 from engine.config import (
     add_config_args,
+    add_overrides_arg,
     config_from_args,
     config_to_dict,
     load_config,
@@ -33,7 +35,7 @@ from engine.errors import UsageError
 from engine.interrupt import Interrupted
 from engine.logger import RunLogger, TqdmHandler, dumps_json, setup_logging, to_jsonable, write_json
 from engine.recipe import Recipe, check_config, collect_model_kwargs, split_batch, validate_common
-from engine.registry import ModelRegistry, create_with_kwargs
+from engine.registry import ModelRegistry, create_with_kwargs, find_registry
 from engine.resume import RESUME_MUTABLE, check_config_change, config_diff, load_resume
 from engine.run import RunOptions, main, run, write_metrics
 from engine.stats import count_gmacs, count_params
@@ -55,6 +57,7 @@ __all__ = [
     "Trainer",
     "UsageError",
     "add_config_args",
+    "add_overrides_arg",
     "atomic_open",
     "atomic_write_text",
     "check_best_agrees",
@@ -71,6 +74,7 @@ __all__ = [
     "derive_seed",
     "dumps_json",
     "epoch_lr_schedule",
+    "find_registry",
     "get_rng_state",
     "init_distributed",
     "load_checkpoint",
@@ -91,6 +95,7 @@ __all__ = [
     "to_device",
     "to_jsonable",
     "unwrap",
+    "unwrap_state_dict",
     "validate_common",
     "wrap_ddp",
     "write_json",

@@ -65,6 +65,7 @@ from engine import (
     count_params,
     create_with_kwargs,
     split_batch,
+    unwrap_state_dict,
 )
 
 from .data import build_dataset, patch_posterize  # importing vision (this package) registered the models in timm
@@ -319,11 +320,6 @@ def _example(cfg: DeiTConfig, device: torch.device) -> torch.Tensor:
     return torch.randn(1, 3, cfg.img_size, cfg.img_size, generator=torch.Generator().manual_seed(0)).to(device)
 
 
-def _ema_state_to_model(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``ModelEmaV3.state_dict()`` keys are ``module.<name>``; returns the plain model keys."""
-    return {k.removeprefix("module."): v for k, v in state.items()}
-
-
 def _replica_digest(*modules: nn.Module) -> str:
     h = hashlib.sha256()
     for module in modules:
@@ -442,7 +438,7 @@ class DeiTRecipe(Recipe):
             metrics = evaluate(model, self.eval_loader, self.ctx.device, self.ctx)
             if state.get("ema") is not None:
                 ema_model = copy.deepcopy(model)
-                ema_model.load_state_dict(_ema_state_to_model(state["ema"]))
+                ema_model.load_state_dict(unwrap_state_dict(state["ema"]))  # ModelEmaV3 keys: module.<name>
                 ema_metrics = evaluate(ema_model, self.eval_loader, self.ctx.device, self.ctx)
                 metrics.update({f"ema_{k}": v for k, v in ema_metrics.items()})
         return metrics
