@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from pointcloud.data import data_root
+from engine.data import locate
 from pointcloud.synthetic import SHAPE_BUILDERS
 from pointcloud.transforms import normalize_unit_sphere
 
@@ -93,17 +93,6 @@ def resample(num_stored: int, num_points: int, rng: np.random.Generator) -> np.n
     if num_stored >= num_points:
         return np.sort(rng.choice(num_stored, num_points, replace=False))
     return np.concatenate([np.arange(num_stored), rng.integers(0, num_stored, num_points - num_stored)])
-
-
-def _locate(root: str | PathLike | None, folder: str, markers: Sequence[str], what: str, tree: str) -> Path:
-    base = data_root(root)
-    for cand in (base / folder, base):
-        if all((cand / m).exists() for m in markers):
-            return cand
-    raise FileNotFoundError(
-        f"{what} not found: searched {base / folder} and {base} for {list(markers)}. The data root is the `root` "
-        f"argument, else $CENTROID_DATA, else ./datasets. Expected tree:\n{tree}\nSee datasets/README.md."
-    )
 
 
 def _read_table(path: Path, columns: int, tree: str) -> np.ndarray:
@@ -205,7 +194,7 @@ class ShapeNetPart(PartDataset):
             raise ValueError(f"layout must be one of {sorted(self.FOLDERS)}, got {layout!r}")
         self.layout, self.tree = layout, self.TREES[layout]
         split_file = f"train_test_split/shuffled_{split}_file_list.json"
-        self.root = _locate(
+        self.root = locate(
             root,
             self.FOLDERS[layout],
             ["synsetoffset2category.txt", split_file],
@@ -297,7 +286,7 @@ class ShapeNetCore13(PartDataset):
         self, root: str | PathLike | None = None, split: str = "train", num_points: int = 2048, seed: int = 0
     ) -> None:
         super().__init__(split, num_points, seed, ("train", "test"))
-        self.root = _locate(root, self.FOLDER, [f"{split}.txt"], "ShapeNet Core13 points", CORE13_TREE)
+        self.root = locate(root, self.FOLDER, [f"{split}.txt"], "ShapeNet Core13 points", CORE13_TREE)
         path = self.root / f"{split}.txt"
         entries = [line.strip() for line in path.read_text().splitlines() if line.strip()]
         for entry in entries:

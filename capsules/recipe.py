@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from engine import Recipe, UsageError, count_params, epoch_lr_schedule
+from engine import Recipe, check_config, collect_model_kwargs, count_params, epoch_lr_schedule
 
 from .chamfer import CHAMFER_DEFINITION, chamfer_distance
 from .data import build_dataset
@@ -81,9 +81,7 @@ MODEL_KNOBS = ("num_iterations", "num_heads", "mlp_ratio", "lift_rank", "decoder
 
 def build_model(cfg: CapsulesConfig) -> nn.Module:
     """``create_model(cfg.model, ...)`` with the config's knobs and ``model_kwargs``; a keyword it lacks is named."""
-    kwargs = {k: getattr(cfg, k) for k in MODEL_KNOBS if getattr(cfg, k) is not None}
-    kwargs.update(cfg.model_kwargs)
-    return create_model(cfg.model, num_points=cfg.num_points, **kwargs)
+    return create_model(cfg.model, num_points=cfg.num_points, **collect_model_kwargs(cfg, MODEL_KNOBS))
 
 
 def build_datasets(cfg: CapsulesConfig, data_root: str | None = None):
@@ -146,15 +144,17 @@ class CapsulesRecipe(Recipe):
 
     @classmethod
     def validate(cls, cfg: CapsulesConfig) -> None:
-        problems = []
-        if cfg.model not in list_models():
-            problems.append(f"model {cfg.model!r} is not registered; choose one of {list_models()}")
-        if cfg.num_points < 2:
-            problems.append(f"num_points must be >= 2, got {cfg.num_points}")
-        if cfg.batch_size < 2:
-            problems.append(f"batch_size must be >= 2 (BatchNorm needs two shapes per batch), got {cfg.batch_size}")
-        if problems:
-            raise UsageError("CapsulesConfig: " + "; ".join(problems))
+        check_config(
+            cfg,
+            [
+                (cfg.model in list_models(), f"model {cfg.model!r} is not registered; choose one of {list_models()}"),
+                (cfg.num_points >= 2, f"num_points must be >= 2, got {cfg.num_points}"),
+                (
+                    cfg.batch_size >= 2,
+                    f"batch_size must be >= 2 (BatchNorm needs two shapes per batch), got {cfg.batch_size}",
+                ),
+            ],
+        )
 
     def build_datasets(self):
         return build_datasets(self.cfg, self.data_root)

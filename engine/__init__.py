@@ -17,9 +17,11 @@ from engine.checkpoint import (
     resolve_resume,
     save_checkpoint,
     set_rng_state,
+    unwrap_state_dict,
 )
 from engine.config import (
     add_config_args,
+    add_overrides_arg,
     config_from_args,
     config_to_dict,
     load_config,
@@ -27,17 +29,20 @@ from engine.config import (
     parse_overrides,
     save_config,
 )
+from engine.data import DATA_ROOT_ENV, data_root, locate
 from engine.distributed import DistributedContext, init_distributed, resolve_device, unwrap, wrap_ddp
 from engine.errors import UsageError
 from engine.interrupt import Interrupted
 from engine.logger import RunLogger, TqdmHandler, dumps_json, setup_logging, to_jsonable, write_json
-from engine.recipe import Recipe, validate_common
-from engine.registry import ModelRegistry, create_with_kwargs
-from engine.run import RESUME_MUTABLE, RunOptions, config_diff, main, run
+from engine.recipe import Recipe, check_config, collect_model_kwargs, split_batch, validate_common
+from engine.registry import ModelRegistry, create_with_kwargs, find_registry
+from engine.resume import RESUME_MUTABLE, check_config_change, config_diff, load_resume
+from engine.run import RunOptions, main, run, write_metrics
 from engine.stats import count_gmacs, count_params
 from engine.trainer import TIMING_KEYS, NonFiniteLossError, Trainer, derive_seed, epoch_lr_schedule, to_device
 
 __all__ = [
+    "DATA_ROOT_ENV",
     "RESUME_MUTABLE",
     "TIMING_KEYS",
     "CheckpointError",
@@ -52,23 +57,31 @@ __all__ = [
     "Trainer",
     "UsageError",
     "add_config_args",
+    "add_overrides_arg",
     "atomic_open",
     "atomic_write_text",
     "check_best_agrees",
+    "check_config",
+    "check_config_change",
+    "collect_model_kwargs",
     "config_diff",
     "config_from_args",
     "config_to_dict",
     "count_gmacs",
     "count_params",
     "create_with_kwargs",
+    "data_root",
     "derive_seed",
     "dumps_json",
     "epoch_lr_schedule",
+    "find_registry",
     "get_rng_state",
     "init_distributed",
     "load_checkpoint",
     "load_config",
+    "load_resume",
     "load_yaml_with_base",
+    "locate",
     "main",
     "parse_overrides",
     "resolve_device",
@@ -78,10 +91,13 @@ __all__ = [
     "save_config",
     "set_rng_state",
     "setup_logging",
+    "split_batch",
     "to_device",
     "to_jsonable",
     "unwrap",
+    "unwrap_state_dict",
     "validate_common",
     "wrap_ddp",
     "write_json",
+    "write_metrics",
 ]

@@ -31,9 +31,14 @@ __all__ = [
     "resolve_resume",
     "save_checkpoint",
     "set_rng_state",
+    "unwrap_state_dict",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+#: Key prefixes that wrappers add to a state dict: DDP and timm's ``ModelEmaV3`` (``module.``), ``torch.compile``.
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
 class CheckpointError(RuntimeError):
@@ -188,6 +193,16 @@ def resolve_resume(resume: str | Path | None, run_dir: str | Path | None) -> Pat
             f"resume checkpoint not found: {path} (pass an existing .pt file, or 'auto' for <run_dir>/last.pt)"
         )
     return path
+
+
+def unwrap_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state_dict`` with the :data:`WRAPPER_PREFIXES` removed from its keys: the plain model's keys."""
+    out = {}
+    for key, value in state_dict.items():
+        for prefix in WRAPPER_PREFIXES:
+            key = key.removeprefix(prefix)
+        out[key] = value
+    return out
 
 
 def get_rng_state() -> dict[str, Any]:

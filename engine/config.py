@@ -40,6 +40,7 @@ from engine.atomic import atomic_write_text
 
 __all__ = [
     "add_config_args",
+    "add_overrides_arg",
     "config_from_args",
     "config_to_dict",
     "load_config",
@@ -342,14 +343,17 @@ def add_config_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     :func:`config_from_args`.
     """
     parser.add_argument("--config", type=Path, default=None, metavar="PATH", help="YAML config file")
+    add_overrides_arg(
+        parser, "override config keys, e.g. --set lr=1e-3 dims=[64,128]; repeatable; applied after --config"
+    )
+    return parser
+
+
+def add_overrides_arg(parser: argparse.ArgumentParser, help: str) -> argparse.ArgumentParser:
+    """Adds ``--set KEY=VALUE [KEY=VALUE ...]`` (repeatable; the namespace's ``overrides``, a list of strings): the one
+    override grammar of every CLI, parsed by :func:`parse_overrides` (each value as YAML)."""
     parser.add_argument(
-        "--set",
-        dest="overrides",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override config keys, e.g. --set lr=1e-3 dims=[64,128]; repeatable; applied after --config",
+        "--set", dest="overrides", nargs="+", action="extend", default=[], metavar="KEY=VALUE", help=help
     )
     return parser
 

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from engine.atomic import atomic_write_text
 
-__all__ = ["RunLogger", "TqdmHandler", "dumps_json", "setup_logging", "to_jsonable", "write_json"]
+__all__ = ["RunLogger", "TqdmHandler", "dumps_json", "read_records", "setup_logging", "to_jsonable", "write_json"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,14 @@ def dumps_json(obj: Any, indent: int | None = None) -> str:
     return json.dumps(_finite_or_none(to_jsonable(obj)), indent=indent, allow_nan=False)
 
 
+def read_records(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The records of ``run_dir/log.jsonl``, one per epoch (empty if the file does not exist)."""
+    path = Path(run_dir) / LOG_NAME
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def write_json(path: str | Path, obj: Any) -> Path:
     """Writes ``obj`` as indented strict JSON (:func:`dumps_json`) to ``path``, atomically; returns the path."""
     atomic_write_text(path, dumps_json(obj, indent=2) + "\n")
@@ -80,7 +88,7 @@ def write_json(path: str | Path, obj: Any) -> Path:
 
 
 class RunLogger:
-    """Writes the per-run record: ``log.jsonl``, TensorBoard scalars and JSON summaries.
+    """Writes the per-run record: ``log.jsonl`` and TensorBoard scalars (metrics files: :func:`write_json`).
 
     Args:
         run_dir: The run folder (created if needed).
@@ -174,14 +182,7 @@ class RunLogger:
             return []
         if self._file is not None:
             self._file.flush()
-        lines = self.log_path.read_text(encoding="utf-8").splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
-
-    def write_json(self, name: str, obj: Any) -> Path | None:
-        """Writes ``obj`` as indented strict JSON to ``run_dir/name`` atomically (e.g. ``final_metrics.json``)."""
-        if not self.enabled:
-            return None
-        return write_json(self.run_dir / name, obj)
+        return read_records(self.run_dir)
 
     def _tb_writer(self) -> Any:
         if not self.tensorboard or self._writer is not None:

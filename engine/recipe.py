@@ -13,13 +13,15 @@ data_root)``, :meth:`~Recipe.build_datasets`, :meth:`~Recipe.build_loaders`, :me
 
 Config conventions shared by every recipe config (checked by :func:`validate_common`): ``name``, ``seed``, ``epochs``,
 ``batch_size`` (global, split evenly over the ranks), ``eval_batch_size``, ``lr``, ``workers``, ``amp``, ``grad_clip``
-and ``model_kwargs`` (any constructor keyword of the model, e.g. ``--set model_kwargs.mixer=hydra``).
+and ``model_kwargs`` (any constructor keyword of the model, e.g. ``--set model_kwargs.mixer=hydra``), which
+:func:`collect_model_kwargs` merges with the recipe's named model knobs. :func:`check_config` reports a recipe's
+own config problems together, as :func:`validate_common` does.
 """
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,34 +31,88 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from engine.distributed import DistributedContext
 from engine.errors import UsageError
-from engine.logger import LOG_NAME
+from engine.logger import read_records
 from engine.stats import count_params
 
-__all__ = ["Recipe", "validate_common"]
+__all__ = ["Recipe", "check_config", "collect_model_kwargs", "split_batch", "validate_common"]
+
+
+def check_config(cfg: Any, checks: Iterable[tuple[bool, str]]) -> None:
+    """Raises one :class:`UsageError` that lists every failed check, prefixed with the config's class name.
+
+    Args:
+        cfg: The config (only its class name is used).
+        checks: ``(ok, problem)`` pairs; ``problem`` says what was expected and what came, e.g.
+            ``(cfg.votes >= 1, f"votes must be >= 1, got {cfg.votes}")``.
+
+    Example (a recipe's :meth:`Recipe.validate`)::
+
+        check_config(cfg, [
+            (cfg.model in list_models(), f"model {cfg.model!r} is not registered; choose one of {list_models()}"),
+            (cfg.num_points >= 1, f"num_points must be >= 1, got {cfg.num_points}"),
+        ])
+    """
+    problems = [problem for ok, problem in checks if not ok]
+    if problems:
+        raise UsageError(f"{type(cfg).__name__}: " + "; ".join(problems))
+
+
+# key, check, what it must be: the common keys (a config that lacks one, or sets it to None, skips it)
+_COMMON_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("batch_size", lambda v: v >= 1, ">= 1"),
+    ("eval_batch_size", lambda v: v >= 1, ">= 1"),
+    ("epochs", lambda v: v >= 1, ">= 1"),
+    ("lr", lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
+    ("weight_decay", lambda v: math.isfinite(v) and v >= 0, ">= 0"),
+    ("workers", lambda v: v >= 0, ">= 0"),
+    ("seed", lambda v: v >= 0, ">= 0"),
+    ("grad_clip", lambda v: math.isfinite(v) and v > 0, "> 0 or null"),
+    ("warmup_epochs", lambda v: v >= 0, ">= 0"),
+)
 
 
 def validate_common(cfg: Any) -> None:
     """Checks the config keys every recipe shares (those the config has); raises one :class:`UsageError` for all.
 
-    ``batch_size`` 0 used to become 1 silently; a non-positive ``lr`` or ``epochs`` trained nothing useful.
+    A ``batch_size`` of 0 or a non-positive ``lr`` or ``epochs`` would otherwise train nothing useful.
     """
-    problems = []
+    values = {key: getattr(cfg, key, None) for key, _, _ in _COMMON_CHECKS}
+    check_config(
+        cfg,
+        [
+            (ok(values[key]), f"{key} must be {expected}, got {values[key]!r}")
+            for key, ok, expected in _COMMON_CHECKS
+            if values[key] is not None
+        ],
+    )
 
-    def check(key: str, ok: Any, expected: str) -> None:
-        if hasattr(cfg, key) and getattr(cfg, key) is not None and not ok(getattr(cfg, key)):
-            problems.append(f"{key} must be {expected}, got {getattr(cfg, key)!r}")
 
-    check("batch_size", lambda v: v >= 1, ">= 1")
-    check("eval_batch_size", lambda v: v >= 1, ">= 1")
-    check("epochs", lambda v: v >= 1, ">= 1")
-    check("lr", lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
-    check("weight_decay", lambda v: math.isfinite(v) and v >= 0, ">= 0")
-    check("workers", lambda v: v >= 0, ">= 0")
-    check("seed", lambda v: v >= 0, ">= 0")
-    check("grad_clip", lambda v: math.isfinite(v) and v > 0, "> 0 or null")
-    check("warmup_epochs", lambda v: v >= 0, ">= 0")
-    if problems:
-        raise UsageError(f"{type(cfg).__name__}: " + "; ".join(problems))
+def collect_model_kwargs(cfg: Any, knobs: Sequence[str]) -> dict[str, Any]:
+    """The model-constructor keywords a config sets: every field in ``knobs`` that is not ``None``, then the
+    ``cfg.model_kwargs`` dict (which wins).
+
+    A knob left at ``None`` keeps the registered model's own default, so one config class serves model variants whose
+    defaults differ. Pass the result to a factory that names a keyword it does not take
+    (:func:`engine.registry.create_with_kwargs`; a :class:`~engine.registry.ModelRegistry`'s ``create_model`` does).
+    """
+    kwargs = {k: getattr(cfg, k) for k in knobs if getattr(cfg, k) is not None}
+    kwargs.update(getattr(cfg, "model_kwargs", None) or {})
+    return kwargs
+
+
+def split_batch(batch_size: int, world_size: int, train_size: int | None = None) -> int:
+    """The per-rank batch of a global ``batch_size``: it must divide evenly over the ranks and, with ``drop_last``,
+    fit in the ``train_size`` samples of the train split (when given)."""
+    if batch_size % world_size:
+        raise UsageError(
+            f"batch_size is the global batch and must divide evenly over {world_size} ranks, got {batch_size}"
+        )
+    if train_size is not None and batch_size > train_size:
+        raise UsageError(
+            f"batch_size={batch_size} exceeds the {train_size} samples of the train split (with drop_last no batch "
+            "would be left): lower batch_size or use more data"
+        )
+    return batch_size // world_size
 
 
 class Recipe:
@@ -66,7 +122,7 @@ class Recipe:
         group: Runs go to ``runs/<group>/<cfg.name>/...``.
         config_cls: The flat config dataclass.
         monitor / monitor_mode: The record key that decides ``best.pt``, and ``"min"`` or ``"max"``.
-        resume_mutable: Config keys (beyond :data:`engine.run.RESUME_MUTABLE`) that may change on resume.
+        resume_mutable: Config keys (beyond :data:`engine.resume.RESUME_MUTABLE`) that may change on resume.
 
     Instance attributes set by the engine: ``cfg``, ``ctx`` (the :class:`DistributedContext`), ``data_root``,
     ``run_dir``; after :meth:`build_loaders`, ``train_set``, ``eval_set``, ``train_loader``, ``eval_loader``.
@@ -115,16 +171,8 @@ class Recipe:
         return train_loader, eval_loader
 
     def per_rank_batch(self, train_size: int) -> int:
-        """``batch_size`` (global) split over the ranks; must divide evenly and fit in the train split."""
-        batch, world = self.cfg.batch_size, self.ctx.world_size
-        if batch % world:
-            raise UsageError(f"batch_size is the global batch and must divide evenly over {world} ranks, got {batch}")
-        if batch > train_size:
-            raise UsageError(
-                f"batch_size={batch} exceeds the {train_size} samples of the train split (with drop_last no batch "
-                "would be left): lower batch_size or use more data"
-            )
-        return batch // world
+        """``batch_size`` (global) split over the ranks (:func:`split_batch`)."""
+        return split_batch(self.cfg.batch_size, self.ctx.world_size, train_size)
 
     def build_model(self) -> nn.Module:
         """The model (the engine moves it to the device); ``cfg.model_kwargs`` should reach its constructor."""
@@ -159,10 +207,7 @@ class Recipe:
 
     def records(self) -> list[dict[str, Any]]:
         """The run's ``log.jsonl`` records so far (one per epoch); empty before the first epoch or off rank 0."""
-        path = self.run_dir / LOG_NAME if self.run_dir is not None else None
-        if path is None or not path.is_file():
-            return []
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return read_records(self.run_dir) if self.run_dir is not None else []
 
     def evaluate_checkpoint(self, model: nn.Module, state: dict[str, Any]) -> dict[str, Any]:
         """``--eval-only``: metrics of ``state`` (a checkpoint, already loaded into ``model``)."""

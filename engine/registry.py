@@ -11,11 +11,11 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import nn
 
-__all__ = ["ModelRegistry", "create_with_kwargs"]
+__all__ = ["ModelRegistry", "create_with_kwargs", "find_registry"]
 
 
 class ModelRegistry:
@@ -30,9 +30,13 @@ class ModelRegistry:
         register_model, create_model, list_models = _registry.register_model, _registry.create_model, ...
     """
 
+    #: Every registry created so far (one per domain package that has been imported), for :func:`find_registry`.
+    instances: ClassVar[list[ModelRegistry]] = []
+
     def __init__(self, domain: str) -> None:
         self.domain = domain
         self.models: dict[str, Callable[..., nn.Module]] = {}
+        ModelRegistry.instances.append(self)
 
     def register_model(self, fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         """Decorator: registers ``fn`` under its ``__name__`` (a second registration of a name is an error)."""
@@ -81,3 +85,8 @@ def create_with_kwargs(factory: Callable[..., nn.Module], name: str, kwargs: dic
             f"model {name!r} does not take one of the keywords {sorted(kwargs)} ({err}); remove it from the config "
             "(set a model knob to null, or drop it from model_kwargs)"
         ) from err
+
+
+def find_registry(name: str) -> ModelRegistry | None:
+    """The :class:`ModelRegistry` that holds model ``name`` (among the domain packages imported so far), or ``None``."""
+    return next((registry for registry in ModelRegistry.instances if name in registry), None)

@@ -7,13 +7,15 @@ A recipe (:class:`engine.recipe.Recipe`) says what is domain-specific; this modu
   against the train split, all before the first step.
 * **The run folder** (:mod:`engine.rundir`): new per run by default, never reused without ``--resume`` or
   ``--overwrite``, locked while a run writes it, temp files of a killed run removed.
-* **Resume**: the checkpoint is loaded safely (``weights_only``, :mod:`engine.checkpoint`); config keys that define
-  the model, the data or the optimization must equal the checkpoint's (the refusal prints the diff); the keys in
-  :data:`RESUME_MUTABLE` (and the recipe's ``resume_mutable``) may change and are logged; ``best.pt`` must agree
-  with ``last.pt``; ``config.yaml`` is only rewritten once the resume is accepted.
+* **Resume** (:func:`engine.resume.load_resume`): the checkpoint is loaded safely (``weights_only``,
+  :mod:`engine.checkpoint`); config keys that define the model, the data or the optimization must equal the
+  checkpoint's (the refusal prints the diff); the keys in :data:`~engine.resume.RESUME_MUTABLE` (and the recipe's
+  ``resume_mutable``) may change and are logged; ``best.pt`` must agree with ``last.pt``; ``config.yaml`` is only
+  rewritten once the resume is accepted.
 * **Seeding, DDP** set-up and teardown (barrier + destroy on success, plain destroy after an error), **eval-only**,
-  **logging**, **strict JSON** final metrics, and **signals**: SIGINT / SIGTERM end with one line ("interrupted at
-  epoch E, step S: resume with --resume auto ...") and exit status 130 / 143.
+  **logging**, the **metrics files** (``final_metrics.json`` after training, ``eval_metrics.json`` after
+  ``--eval-only``: each written once, in strict JSON, by :func:`write_metrics`), and **signals**: SIGINT / SIGTERM
+  end with one line ("interrupted at epoch E, step S: resume with --resume auto ...") and exit status 130 / 143.
 
 CLI exit statuses: 0 success, 2 user error (bad config, missing data, refused resume, locked folder: one line on
 stderr, no traceback; ``--debug`` shows it), 130 / 143 interrupted, 1 anything else (with its traceback).
@@ -27,38 +29,26 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-from engine.checkpoint import CheckpointError, check_best_agrees, load_checkpoint, resolve_resume
+from engine import rundir
+from engine.checkpoint import CheckpointError, load_checkpoint
 from engine.config import add_config_args, config_to_dict, load_config
 from engine.distributed import DistributedContext, init_distributed
 from engine.errors import UsageError
 from engine.interrupt import Interrupted, handle_signals
 from engine.logger import setup_logging, write_json
 from engine.recipe import Recipe, validate_common
-from engine.rundir import (
-    RunLock,
-    clean_temp_files,
-    default_run_dir,
-    latest_run_dir,
-    prepare_run_dir,
-    update_latest,
-)
+from engine.resume import load_resume
 from engine.trainer import NonFiniteLossError, Trainer
 
-__all__ = ["RESUME_MUTABLE", "RunOptions", "config_diff", "main", "run"]
+__all__ = ["RunOptions", "main", "run", "write_metrics"]
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-#: Config keys that may differ between a checkpoint and the run that resumes it (more epochs, workers, logging).
-RESUME_MUTABLE = ("name", "epochs", "workers", "log_every", "eval_batch_size")
-_MISSING = "<unset>"
 
 
 @dataclass
@@ -96,16 +86,6 @@ class RunOptions:
     debug: bool = False
 
 
-def config_diff(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """``{key: (saved, current)}`` for every key whose value differs (a missing key shows as ``<unset>``)."""
-    keys = list(dict.fromkeys([*saved, *current]))
-    return {
-        k: (saved.get(k, _MISSING), current.get(k, _MISSING))
-        for k in keys
-        if saved.get(k, _MISSING) != current.get(k, _MISSING)
-    }
-
-
 def run(recipe: type[Recipe], cfg: Any, options: RunOptions | None = None, **kwargs: Any) -> dict[str, Any]:
     """Trains (or, with ``eval_only``, evaluates) ``recipe`` on ``cfg``; returns the final (or eval) metrics.
 
@@ -125,7 +105,7 @@ def run(recipe: type[Recipe], cfg: Any, options: RunOptions | None = None, **kwa
     validate_common(cfg)
     recipe.validate(cfg)
     ctx = init_distributed(opts.device)
-    lock: RunLock | None = None
+    lock: rundir.RunLock | None = None
     trainer: Trainer | None = None
     out_dir: Path | None = None
     ok = False
@@ -138,7 +118,9 @@ def run(recipe: type[Recipe], cfg: Any, options: RunOptions | None = None, **kwa
         r = recipe(cfg, ctx, opts.data_root)
         r.run_dir = out_dir
         # A refused resume (changed config, best/last disagreeing) fails here, before the data is read.
-        state = None if opts.eval_only else _load_resume(r, out_dir, opts)
+        state = None
+        if not opts.eval_only:
+            state = load_resume(opts.resume, out_dir, cfg, r.resume_mutable, allow_pickle=opts.trust_checkpoint)
         train_set, eval_set = r.build_datasets()
         _check_dataset(train_set, "train")
         _check_dataset(eval_set, "evaluation")
@@ -157,13 +139,10 @@ def run(recipe: type[Recipe], cfg: Any, options: RunOptions | None = None, **kwa
             metrics = _eval_only(r, model, info, out_dir, opts)
         else:
             trainer = _trainer(r, model, out_dir, opts)
-            trainer.fit(state=state)
-            metrics = trainer.final_metrics()
+            metrics = trainer.fit(state=state)
             metrics.update(r.finalize(metrics, trainer.module))
             metrics.update(info)
-            if ctx.is_main:
-                write_json(out_dir / "final_metrics.json", metrics)
-            ctx.barrier()
+            write_metrics(ctx, out_dir / "final_metrics.json", metrics)
         ok = True
         return metrics
     except KeyboardInterrupt as e:
@@ -186,19 +165,19 @@ def run(recipe: type[Recipe], cfg: Any, options: RunOptions | None = None, **kwa
 
 def _setup_folder(
     recipe: type[Recipe], cfg: Any, opts: RunOptions, ctx: DistributedContext
-) -> tuple[Path, RunLock | None]:
+) -> tuple[Path, rundir.RunLock | None]:
     """Rank 0 resolves, checks and locks the run folder; every rank gets its path (or rank 0's error)."""
-    lock: RunLock | None = None
+    lock: rundir.RunLock | None = None
     result: tuple[str, str | None]
     if ctx.is_main:
         try:
             folder, is_new_default = _resolve_folder(recipe, cfg, opts)
             if not opts.eval_only:
-                lock = RunLock(folder).acquire()
-                clean_temp_files(folder)
-                prepare_run_dir(folder, resume=bool(opts.resume), overwrite=opts.overwrite)
+                lock = rundir.RunLock(folder).acquire()
+                rundir.clean_temp_files(folder)
+                rundir.prepare_run_dir(folder, resume=bool(opts.resume), overwrite=opts.overwrite)
                 if is_new_default:
-                    update_latest(folder)
+                    rundir.update_latest(folder)
             else:
                 folder.mkdir(parents=True, exist_ok=True)
             result = (str(folder), None)
@@ -225,7 +204,7 @@ def _resolve_folder(recipe: type[Recipe], cfg: Any, opts: RunOptions) -> tuple[P
     if opts.eval_only:
         if opts.checkpoint:
             return Path(opts.checkpoint).parent, False
-        latest = latest_run_dir(recipe.group, name, opts.runs_root)
+        latest = rundir.latest_run_dir(recipe.group, name, opts.runs_root)
         if latest is None:
             raise UsageError(
                 f"--eval-only: no run of {name!r} under {Path(opts.runs_root) / recipe.group / name} to evaluate; "
@@ -235,10 +214,10 @@ def _resolve_folder(recipe: type[Recipe], cfg: Any, opts: RunOptions) -> tuple[P
     if opts.resume and opts.resume != "auto":
         return Path(opts.resume).parent, False
     if opts.resume == "auto":
-        latest = latest_run_dir(recipe.group, name, opts.runs_root)
+        latest = rundir.latest_run_dir(recipe.group, name, opts.runs_root)
         if latest is not None:
             return latest, False
-    return default_run_dir(recipe.group, name, opts.runs_root), True
+    return rundir.default_run_dir(recipe.group, name, opts.runs_root), True
 
 
 def _check_dataset(dataset: Any, split: str) -> None:
@@ -248,34 +227,6 @@ def _check_dataset(dataset: Any, split: str) -> None:
         check()
     if len(dataset) == 0:
         raise UsageError(f"the {split} split is empty ({dataset!r})")
-
-
-def _load_resume(r: Recipe, out_dir: Path, opts: RunOptions) -> dict[str, Any] | None:
-    """Loads and checks the checkpoint to resume from (config diff, best/last agreement); ``None``: fresh start."""
-    path = resolve_resume(opts.resume, out_dir)
-    if path is None:
-        return None
-    state = load_checkpoint(path, allow_pickle=opts.trust_checkpoint)
-    saved = state.get("config")
-    current = config_to_dict(r.cfg)
-    if saved is None:
-        logger.warning("%s holds no config: cannot check that this run's config matches it", path)
-    else:
-        diff = config_diff(saved, current)
-        mutable = {*RESUME_MUTABLE, *r.resume_mutable}
-        refused = {k: v for k, v in diff.items() if k not in mutable}
-        if refused:
-            lines = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in refused.items())
-            raise UsageError(
-                f"refusing to resume {path} with a different config ({lines}). These keys define the model, the "
-                f"data or the optimization; only {', '.join(sorted(mutable))} may change on resume. Start a new run, "
-                f"or resume with the run's own config: --config {path.parent / 'config.yaml'}"
-            )
-        for k, (a, b) in diff.items():
-            logger.info("resume: %s changed from %r to %r (allowed)", k, a, b)
-    if path.name == "last.pt":
-        check_best_agrees(state, path.parent / "best.pt", allow_pickle=opts.trust_checkpoint)
-    return state
 
 
 def _trainer(r: Recipe, model: torch.nn.Module, out_dir: Path, opts: RunOptions) -> Trainer:
@@ -325,10 +276,16 @@ def _eval_only(r: Recipe, model: torch.nn.Module, info: dict[str, Any], out_dir:
     with torch.no_grad():
         metrics = r.evaluate_checkpoint(model, state)
     metrics.update(checkpoint=str(path), epochs=state.get("epoch"), **info)
-    if r.ctx.is_main:
-        write_json(out_dir / "eval_metrics.json", metrics)
-    r.ctx.barrier()
+    write_metrics(r.ctx, out_dir / "eval_metrics.json", metrics)
     return metrics
+
+
+def write_metrics(ctx: DistributedContext, path: Path, metrics: dict[str, Any]) -> None:
+    """The run's metrics file (``final_metrics.json``, ``eval_metrics.json``): strict JSON written atomically by rank
+    0; every rank waits until it is on disk."""
+    if ctx.is_main:
+        write_json(path, metrics)
+    ctx.barrier()
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -400,20 +357,9 @@ def main(
             cfg = load_config(recipe.config_cls, args.config, args.overrides)
             if args.epochs is not None:
                 cfg = replace(cfg, epochs=args.epochs)
-            opts = RunOptions(
-                output_dir=args.output_dir,
-                resume=args.resume,
-                overwrite=args.overwrite,
-                eval_only=args.eval_only,
-                checkpoint=args.checkpoint,
-                device=args.device,
-                data_root=args.data_root,
-                trust_checkpoint=args.trust_checkpoint,
-                progress=not args.no_progress,
-                max_steps_per_epoch=args.max_steps_per_epoch,
-                setup_logging=True,
-                debug=args.debug,
-            )
+            # the shared flags are named as RunOptions' fields
+            flags = {f.name: getattr(args, f.name) for f in fields(RunOptions) if hasattr(args, f.name)}
+            opts = RunOptions(**flags, progress=not args.no_progress, setup_logging=True)
             metrics = run(recipe, cfg, opts)
     except KeyboardInterrupt as stop:
         e = stop if isinstance(stop, Interrupted) else Interrupted(2)

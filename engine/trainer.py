@@ -1,4 +1,4 @@
-"""The generic epoch loop shared by the training CLIs: train, evaluate, log, checkpoint, resume.
+"""The generic epoch loop shared by the training CLIs: train, evaluate, log, checkpoint, restore a checkpoint.
 
 A CLI supplies the model, optimizer, loader and two functions, and the :class:`Trainer` does the rest::
 
@@ -13,7 +13,8 @@ A CLI supplies the model, optimizer, loader and two functions, and the :class:`T
 
     trainer = Trainer(model=model, optimizer=opt, train_loader=loader, loss_fn=loss_fn, evaluate_fn=evaluate_fn,
                       run_dir="runs/exp", epochs=250, ctx=init_distributed(), scheduler=sched, config=cfg)
-    final = trainer.fit(resume=args.resume)   # None, "auto" or a path
+    state = load_resume(args.resume, "runs/exp", config=cfg)   # engine.resume: None, "auto" or a path
+    final = trainer.fit(state=state)                           # state None: a fresh start
 
 Epochs are 0-based in logs and hooks; a checkpoint's ``epoch`` is the number of completed epochs, i.e. the epoch
 the run continues with.
@@ -38,8 +39,9 @@ optimizer step and ``step(epoch + 1, metric)`` after every epoch, whatever ``sch
 Files (rank 0 only; every rank waits at a barrier): ``log.jsonl`` + ``tb/`` (via :class:`~engine.logger.RunLogger`),
 ``config.yaml`` (if ``config`` is given), ``best.pt`` when the monitored metric improves and then ``last.pt``, every
 epoch (both atomic; in this order, so ``last.pt``'s ``best_epoch`` / ``best_metric`` always describe a ``best.pt`` on
-disk), ``final_metrics.json`` at the end. A non-finite loss raises :class:`NonFiniteLossError` before
-the bad step is applied, so ``last.pt`` keeps the state of the last good epoch.
+disk). :meth:`Trainer.fit` returns the final metrics; :func:`engine.run` adds the recipe's entries and writes them to
+``final_metrics.json``. A non-finite loss raises :class:`NonFiniteLossError` before the bad step is applied, so
+``last.pt`` keeps the state of the last good epoch.
 """
 
 from __future__ import annotations
@@ -58,14 +60,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from engine.checkpoint import (
-    CheckpointError,
-    get_rng_state,
-    load_checkpoint,
-    resolve_resume,
-    save_checkpoint,
-    set_rng_state,
-)
+from engine.checkpoint import CheckpointError, get_rng_state, save_checkpoint, set_rng_state
 from engine.config import config_to_dict, save_config
 from engine.distributed import DistributedContext, unwrap, wrap_ddp
 from engine.logger import RunLogger, to_jsonable
@@ -253,32 +248,26 @@ class Trainer:
 
     # ------------------------------------------------------------------ public
 
-    def fit(self, resume: str | Path | None = None, state: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Trains up to ``epochs``, optionally resuming first.
+    def fit(self, state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Trains up to ``epochs``, first restoring ``state`` if given.
 
         Args:
-            resume: ``None``/``""`` (fresh), ``"auto"`` (``run_dir/last.pt`` if present) or a checkpoint path.
-            state: A checkpoint already loaded (and checked) by the caller, e.g. :func:`engine.run`; wins over
-                ``resume``.
+            state: The checkpoint to continue from, as :func:`engine.resume.load_resume` returns it (found, loaded
+                and checked against the run's config); ``None`` starts fresh.
 
         Returns:
-            The final metrics: the last epoch's eval metrics, ``best_<monitor>``, ``epochs`` (completed) and
-            ``train_time_s`` (summed over all sessions of the run); also written to ``final_metrics.json``.
+            The final metrics (:meth:`final_metrics`): the last epoch's eval metrics, ``best_<monitor>``, ``epochs``
+            (completed) and ``train_time_s`` (summed over all sessions of the run).
         """
         try:
             if state is not None:
                 self.load_state_dict(state)
                 _logger.info("resumed: %d epoch(s) done, continuing to %d", self.epoch, self.epochs)
-            else:
-                path = resolve_resume(resume, self.run_dir)
-                if path is not None:
-                    self.load_state_dict(load_checkpoint(path))
-                    _logger.info("resumed from %s: %d epoch(s) done, continuing to %d", path, self.epoch, self.epochs)
-                elif self.ctx.is_main and (self.run_dir / "last.pt").is_file():  # engine.run refuses this case
-                    _logger.warning(
-                        "starting fresh in %s, which has a last.pt: it will be overwritten (resume with 'auto')",
-                        self.run_dir,
-                    )
+            elif self.ctx.is_main and (self.run_dir / "last.pt").is_file():  # engine.run refuses this case
+                _logger.warning(
+                    "starting fresh in %s, which has a last.pt: it will be overwritten (resume with 'auto')",
+                    self.run_dir,
+                )
             self.logger.truncate_from(self.epoch)
             if self.config is not None and self.ctx.is_main:
                 save_config(self.config, self.run_dir / "config.yaml")
@@ -287,10 +276,7 @@ class Trainer:
                 _logger.info("all %d epoch(s) already done in %s", self.epochs, self.run_dir)
             for epoch in range(self.epoch, self.epochs):
                 self._run_epoch(epoch)
-            final = self.final_metrics()
-            self.logger.write_json("final_metrics.json", final)
-            self.ctx.barrier()
-            return final
+            return self.final_metrics()
         finally:
             if self._owns_logger:
                 self.logger.close()
@@ -330,7 +316,7 @@ class Trainer:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restores a checkpoint written by :meth:`state_dict` (called by ``fit(resume=...)``)."""
+        """Restores a checkpoint written by :meth:`state_dict` (called by ``fit(state=...)``)."""
         missing = [k for k in ("model", "optimizer", "epoch") if k not in state]
         if missing:
             raise CheckpointError(

@@ -20,9 +20,9 @@ and ``num_classes``. Subsets take the *first* ``num_points`` points of each stor
 (without ``--use_uniform_sample``) and DGCNN do: the HDF5 and sampled releases store i.i.d. uniform samples, so any
 prefix is a uniform sample too; the normal-resampled release is also used this way by most code.
 
-Data root: the ``root`` argument, else the environment variable ``CENTROID_DATA``, else ``./datasets``. ``root``
-may be the data root (the dataset is looked up in its release folder name under it) or the dataset folder itself.
-``datasets/README.md`` shows each expected tree.
+Data root (:mod:`engine.data`): the ``root`` argument, else the environment variable ``CENTROID_DATA``, else
+``./datasets``. ``root`` may be the data root (the dataset is looked up in its release folder name under it) or the
+dataset folder itself. ``datasets/README.md`` shows each expected tree.
 
 Augmentation determinism: a dataset built with ``transform=...`` and ``seed=s`` calls
 ``transform(points, augmentation_rng(s, epoch, index))`` for sample ``index``, where ``epoch`` is what the last
@@ -50,25 +50,25 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+# DATA_ROOT_ENV and data_root stay importable from here for scripts written against this module.
+from engine.data import DATA_ROOT_ENV, data_root, locate  # noqa: F401
+
 from .synthetic import SHAPE_CLASSES, generate_shape
 from .transforms import augmentation_rng
 
 __all__ = [
     "DATASETS",
-    "DATA_ROOT_ENV",
     "ModelNet40H5",
     "ModelNet40Normal",
     "ModelNet40Sampled",
     "PointCloudDataset",
     "SyntheticShapes",
     "build_dataset",
-    "data_root",
     "save_sampled_split",
 ]
 
 _logger = logging.getLogger(__name__)
 
-DATA_ROOT_ENV = "CENTROID_DATA"
 _SPLITS = ("train", "test")
 
 H5_TREE = """\
@@ -98,42 +98,26 @@ SAMPLED_TREE = """\
   meta.json                       num_points, seed, source folder, format version"""
 
 
-def data_root(root: str | PathLike | None = None) -> Path:
-    """The data root: ``root`` if given, else ``$CENTROID_DATA``, else ``./datasets``."""
-    if root is not None:
-        return Path(root).expanduser()
-    return Path(os.environ.get(DATA_ROOT_ENV) or "datasets").expanduser()
-
-
 def _check_split(split: str) -> None:
     if split not in _SPLITS:
         raise ValueError(f"split must be one of {_SPLITS}, got {split!r}")
 
 
-def _locate(root: str | PathLike | None, folder: str, markers: Sequence[str], what: str, tree: str) -> Path:
-    """Return ``<root>/<folder>`` or ``<root>`` (whichever holds all ``markers``), else raise a helpful error."""
-    base = data_root(root)
-    candidates = [base / folder, base]
-    for cand in candidates:
-        if all((cand / m).is_file() for m in markers):
-            return cand
-    missing = "; ".join(
-        f"{c}: missing {[m for m in markers if not (c / m).is_file()]}" if c.is_dir() else f"{c}: no such folder"
-        for c in candidates
-    )
-    raise FileNotFoundError(
-        f"{what} not found. Searched {[str(c) for c in candidates]} ({missing}). The data root is the `root` "
-        f"argument, else ${DATA_ROOT_ENV}, else ./datasets. Expected tree:\n{tree}\nSee datasets/README.md."
-    )
-
-
-def _read_names(path: Path) -> list[str]:
+def _read_names(path: Path, count: int | None = None) -> list[str]:
+    """The unique names in ``path``, one per line (exactly ``count`` of them, if given)."""
     names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
     if not names:
         raise ValueError(f"{path}: expected one name per line, found none")
     if len(set(names)) != len(names):
         raise ValueError(f"{path}: names must be unique, found duplicates")
+    if count is not None and len(names) != count:
+        raise ValueError(f"{path}: expected {count} class names, found {len(names)}")
     return names
+
+
+def _check_modelnet_classes(num_classes: int) -> None:
+    if num_classes not in (10, 40):
+        raise ValueError(f"num_classes must be 40 (ModelNet40) or 10 (ModelNet10), got {num_classes}")
 
 
 def _check_finite(array: np.ndarray, path: Path | str, first_line: int | None = None) -> None:
@@ -222,7 +206,7 @@ class ModelNet40H5(PointCloudDataset):
     Everything is loaded into memory at construction (about 120 MB at 1,024 points).
 
     Args:
-        root: Data root or the ``modelnet40_ply_hdf5_2048`` folder itself (see :func:`data_root`).
+        root: Data root or the ``modelnet40_ply_hdf5_2048`` folder itself (see :func:`engine.data.data_root`).
         split: ``"train"`` or ``"test"``.
         num_points: Points per cloud (the first ``num_points`` of the stored 2,048).
         transform: Augmentation ``transform(points, rng)``.
@@ -250,12 +234,8 @@ class ModelNet40H5(PointCloudDataset):
                 "(dataset modelnet40_normal) or meshes prepared with datasets/prepare_modelnet40.py"
             )
         _check_split(split)
-        self.root = _locate(root, self.FOLDER, ["shape_names.txt", f"{split}_files.txt"], "ModelNet40 HDF5", H5_TREE)
-        classes = _read_names(self.root / "shape_names.txt")
-        if len(classes) != num_classes:
-            raise ValueError(
-                f"{self.root / 'shape_names.txt'}: expected {num_classes} class names, found {len(classes)}"
-            )
+        self.root = locate(root, self.FOLDER, ["shape_names.txt", f"{split}_files.txt"], "ModelNet40 HDF5", H5_TREE)
+        classes = _read_names(self.root / "shape_names.txt", num_classes)
         super().__init__(classes, num_points, transform, seed)
         self.split = split
         list_file = self.root / f"{split}_files.txt"
@@ -361,7 +341,7 @@ class ModelNet40Normal(PointCloudDataset):
     ``preload=True`` or ``cache_dir`` so that the workers inherit the parsed arrays instead of re-parsing every epoch.
 
     Args:
-        root: Data root or the ``modelnet40_normal_resampled`` folder itself (see :func:`data_root`).
+        root: Data root or the ``modelnet40_normal_resampled`` folder itself (see :func:`engine.data.data_root`).
         split: ``"train"`` or ``"test"``.
         num_points: Points per cloud (at most the rows in each file).
         use_normals: Return ``(num_points, 6)`` with normals instead of ``(num_points, 3)``.
@@ -389,16 +369,13 @@ class ModelNet40Normal(PointCloudDataset):
         progress: bool | None = None,
     ) -> None:
         _check_split(split)
-        if num_classes not in (10, 40):
-            raise ValueError(f"num_classes must be 40 (ModelNet40) or 10 (ModelNet10), got {num_classes}")
+        _check_modelnet_classes(num_classes)
         prefix = f"modelnet{num_classes}"
         names_file, split_file = f"{prefix}_shape_names.txt", f"{prefix}_{split}.txt"
-        self.root = _locate(
+        self.root = locate(
             root, self.FOLDER, [names_file, split_file], f"ModelNet{num_classes} normal-resampled", NORMAL_TREE
         )
-        classes = _read_names(self.root / names_file)
-        if len(classes) != num_classes:
-            raise ValueError(f"{self.root / names_file}: expected {num_classes} class names, found {len(classes)}")
+        classes = _read_names(self.root / names_file, num_classes)
         super().__init__(classes, num_points, transform, seed)
         self.split, self.use_normals = split, use_normals
         self.ids = [line.strip() for line in (self.root / split_file).read_text().splitlines() if line.strip()]
@@ -525,7 +502,7 @@ class ModelNet40Sampled(PointCloudDataset):
     and scaled to the unit sphere, in the meshes' own frame (z up). The first ``num_points`` are used.
 
     Args:
-        root: Data root or the cache folder itself (see :func:`data_root`).
+        root: Data root or the cache folder itself (see :func:`engine.data.data_root`).
         split: ``"train"`` or ``"test"``.
         num_points: Points per cloud (at most the cached ``P``).
         use_normals: Return ``(num_points, 6)`` with normals instead of ``(num_points, 3)``.
@@ -545,18 +522,13 @@ class ModelNet40Sampled(PointCloudDataset):
         seed: int = 0,
     ) -> None:
         _check_split(split)
-        if num_classes not in (10, 40):
-            raise ValueError(f"num_classes must be 40 (ModelNet40) or 10 (ModelNet10), got {num_classes}")
+        _check_modelnet_classes(num_classes)
         folder = f"modelnet{num_classes}_sampled"
         tree = SAMPLED_TREE.format(folder=folder, flag=" --modelnet10" if num_classes == 10 else "")
-        self.root = _locate(
+        self.root = locate(
             root, folder, ["shape_names.txt", f"{split}.npz"], f"sampled ModelNet{num_classes} cache", tree
         )
-        classes = _read_names(self.root / "shape_names.txt")
-        if len(classes) != num_classes:
-            raise ValueError(
-                f"{self.root / 'shape_names.txt'}: expected {num_classes} class names, found {len(classes)}"
-            )
+        classes = _read_names(self.root / "shape_names.txt", num_classes)
         super().__init__(classes, num_points, transform, seed)
         self.split, self.use_normals = split, use_normals
         path = self.root / f"{split}.npz"

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from engine import Recipe, UsageError, count_gmacs, count_params, epoch_lr_schedule
+from engine import Recipe, check_config, collect_model_kwargs, count_gmacs, count_params, epoch_lr_schedule
 
 from .data import build_dataset
 from .model import create_model, list_models
@@ -98,10 +98,10 @@ MODEL_KNOBS = ("num_centroids", "num_neighbors", "num_heads", "num_steps", "mlp_
 
 def build_model(cfg: ModelNetConfig, num_classes: int) -> nn.Module:
     """``create_model(cfg.model, ...)`` with the config's knobs and ``model_kwargs``; a keyword it lacks is named."""
-    kwargs = {k: getattr(cfg, k) for k in MODEL_KNOBS if getattr(cfg, k) is not None}
-    kwargs.update(cfg.model_kwargs)
     in_channels = 6 if cfg.use_normals else 3
-    return create_model(cfg.model, num_classes=num_classes, in_channels=in_channels, **kwargs)
+    return create_model(
+        cfg.model, num_classes=num_classes, in_channels=in_channels, **collect_model_kwargs(cfg, MODEL_KNOBS)
+    )
 
 
 def _train_transform(cfg: ModelNetConfig) -> Compose:
@@ -183,26 +183,30 @@ class ModelNetRecipe(Recipe):
 
     @classmethod
     def validate(cls, cfg: ModelNetConfig) -> None:
-        problems = []
-        if cfg.model not in list_models():
-            problems.append(f"model {cfg.model!r} is not registered; choose one of {list_models()}")
-        if cfg.num_points < 1:
-            problems.append(f"num_points must be >= 1, got {cfg.num_points}")
-        if cfg.num_neighbors is not None and not 1 <= cfg.num_neighbors <= cfg.num_points:
-            problems.append(f"num_neighbors (K) must be in [1, num_points={cfg.num_points}], got {cfg.num_neighbors}")
-        for m in cfg.num_centroids or ():
-            if not (0 < m < 1 if isinstance(m, float) else 1 <= m <= cfg.num_points):
-                problems.append(
+        centroids_ok = all(
+            0 < m < 1 if isinstance(m, float) else 1 <= m <= cfg.num_points for m in cfg.num_centroids or ()
+        )
+        check_config(
+            cfg,
+            [
+                (cfg.model in list_models(), f"model {cfg.model!r} is not registered; choose one of {list_models()}"),
+                (cfg.num_points >= 1, f"num_points must be >= 1, got {cfg.num_points}"),
+                (
+                    cfg.num_neighbors is None or 1 <= cfg.num_neighbors <= cfg.num_points,
+                    f"num_neighbors (K) must be in [1, num_points={cfg.num_points}], got {cfg.num_neighbors}",
+                ),
+                (
+                    centroids_ok,
                     f"num_centroids entries must be counts in [1, num_points={cfg.num_points}] or fractions in "
-                    f"(0, 1), got {cfg.num_centroids}"
-                )
-                break
-        if cfg.votes < 1:
-            problems.append(f"votes must be >= 1, got {cfg.votes}")
-        if not 0 < cfg.scale_lo <= cfg.scale_hi:
-            problems.append(f"need 0 < scale_lo <= scale_hi, got {cfg.scale_lo} and {cfg.scale_hi}")
-        if problems:
-            raise UsageError("ModelNetConfig: " + "; ".join(problems))
+                    f"(0, 1), got {cfg.num_centroids}",
+                ),
+                (cfg.votes >= 1, f"votes must be >= 1, got {cfg.votes}"),
+                (
+                    0 < cfg.scale_lo <= cfg.scale_hi,
+                    f"need 0 < scale_lo <= scale_hi, got {cfg.scale_lo} and {cfg.scale_hi}",
+                ),
+            ],
+        )
 
     def build_datasets(self):
         return build_datasets(self.cfg, self.data_root)

@@ -50,7 +50,6 @@ import functools
 import logging
 import math
 import operator
-import os
 from collections.abc import Callable
 from os import PathLike
 from pathlib import Path
@@ -59,15 +58,15 @@ import numpy as np
 from PIL import Image, ImageOps
 from torch.utils.data import Dataset
 
+from engine.data import DATA_ROOT_ENV, data_root
+
 __all__ = [
     "DATASETS",
-    "DATA_ROOT_ENV",
     "IMAGEFOLDER_TREE",
     "SYNTHETIC_CLASSES",
     "SyntheticImages",
     "build_dataset",
     "check_image_files",
-    "data_root",
     "find_imagefolder",
     "patch_posterize",
     "render_synthetic",
@@ -75,7 +74,6 @@ __all__ = [
 
 _logger = logging.getLogger(__name__)
 
-DATA_ROOT_ENV = "CENTROID_DATA"
 DATASETS = ("synthetic", "imagefolder")
 SPLITS = ("train", "val")
 
@@ -87,13 +85,6 @@ IMAGEFOLDER_TREE = """\
 
 SYNTHETIC_CLASSES = ("disk", "ring", "square", "triangle", "cross", "star", "stripes", "checker", "dots", "target")
 _SPLIT_IDS = {"train": 0, "val": 1}
-
-
-def data_root(root: str | PathLike | None = None) -> Path:
-    """The data root: ``root`` if given, else ``$CENTROID_DATA``, else ``./datasets``."""
-    if root is not None:
-        return Path(root).expanduser()
-    return Path(os.environ.get(DATA_ROOT_ENV) or "datasets").expanduser()
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -56,8 +56,17 @@ from timm.utils import ModelEmaV3
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from engine import DistributedContext, Recipe, UsageError, count_gmacs, count_params
-from engine.registry import create_with_kwargs
+from engine import (
+    DistributedContext,
+    Recipe,
+    UsageError,
+    collect_model_kwargs,
+    count_gmacs,
+    count_params,
+    create_with_kwargs,
+    split_batch,
+    unwrap_state_dict,
+)
 
 from .data import build_dataset, patch_posterize  # importing vision (this package) registered the models in timm
 
@@ -147,8 +156,7 @@ MODEL_KNOBS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "ce
 
 def build_model(cfg: DeiTConfig, num_classes: int) -> nn.Module:
     """``timm.create_model(cfg.model, ...)`` with the config's knobs and ``model_kwargs`` (a foreign one is named)."""
-    kwargs = {k: getattr(cfg, k) for k in MODEL_KNOBS if getattr(cfg, k) is not None}
-    kwargs.update(cfg.model_kwargs)
+    kwargs = collect_model_kwargs(cfg, MODEL_KNOBS)
     fixed = dict(num_classes=num_classes, img_size=cfg.img_size, drop_rate=cfg.drop_rate, drop_path_rate=cfg.drop_path)
     try:
         return create_with_kwargs(functools.partial(timm.create_model, cfg.model, **fixed), cfg.model, kwargs)
@@ -160,6 +168,7 @@ def build_model(cfg: DeiTConfig, num_classes: int) -> nn.Module:
 
 def build_transforms(cfg: DeiTConfig) -> tuple[Any, Any]:
     """timm's train and eval transforms (PIL image -> normalized tensor) for ``cfg``."""
+    common = dict(interpolation=cfg.interpolation, mean=cfg.mean, std=cfg.std)  # both splits
     train_tf = create_transform(  # patch_posterize: RandAugment at Pillow >= 13 (see vision.data)
         cfg.img_size,
         is_training=True,
@@ -168,22 +177,13 @@ def build_transforms(cfg: DeiTConfig) -> tuple[Any, Any]:
         hflip=cfg.hflip,
         color_jitter=cfg.color_jitter,
         auto_augment=cfg.auto_augment,
-        interpolation=cfg.interpolation,
         re_prob=cfg.reprob,
         re_mode=cfg.remode,
         re_count=cfg.recount,
-        mean=cfg.mean,
-        std=cfg.std,
+        **common,
     )
     patch_posterize(train_tf)
-    eval_tf = create_transform(
-        cfg.img_size,
-        is_training=False,
-        interpolation=cfg.interpolation,
-        crop_pct=cfg.crop_pct,
-        mean=cfg.mean,
-        std=cfg.std,
-    )
+    eval_tf = create_transform(cfg.img_size, is_training=False, crop_pct=cfg.crop_pct, **common)
     return train_tf, eval_tf
 
 
@@ -205,12 +205,8 @@ def build_datasets(cfg: DeiTConfig, data_root: str | None = None, splits: tuple[
     return out
 
 
-def _per_rank_batch(cfg: DeiTConfig, ctx: DistributedContext) -> int:
-    if cfg.batch_size % ctx.world_size:
-        raise UsageError(
-            f"batch_size is the global batch and must divide evenly over {ctx.world_size} ranks, got {cfg.batch_size}"
-        )
-    per_rank = cfg.batch_size // ctx.world_size
+def _per_rank_batch(cfg: DeiTConfig, ctx: DistributedContext, train_size: int | None = None) -> int:
+    per_rank = split_batch(cfg.batch_size, ctx.world_size, train_size)
     if _mixup_active(cfg) and per_rank % 2:
         raise UsageError(f"mixup / cutmix need an even batch per rank, got {per_rank} (batch_size={cfg.batch_size})")
     return per_rank
@@ -224,9 +220,7 @@ def build_loaders(cfg: DeiTConfig, ctx: DistributedContext, data_root: str | Non
 
 
 def _loaders(cfg: DeiTConfig, ctx: DistributedContext, train_set: Any, val_set: Any) -> tuple[DataLoader, DataLoader]:
-    per_rank = _per_rank_batch(cfg, ctx)
-    if per_rank * ctx.world_size > len(train_set):
-        raise UsageError(f"batch_size {cfg.batch_size} exceeds the {len(train_set)} training images")
+    per_rank = _per_rank_batch(cfg, ctx, len(train_set))
     sampler = None
     if ctx.world_size > 1:
         if cfg.aug_repeats > 0:
@@ -324,11 +318,6 @@ def _scaled_lr(cfg: DeiTConfig, ctx: DistributedContext) -> float:
 
 def _example(cfg: DeiTConfig, device: torch.device) -> torch.Tensor:
     return torch.randn(1, 3, cfg.img_size, cfg.img_size, generator=torch.Generator().manual_seed(0)).to(device)
-
-
-def _ema_state_to_model(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``ModelEmaV3.state_dict()`` keys are ``module.<name>``; returns the plain model keys."""
-    return {k.removeprefix("module."): v for k, v in state.items()}
 
 
 def _replica_digest(*modules: nn.Module) -> str:
@@ -449,7 +438,7 @@ class DeiTRecipe(Recipe):
             metrics = evaluate(model, self.eval_loader, self.ctx.device, self.ctx)
             if state.get("ema") is not None:
                 ema_model = copy.deepcopy(model)
-                ema_model.load_state_dict(_ema_state_to_model(state["ema"]))
+                ema_model.load_state_dict(unwrap_state_dict(state["ema"]))  # ModelEmaV3 keys: module.<name>
                 ema_metrics = evaluate(ema_model, self.eval_loader, self.ctx.device, self.ctx)
                 metrics.update({f"ema_{k}": v for k, v in ema_metrics.items()})
         return metrics

@@ -9,22 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from engine.logger import RunLogger, setup_logging
-
-
-def read_jsonl(path):
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+from engine.logger import RunLogger, read_records, setup_logging, write_json
 
 
 def test_log_writes_flushed_json_lines(tmp_path):
     with RunLogger(tmp_path / "run") as run:
         run.log({"epoch": 0, "train_loss": torch.tensor(0.5), "acc": np.float32(0.25), "n": np.int64(3), "tag": "x"})
         # flushed per line: readable while the logger is still open
-        assert read_jsonl(tmp_path / "run" / "log.jsonl") == [
-            {"epoch": 0, "train_loss": 0.5, "acc": 0.25, "n": 3, "tag": "x"}
-        ]
+        assert read_records(tmp_path / "run") == [{"epoch": 0, "train_loss": 0.5, "acc": 0.25, "n": 3, "tag": "x"}]
         run.log({"epoch": 1, "train_loss": 0.25})
-    assert [r["epoch"] for r in read_jsonl(tmp_path / "run" / "log.jsonl")] == [0, 1]
+    assert [r["epoch"] for r in read_records(tmp_path / "run")] == [0, 1]
     assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "run" / "tb").iterdir())
 
 
@@ -46,8 +40,7 @@ def test_truncate_from_drops_later_epochs_and_partial_lines(tmp_path):
 
 
 def test_write_json_is_atomic_and_readable(tmp_path):
-    with RunLogger(tmp_path, tensorboard=False) as run:
-        path = run.write_json("final_metrics.json", {"val_acc": torch.tensor(0.75), "epochs": 4})
+    path = write_json(tmp_path / "final_metrics.json", {"val_acc": torch.tensor(0.75), "epochs": 4})
     assert json.loads(path.read_text(encoding="utf-8")) == {"val_acc": 0.75, "epochs": 4}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final_metrics.json"]
 
@@ -55,7 +48,7 @@ def test_write_json_is_atomic_and_readable(tmp_path):
 def test_disabled_logger_is_a_no_op(tmp_path):
     run = RunLogger(tmp_path / "run", enabled=False, resume_epoch=0)
     run.log({"epoch": 0, "loss": 1.0})
-    assert run.write_json("final_metrics.json", {}) is None
+    assert run.read() == []
     run.truncate_from(0)
     run.close()
     assert not (tmp_path / "run").exists()
@@ -90,7 +83,7 @@ def test_setup_logging(tmp_path, restore_root_logger, capsys):
 
 def test_nan_and_inf_are_written_as_null_defect_7(tmp_path):
     """log.jsonl and the JSON files are strict JSON: NaN / inf become null (they were written as bare NaN)."""
-    from engine import dumps_json, write_json
+    from engine import dumps_json
 
     def strict(text):
         return json.loads(text, parse_constant=lambda name: pytest.fail(f"non-standard JSON constant {name}"))
@@ -100,6 +93,6 @@ def test_nan_and_inf_are_written_as_null_defect_7(tmp_path):
     assert strict(write_json(tmp_path / "m.json", value).read_text())["a"] is None
     with RunLogger(tmp_path, tensorboard=False) as run:
         run.log({"epoch": 0, "loss": float("nan")})
-        run.write_json("final_metrics.json", {"purity": float("nan")})
+    write_json(tmp_path / "final_metrics.json", {"purity": float("nan")})
     assert strict((tmp_path / "log.jsonl").read_text()) == {"epoch": 0, "loss": None}
     assert strict((tmp_path / "final_metrics.json").read_text()) == {"purity": None}

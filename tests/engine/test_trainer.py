@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -13,7 +12,8 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader, Dataset
 
-from engine import TIMING_KEYS, NonFiniteLossError, Trainer, load_checkpoint
+from engine import TIMING_KEYS, NonFiniteLossError, Trainer, load_checkpoint, load_resume
+from engine.logger import read_records
 
 DIM, CLASSES = 8, 3
 
@@ -86,8 +86,7 @@ def make_trainer(run_dir: Path, epochs: int, *, kill_at: int | None = None, nan_
 
 
 def records(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "log.jsonl").read_text(encoding="utf-8").splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
+    return [untimed(record) for record in read_records(run_dir)]
 
 
 def untimed(metrics: dict) -> dict:
@@ -97,6 +96,20 @@ def untimed(metrics: dict) -> dict:
 def assert_same_params(a: nn.Module, b: nn.Module) -> None:
     for (name, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(p, q), name
+
+
+def resume(trainer: Trainer) -> dict:
+    """``fit`` from the run folder's ``last.pt`` the way engine.run does (engine.resume.load_resume: the config is
+    checked against the saved one, best.pt against last.pt)."""
+    return trainer.fit(state=load_resume("auto", trainer.run_dir, config=trainer.config))
+
+
+def assert_resumes_like(full: Trainer, full_final: dict, resumed: Trainer) -> None:
+    """``resumed`` continues its run to the same weights, final metrics and log as the uninterrupted ``full``."""
+    final = resume(resumed)
+    assert_same_params(full.module, resumed.module)
+    assert untimed(final) == untimed(full_final)
+    assert records(resumed.run_dir) == records(full.run_dir)
 
 
 @pytest.fixture(scope="module")
@@ -110,21 +123,15 @@ def reference(tmp_path_factory):
 
 def test_uninterrupted_run_leaves_complete_record(reference):
     trainer, final, run_dir = reference
-    assert sorted(p.name for p in run_dir.iterdir()) == [
-        "best.pt",
-        "config.yaml",
-        "final_metrics.json",
-        "last.pt",
-        "log.jsonl",
-        "tb",
-    ]
+    # final_metrics.json is engine.run's (tests/engine/test_run.py): the Trainer returns the final metrics
+    assert sorted(p.name for p in run_dir.iterdir()) == ["best.pt", "config.yaml", "last.pt", "log.jsonl", "tb"]
     log = records(run_dir)
     assert [r["epoch"] for r in log] == [0, 1, 2, 3]
     assert set(log[0]) == {"epoch", "train_loss", "train_acc", "val_loss", "val_acc", "lr"}
     assert [r["lr"] for r in log] == [1e-2, 1e-2, 5e-3, 5e-3]  # StepLR stepped per epoch
     assert log[-1]["val_loss"] < log[0]["val_loss"]  # it learns
     assert final["epochs"] == 4 and final["val_loss"] == log[-1]["val_loss"]
-    assert json.loads((run_dir / "final_metrics.json").read_text()) == final
+    assert final == trainer.final_metrics()
     last = load_checkpoint(run_dir / "last.pt")
     assert last["epoch"] == 4 and last["config"] == {"lr": 1e-2, "epochs": 4}
     assert_same_params(trainer.module, _model_from(last))
@@ -151,35 +158,27 @@ def test_best_checkpoint_tracks_monitor(reference, tmp_path):
 
 
 def test_resume_after_finished_run_is_bit_exact(reference, tmp_path):
-    full, full_final, full_dir = reference
+    full, full_final, _ = reference
     make_trainer(tmp_path, 2).fit()
     torch.manual_seed(999)  # the global RNG state between sessions must not matter
-    resumed = make_trainer(tmp_path, 4)
-    final = resumed.fit(resume="auto")
-    assert_same_params(full.module, resumed.module)
-    assert untimed(final) == untimed(full_final)
-    # config differs in "epochs" only; everything else in the log is identical
-    assert records(tmp_path) == records(full_dir)
+    # the config differs in "epochs" only (a key that may change on resume); the log is identical
+    assert_resumes_like(full, full_final, make_trainer(tmp_path, 4))
 
 
 def test_resume_after_kill_mid_epoch_is_bit_exact(reference, tmp_path):
-    full, full_final, full_dir = reference
+    full, full_final, _ = reference
     with pytest.raises(Killed):
-        make_trainer(tmp_path, 4, kill_at=10).fit(resume="auto")  # epoch 2 (the third), step 2
+        make_trainer(tmp_path, 4, kill_at=10).fit()  # epoch 2 (the third), step 2
     assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 2
     assert [r["epoch"] for r in records(tmp_path)] == [0, 1]
-    resumed = make_trainer(tmp_path, 4)
-    final = resumed.fit(resume="auto")
-    assert_same_params(full.module, resumed.module)
-    assert untimed(final) == untimed(full_final)
-    assert records(tmp_path) == records(full_dir)
+    assert_resumes_like(full, full_final, make_trainer(tmp_path, 4))
 
 
 def test_resume_when_all_epochs_done_returns_final_metrics(reference, tmp_path):
     _, full_final, _ = reference
     make_trainer(tmp_path, 4).fit()
     before = records(tmp_path)
-    again = make_trainer(tmp_path, 4).fit(resume="auto")
+    again = resume(make_trainer(tmp_path, 4))
     assert untimed(again) == untimed(full_final)
     assert records(tmp_path) == before
 
@@ -212,12 +211,9 @@ def test_resume_exact_with_amp_clip_step_scheduler_ema_and_extra_state(tmp_path)
     full_final = full.fit()
     build(tmp_path / "part", 1).fit()
     resumed = build(tmp_path / "part", 3)
-    final = resumed.fit(resume="auto")
-    assert_same_params(full.module, resumed.module)
+    assert_resumes_like(full, full_final, resumed)
     assert_same_params(full.ema, resumed.ema)
     assert resumed.extra_state["counter"] == {"seen": 1}  # replaced by the value the first session saved
-    assert untimed(final) == untimed(full_final)
-    assert records(tmp_path / "part") == records(tmp_path / "full")
     assert all(math.isfinite(r["train_loss"]) for r in records(tmp_path / "full"))
     assert full.global_step == 9
 
@@ -299,4 +295,4 @@ def test_checkpoints_load_without_pickle(tmp_path):
     trainer.fit()
     state = torch.load(tmp_path / "last.pt", weights_only=True)
     assert isinstance(state["rng"]["numpy"], dict) and state["rng"]["python"][0] == 3
-    make_trainer(tmp_path, 2).fit(resume="auto")  # and resumes from it
+    resume(make_trainer(tmp_path, 2))  # and resumes from it

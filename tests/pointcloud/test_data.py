@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from engine.data import data_root
 from pointcloud.data import (
     DATASETS,
     ModelNet40H5,
@@ -21,7 +22,6 @@ from pointcloud.data import (
     ModelNet40Sampled,
     SyntheticShapes,
     build_dataset,
-    data_root,
 )
 from pointcloud.meshes import read_off
 from pointcloud.synthetic import SHAPE_CLASSES
@@ -141,36 +141,33 @@ def test_normal_modelnet10_layout(tmp_path):
     assert ds[0][0].shape == (32, 6)
 
 
-def test_normal_truncated_row_names_file_and_line(tmp_path):
-    folder = _write_normal_tree(tmp_path, {"train": ["airplane_0001"]}, WITH_AIRPLANE)
-    path = folder / "airplane" / "airplane_0001.txt"
+def _airplane_file(root: Path, rows: int = 64) -> Path:
+    """A one-shape train split; returns the shape's file."""
+    folder = _write_normal_tree(root, {"train": ["airplane_0001"]}, WITH_AIRPLANE, rows=rows)
+    return folder / "airplane" / "airplane_0001.txt"
+
+
+@pytest.mark.parametrize(
+    ("line", "row", "message"),
+    [
+        (3, "0.1,0.2,0.3,0", "line 3: expected 6 comma-separated numbers, got 4"),  # a row cut short
+        (5, "0.1,abc,0.3,0,0,1", "line 5: non-numeric"),
+        (7, "0.1,nan,0.3,0,0,1", "line 7: contains NaN or Inf"),
+    ],
+)
+def test_normal_bad_row_names_file_and_line(tmp_path, line, row, message):
+    path = _airplane_file(tmp_path)
     lines = path.read_text().splitlines()
-    lines[2] = ",".join(lines[2].split(",")[:4])  # a row cut short
+    lines[line - 1] = row
     path.write_text("\n".join(lines) + "\n")
     ds = ModelNet40Normal(tmp_path, "train", num_points=16)
-    with pytest.raises(ValueError, match=r"airplane_0001\.txt, line 3: expected 6 comma-separated numbers, got 4"):
+    with pytest.raises(ValueError, match=rf"airplane_0001\.txt, {message}"):
         ds[0]
 
 
-def test_normal_non_numeric_and_short_file(tmp_path):
-    folder = _write_normal_tree(tmp_path, {"train": ["airplane_0001"]}, WITH_AIRPLANE, rows=8)
-    path = folder / "airplane" / "airplane_0001.txt"
+def test_normal_short_file_names_file(tmp_path):
+    _airplane_file(tmp_path, rows=8)
     with pytest.raises(ValueError, match=r"airplane_0001\.txt: has 8 rows, fewer than num_points=16"):
-        ModelNet40Normal(tmp_path, "train", num_points=16)[0]
-    lines = path.read_text().splitlines()
-    lines[4] = "0.1,abc,0.3,0,0,1"
-    path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(ValueError, match=r"airplane_0001\.txt, line 5: non-numeric"):
-        ModelNet40Normal(tmp_path, "train", num_points=8)[0]
-
-
-def test_normal_nan_names_file(tmp_path):
-    folder = _write_normal_tree(tmp_path, {"train": ["airplane_0001"]}, WITH_AIRPLANE)
-    path = folder / "airplane" / "airplane_0001.txt"
-    lines = path.read_text().splitlines()
-    lines[6] = "0.1,nan,0.3,0,0,1"
-    path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(ValueError, match=r"airplane_0001\.txt, line 7: contains NaN or Inf"):
         ModelNet40Normal(tmp_path, "train", num_points=16)[0]
 
 

@@ -1,8 +1,10 @@
-"""tools/export_weights.py: best.pt -> model.safetensors + config.json, loaded back by timm and by pointcloud."""
+"""tools/export_weights.py (engine.export): best.pt -> model.safetensors + config.json, loaded back by timm and by
+pointcloud."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,10 +16,8 @@ from torch.testing import assert_close
 import pointcloud
 import vision  # noqa: F401
 from engine.checkpoint import save_checkpoint
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
-import export_weights  # noqa: E402
+from engine.export import export_weights, model_args_from_overrides
+from engine.testing import REPO, tool_env
 
 OURS_1 = "centroid_deit_tiny_c6_patch16_224"
 TINY = dict(img_size=32, depth=2, centroid_index=1, num_classes=7)
@@ -37,7 +37,11 @@ def test_vision_round_trip_through_timm_pretrained(tmp_path: Path) -> None:
     ema = {f"module.{k}": v + 1.0 for k, v in model.state_dict().items()}  # timm ModelEmaV3 key layout
     save_checkpoint({"model": model.state_dict(), "ema": ema, "config": {"model": OURS_1}}, tmp_path / "best.pt")
     sets = [f"{k}={v}" for k, v in TINY.items()]
-    path = export_weights.main([str(tmp_path / "best.pt"), "--out", str(tmp_path / "out"), "--set", *sets])
+    cli = [sys.executable, str(REPO / "tools" / "export_weights.py"), str(tmp_path / "best.pt"), "--out"]
+    done = subprocess.run([*cli, str(tmp_path / "out"), "--set", *sets], env=tool_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    path = tmp_path / "out" / "model.safetensors"
+    assert f"wrote {path}" in done.stdout
     meta = json.loads((tmp_path / "out" / "config.json").read_text())
     assert meta["architecture"] == OURS_1 and meta["num_classes"] == 7 and meta["model_args"] == TINY
     assert meta["pretrained_cfg"]["file"] == "model.safetensors" and meta["pretrained_cfg"]["num_classes"] == 7
@@ -48,7 +52,8 @@ def test_vision_round_trip_through_timm_pretrained(tmp_path: Path) -> None:
     with torch.no_grad():
         assert_close(loaded(x), model(x), rtol=0, atol=0)
     # --ema exports the EMA weights (prefix stripped)
-    export_weights.main([str(tmp_path / "best.pt"), "--out", str(tmp_path / "ema"), "--ema", "--set", *sets])
+    assert model_args_from_overrides(sets) == TINY  # the CLI's --set grammar (YAML values, as the training CLIs')
+    export_weights(tmp_path / "best.pt", tmp_path / "ema", model_args=TINY, ema=True)
     from safetensors.torch import load_file
 
     ema_sd = load_file(str(tmp_path / "ema" / "model.safetensors"))
@@ -60,7 +65,7 @@ def test_pointcloud_round_trip(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = _perturbed(pointcloud.create_model(name, num_neighbors=4, num_classes=5))
     save_checkpoint({"model": model.state_dict(), "config": {}}, tmp_path / "best.pt")
-    path = export_weights.export(tmp_path / "best.pt", tmp_path / "out", name, {"num_neighbors": 4, "num_classes": 5})
+    path = export_weights(tmp_path / "best.pt", tmp_path / "out", name, {"num_neighbors": 4, "num_classes": 5})
     loaded = pointcloud.create_model(name, checkpoint=path, num_neighbors=4, num_classes=5).eval()
     x = torch.rand(2, 64, 3)
     with torch.no_grad():
@@ -72,10 +77,10 @@ def test_errors_name_the_fix(tmp_path: Path) -> None:
     model = timm.create_model(OURS_1, **TINY)
     save_checkpoint({"model": model.state_dict(), "config": {}}, tmp_path / "best.pt")
     with pytest.raises(ValueError, match="pass --model NAME"):
-        export_weights.export(tmp_path / "best.pt", tmp_path / "out")
+        export_weights(tmp_path / "best.pt", tmp_path / "out")
     with pytest.raises(ValueError, match="--set"):
-        export_weights.export(tmp_path / "best.pt", tmp_path / "out", OURS_1, dict(TINY, depth=3))
+        export_weights(tmp_path / "best.pt", tmp_path / "out", OURS_1, dict(TINY, depth=3))
     with pytest.raises(ValueError, match="unknown model"):
-        export_weights.export(tmp_path / "best.pt", tmp_path / "out", "no_such_model")
+        export_weights(tmp_path / "best.pt", tmp_path / "out", "no_such_model")
     with pytest.raises(ValueError, match=r"\.safetensors"):
         pointcloud.create_model("centroid_transformer_modelnet40", checkpoint=tmp_path / "best.pt")

@@ -1,0 +1,110 @@
+"""Resume: the one way a run continues from its checkpoint (``--resume auto|PATH``).
+
+:func:`load_resume` finds the checkpoint (:func:`~engine.checkpoint.resolve_resume`), loads it safely
+(:func:`~engine.checkpoint.load_checkpoint`, ``weights_only``), refuses a config that differs from the saved one in a
+key that defines the model, the data or the optimization (:func:`check_config_change`: the refusal prints the diff;
+the keys in :data:`RESUME_MUTABLE` and the caller's own may change and are logged), and checks that ``best.pt`` is the
+checkpoint ``last.pt`` calls the best. :meth:`engine.Trainer.fit` then restores the state it returns::
+
+    state = load_resume("auto", run_dir, config=cfg, mutable=("votes",))
+    trainer.fit(state=state)  # None: a fresh start
+
+:func:`engine.run` does exactly this for every CLI.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.checkpoint import check_best_agrees, load_checkpoint, resolve_resume
+from engine.config import config_to_dict
+from engine.errors import UsageError
+
+__all__ = ["RESUME_MUTABLE", "check_config_change", "config_diff", "load_resume"]
+
+logger = logging.getLogger(__name__)
+
+#: Config keys that may differ between a checkpoint and the run that resumes it (more epochs, workers, logging).
+RESUME_MUTABLE = ("name", "epochs", "workers", "log_every", "eval_batch_size")
+_MISSING = "<unset>"
+
+
+def config_diff(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{key: (saved, current)}`` for every key whose value differs (a missing key shows as ``<unset>``)."""
+    keys = list(dict.fromkeys([*saved, *current]))
+    return {
+        k: (saved.get(k, _MISSING), current.get(k, _MISSING))
+        for k in keys
+        if saved.get(k, _MISSING) != current.get(k, _MISSING)
+    }
+
+
+def check_config_change(
+    saved: dict[str, Any], current: dict[str, Any], allowed: Sequence[str], path: str | Path
+) -> dict[str, tuple[Any, Any]]:
+    """Refuses to continue the run saved in ``path`` with a config that differs in a key outside ``allowed``.
+
+    Args:
+        saved: The config stored in the checkpoint.
+        current: The config of this invocation (both as plain dicts, :func:`engine.config.config_to_dict`).
+        allowed: Keys that may change.
+        path: The checkpoint (named in the message, which also gives the run's ``config.yaml``).
+
+    Returns:
+        The allowed changes, ``{key: (saved, current)}`` (each is logged).
+
+    Raises:
+        UsageError: A key outside ``allowed`` differs; the message lists every such key with both values.
+    """
+    path = Path(path)
+    diff = config_diff(saved, current)
+    refused = {k: v for k, v in diff.items() if k not in allowed}
+    if refused:
+        lines = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in refused.items())
+        raise UsageError(
+            f"refusing to resume {path} with a different config ({lines}). These keys define the model, the "
+            f"data or the optimization; only {', '.join(sorted(set(allowed)))} may change on resume. Start a new run, "
+            f"or resume with the run's own config: --config {path.parent / 'config.yaml'}"
+        )
+    for k, (a, b) in diff.items():
+        logger.info("resume: %s changed from %r to %r (allowed)", k, a, b)
+    return diff
+
+
+def load_resume(
+    resume: str | Path | None,
+    run_dir: str | Path | None,
+    config: Any = None,
+    mutable: Sequence[str] = (),
+    allow_pickle: bool = False,
+) -> dict[str, Any] | None:
+    """The checkpoint to resume from, loaded and checked; ``None`` to start fresh.
+
+    Args:
+        resume: ``None`` / ``""`` (fresh), ``"auto"`` (``run_dir/last.pt`` if it exists) or a checkpoint path.
+        run_dir: The run folder (for ``"auto"``).
+        config: This run's config (dataclass or dict); ``None`` skips the comparison with the saved one.
+        mutable: Keys beyond :data:`RESUME_MUTABLE` that may change (a recipe's ``resume_mutable``).
+        allow_pickle: Load a checkpoint that needs the full unpickler (trusted files only: ``--trust-checkpoint``).
+
+    Raises:
+        FileNotFoundError: An explicit path does not exist.
+        CheckpointError: The file cannot be read safely, or ``best.pt`` and ``last.pt`` belong to different runs.
+        UsageError: The config differs in a key that may not change (:func:`check_config_change`).
+    """
+    path = resolve_resume(resume, run_dir)
+    if path is None:
+        return None
+    state = load_checkpoint(path, allow_pickle=allow_pickle)
+    if config is not None:
+        saved = state.get("config")
+        if saved is None:
+            logger.warning("%s holds no config: cannot check that this run's config matches it", path)
+        else:
+            check_config_change(saved, config_to_dict(config), (*RESUME_MUTABLE, *mutable), path)
+    if path.name == "last.pt":
+        check_best_agrees(state, path.parent / "best.pt", allow_pickle=allow_pickle)
+    return state

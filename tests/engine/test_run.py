@@ -1,0 +1,157 @@
+"""Tests for engine.run in process on a tiny recipe: the metrics files (each written once), resume through the one
+resume path (engine.resume.load_resume), and the recipe helpers (check_config, collect_model_kwargs, split_batch)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import engine.logger as logger_module
+from engine import (
+    TIMING_KEYS,
+    Recipe,
+    UsageError,
+    check_config,
+    collect_model_kwargs,
+    create_with_kwargs,
+    load_checkpoint,
+    run,
+    split_batch,
+)
+from engine.logger import read_records
+
+DIM, CLASSES = 8, 3
+
+
+@dataclass
+class BlobsConfig:
+    name: str = "blobs"
+    hidden: int | None = None  # a model knob: None keeps the model's default
+    model_kwargs: dict = field(default_factory=dict)
+    epochs: int = 3
+    batch_size: int = 16
+    eval_batch_size: int = 64
+    lr: float = 1e-2
+    workers: int = 0
+    seed: int = 0
+
+
+def _blobs(n: int, seed: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, DIM, generator=g)
+    return TensorDataset(x, (x @ torch.randn(DIM, CLASSES, generator=torch.Generator().manual_seed(1))).argmax(-1))
+
+
+def _mlp(hidden: int = 32, dropout: float = 0.2) -> nn.Module:
+    return nn.Sequential(nn.Linear(DIM, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, CLASSES))
+
+
+class BlobsRecipe(Recipe):
+    group = "blobs"
+    config_cls = BlobsConfig
+    monitor = "val_acc"
+    monitor_mode = "max"
+
+    def build_datasets(self):
+        return _blobs(64, 0), _blobs(48, 2)
+
+    def build_model(self) -> nn.Module:
+        return create_with_kwargs(_mlp, "mlp", collect_model_kwargs(self.cfg, ("hidden",)))
+
+    def build_optimizer(self, model):
+        return torch.optim.Adam(model.parameters(), lr=self.cfg.lr)
+
+    def loss(self, model, batch):
+        x, y = batch
+        return F.cross_entropy(model(x), y), {}
+
+    def evaluate(self, model):
+        x, y = self.eval_set.tensors
+        logits = model(x)
+        return {"val_loss": F.cross_entropy(logits, y), "val_acc": (logits.argmax(-1) == y).float().mean()}
+
+    def finalize(self, final, model):
+        return {"finalized": True}
+
+
+def _run(cfg: BlobsConfig, out: Path, **options) -> dict:
+    return run(BlobsRecipe, cfg, output_dir=out, device="cpu", progress=False, **options)
+
+
+def _untimed(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k not in TIMING_KEYS}
+
+
+def test_each_metrics_file_is_written_once_with_what_run_returns(tmp_path, monkeypatch):
+    written = []
+    write = logger_module.atomic_write_text  # what every JSON file of engine.logger.write_json goes through
+
+    def record(path, text):
+        written.append(Path(path).name)
+        return write(path, text)
+
+    monkeypatch.setattr(logger_module, "atomic_write_text", record)
+    final = _run(BlobsConfig(), tmp_path)
+    assert [name for name in written if name.endswith(".json")] == ["final_metrics.json"]
+    assert json.loads((tmp_path / "final_metrics.json").read_text()) == final
+    assert final["epochs"] == 3 and final["finalized"] is True and final["params"] > 0  # trainer + recipe + summary
+    assert final["best_val_acc"] == max(r["val_acc"] for r in read_records(tmp_path))
+    evaluated = _run(BlobsConfig(), tmp_path, eval_only=True)
+    assert [name for name in written if name.endswith(".json")] == ["final_metrics.json", "eval_metrics.json"]
+    assert json.loads((tmp_path / "eval_metrics.json").read_text()) == evaluated
+    assert evaluated["val_acc"] == final["best_val_acc"]  # best.pt
+
+
+def test_resume_through_run_is_bit_exact(tmp_path):
+    full = _run(BlobsConfig(), tmp_path / "full")
+    _run(BlobsConfig(epochs=1), tmp_path / "part")
+    resumed = _run(BlobsConfig(), tmp_path / "part", resume="auto")  # epochs may change on resume
+    assert _untimed(resumed) == _untimed(full)
+    for name in ("last.pt", "best.pt"):
+        a, b = load_checkpoint(tmp_path / "full" / name), load_checkpoint(tmp_path / "part" / name)
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert [_untimed(r) for r in read_records(tmp_path / "part")] == [
+        _untimed(r) for r in read_records(tmp_path / "full")
+    ]
+
+
+def test_resume_refuses_a_changed_config_with_the_diff(tmp_path):
+    _run(BlobsConfig(epochs=1), tmp_path)
+    with pytest.raises(UsageError, match=r"refusing to resume .*last\.pt .*lr: 0\.01 in the checkpoint, 0\.005 now"):
+        _run(BlobsConfig(lr=5e-3), tmp_path, resume="auto")
+    with pytest.raises(UsageError, match=r"hidden: None in the checkpoint, 16 now"):
+        _run(BlobsConfig(hidden=16), tmp_path, resume="auto")
+
+
+def test_collect_model_kwargs_forwards_set_knobs_and_model_kwargs():
+    cfg = BlobsConfig()
+    assert collect_model_kwargs(cfg, ("hidden",)) == {}  # None: the model's default
+    cfg = replace(cfg, hidden=16, model_kwargs={"dropout": 0.0})
+    assert collect_model_kwargs(cfg, ("hidden",)) == {"hidden": 16, "dropout": 0.0}
+    assert collect_model_kwargs(replace(cfg, model_kwargs={"hidden": 4}), ("hidden",)) == {"hidden": 4}  # wins
+    model = BlobsRecipe(cfg, None).build_model()
+    assert model[0].out_features == 16 and model[2].p == 0.0
+    with pytest.raises(ValueError, match=r"model 'mlp' does not take one of the keywords \['dropout', 'hidden', 'x'\]"):
+        BlobsRecipe(replace(cfg, model_kwargs={"dropout": 0.0, "x": 1}), None).build_model()
+
+
+def test_check_config_lists_every_problem():
+    cfg = BlobsConfig()
+    check_config(cfg, [(True, "never shown")])
+    with pytest.raises(UsageError, match=r"^BlobsConfig: a must be >= 1, got 0; c is wrong$"):
+        check_config(cfg, [(False, "a must be >= 1, got 0"), (True, "b"), (False, "c is wrong")])
+
+
+def test_split_batch():
+    assert split_batch(32, 4) == 8 and split_batch(32, 1, train_size=32) == 32
+    with pytest.raises(UsageError, match="must divide evenly over 3 ranks, got 32"):
+        split_batch(32, 3)
+    with pytest.raises(UsageError, match="batch_size=32 exceeds the 31 samples"):
+        split_batch(32, 1, train_size=31)
