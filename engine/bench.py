@@ -300,7 +300,7 @@ def target(
         met = None
         notes.append(f"no verdict: the target is for {on.upper()}")
     verdict = {True: "MET", False: "NOT MET"}.get(met, "no verdict")
-    return {"target": name, "wanted": f"{op} {threshold:g}{unit}", "op": op, "threshold": threshold,
+    return {"target": name, "wanted": f"{op} {threshold:.3g}{unit}", "op": op, "threshold": threshold,
             "measured": measured, "met": met, "verdict": verdict, "detail": "; ".join(notes)}  # fmt: skip
 
 
