@@ -52,8 +52,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["MARKER", "OPTIONAL", "PARTS", "SECTIONS", "Result", "bench_args", "check", "env_report", "gather_targets",
-           "junit_rows", "missing_optional", "wheel_fits", "write_section"]  # fmt: skip
+__all__ = ["MARKER", "OPTIONAL", "PARTS", "SECTIONS", "CheckError", "Ctx", "Result", "bench_args", "check",
+           "env_report", "gather_targets", "junit_rows", "missing_optional", "read_report", "wheel_fits",
+           "write_section"]  # fmt: skip
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = REPO / "tools"
