@@ -7,6 +7,7 @@ otherwise idle machine (and only on a GPU for the GPU tables).
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import resource
@@ -14,9 +15,14 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from engine.atomic import atomic_write_text
 
 
 def sync(device: torch.device | str) -> None:
@@ -36,6 +42,22 @@ def time_fn(fn: Callable[[], object], device: torch.device | str, repeats: int =
         sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+def time_round_robin(
+    fns: Sequence[Callable[[], object]], device: torch.device | str, repeats: int, warmup: int = 0
+) -> list[list[float]]:
+    """Wall times (ms) of each of ``fns``: ``warmup`` untimed calls of each, then ``repeats`` rounds that time one call
+    of every fn in turn, so that a change in background load hits all of them alike."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    sync(device)
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for t, fn in zip(times, fns):
+            t.append(time_fn(fn, device, repeats=1, warmup=0))
+    return times
 
 
 def current_rss_bytes() -> int:
@@ -95,6 +117,38 @@ VIEW_OPS = frozenset(
 )  # fmt: skip
 
 
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched while it is active (autograd's backward ops included): ``counts[name]``.
+
+    ``on_op(func, args, kwargs, out)``, when given, sees every op after it ran (where it was called from, what it
+    computed). The one dispatch-level counter of the package: :func:`count_aten_ops` and
+    :func:`engine.testing.host_syncs` are both this mode with different questions.
+
+    Example::
+
+        with OpCounter() as ops:
+            model(x).sum().backward()
+        ops.counts["mm"], ops.total
+    """
+
+    def __init__(self, on_op: Callable[[Any, tuple, dict, object], None] | None = None) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+        self.on_op = on_op
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.counts[func.overloadpacket.__name__] += 1
+        if self.on_op is not None:
+            self.on_op(func, args, kwargs, out)
+        return out
+
+
 def count_aten_ops(fn: Callable[[], object]) -> tuple[int, int]:
     """``(ops, view ops)``: how many aten ops ``fn()`` dispatches (autograd's backward ops included), and how many
     of them only make views (:data:`VIEW_OPS`).
@@ -104,21 +158,9 @@ def count_aten_ops(fn: Callable[[], object]) -> tuple[int, int]:
     CPU, but it counts the path that device takes (CPU and CUDA differ in chunk budgets and backends: set those to
     CUDA's to predict a GPU's count). Host syncs (``_local_scalar_dense``: ``.item()``, ``bool(t)``) count too.
     """
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class _Count(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops = self.views = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops += 1
-            self.views += func.overloadpacket.__name__ in VIEW_OPS
-            return func(*args, **(kwargs or {}))
-
-    with _Count() as counter:
+    with OpCounter() as counter:
         fn()
-    return counter.ops, counter.views
+    return counter.total, sum(n for name, n in counter.counts.items() if name in VIEW_OPS)
 
 
 def run_config(module_file: str, measure: Callable[[dict], dict], payload: dict, isolate: bool) -> dict:
@@ -177,8 +219,8 @@ def run_isolated(module_file: str, payload: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    """Prints a Markdown table (pasteable into docs/benchmarks.md)."""
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A Markdown table (pasteable into docs/benchmarks.md); floats to 3 significant figures (integers above 100)."""
 
     def fmt(v: object) -> str:
         if isinstance(v, float):
@@ -187,10 +229,15 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> Non
 
     cells = [[fmt(v) for v in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in cells:
-        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |"]
+    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in cells]
+    return "\n".join(lines)
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Prints :func:`markdown_table` (for the bench scripts; the library itself never prints)."""
+    print(markdown_table(headers, rows))
 
 
 def describe_machine(device: torch.device | str) -> str:
@@ -209,3 +256,63 @@ def unit_sphere_clouds(batch: int, num_points: int, seed: int = 0) -> torch.Tens
     x = torch.randn(batch, num_points, 3, generator=torch.Generator().manual_seed(seed))
     x = x - x.mean(1, keepdim=True)
     return x / x.norm(dim=-1).amax(1).view(-1, 1, 1)
+
+
+# ------------------------------------------------------------------------------------------------ targets, reports
+
+_COMPARE = {">=": float.__ge__, ">": float.__gt__, "<=": float.__le__, "<": float.__lt__}
+
+
+def target(
+    name: str,
+    measured: float | None,
+    op: str,
+    threshold: float,
+    *,
+    device: torch.device | str,
+    on: str | None = None,
+    detail: str = "",
+    unit: str = "x",
+) -> dict:
+    """One acceptance target of a bench: is ``measured op threshold``, ``measured`` a ratio of two rows of one run?
+
+    Args:
+        name: what is compared with what, e.g. ``"Triton fps vs torch-cluster (B=32 N=1024 M=512)"``.
+        measured: the ratio; ``None`` (or NaN) where a row or its baseline was not measured: no verdict, and
+            ``detail`` says why.
+        op: one of ``>=``, ``>``, ``<=``, ``<``.
+        device: where the ratio was measured.
+        on: the device type the threshold is for (``"cuda"``: a CPU run reports the ratio with no verdict).
+        unit: printed after the threshold (``"x"`` for a speedup, ``""`` for a fraction).
+
+    Returns:
+        ``{"target", "wanted", "op", "threshold", "measured", "met", "verdict", "detail"}``, with ``met`` True,
+        False or None (``verdict`` "MET", "NOT MET" or "no verdict"): what a bench writes under ``"targets"`` in
+        its ``--json`` and what ``tools/gpu_check.py`` gathers into its summary.
+    """
+    if op not in _COMPARE:
+        raise ValueError(f"op must be one of {sorted(_COMPARE)}, got {op!r}")
+    if measured is not None and math.isnan(measured):
+        measured = None
+    notes = [detail] if detail else []
+    met = None if measured is None else _COMPARE[op](float(measured), float(threshold))
+    if met is not None and on is not None and torch.device(device).type != on:
+        met = None
+        notes.append(f"no verdict: the target is for {on.upper()}")
+    verdict = {True: "MET", False: "NOT MET"}.get(met, "no verdict")
+    return {"target": name, "wanted": f"{op} {threshold:.3g}{unit}", "op": op, "threshold": threshold,
+            "measured": measured, "met": met, "verdict": verdict, "detail": "; ".join(notes)}  # fmt: skip
+
+
+def format_target(t: dict) -> str:
+    """One line per target, as the benches print them under their tables."""
+    measured = "not measured" if t["measured"] is None else f"{t['measured']:.3g}"
+    detail = f"; {t['detail']}" if t["detail"] else ""
+    return f"target: {t['target']} {t['wanted']}: {t['verdict']} ({measured}{detail})"
+
+
+def write_report(path: str | os.PathLike, tool: str, device: torch.device | str, args: dict, **payload: object) -> None:
+    """A bench's ``--json``: ``{"tool", "machine", "args", **payload}`` written atomically; ``payload`` holds its
+    ``results`` (the rows) and its ``targets`` (:func:`target`), and whatever else that bench reports."""
+    head = {"tool": tool, "machine": describe_machine(device), "args": args}
+    atomic_write_text(path, json.dumps({**head, **payload}, indent=2, default=str) + "\n")

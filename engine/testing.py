@@ -67,6 +67,10 @@ SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "_uniqu
                       "unique_consecutive", "equal", "is_nonzero", "repeat_interleave"})  # fmt: skip
 
 
+# the counter's own frames, never the caller of a sync
+_NOT_CALLERS = (__file__, str(REPO / "engine" / "bench.py"))
+
+
 def host_syncs(fn: Any) -> dict[str, int]:
     """``{"op at file:line": count}`` of the :data:`SYNC_OPS` that ``fn()`` dispatches, on any device.
 
@@ -78,21 +82,19 @@ def host_syncs(fn: Any) -> dict[str, int]:
     import traceback
     from collections import Counter
 
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from engine.bench import OpCounter
 
     found: Counter = Counter()
 
-    class _Syncs(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__
-            if name in SYNC_OPS:
-                ours = [f for f in traceback.extract_stack() if f.filename.startswith(str(REPO)) and "site-packages"
-                        not in f.filename and f.filename != __file__]  # fmt: skip
-                where = f"{Path(ours[-1].filename).relative_to(REPO)}:{ours[-1].lineno}" if ours else "?"
-                found[f"{name} at {where}"] += 1
-            return func(*args, **(kwargs or {}))
+    def where(func: Any, args: tuple, kwargs: dict, out: object) -> None:
+        name = func.overloadpacket.__name__
+        if name in SYNC_OPS:
+            ours = [f for f in traceback.extract_stack() if f.filename.startswith(str(REPO)) and "site-packages"
+                    not in f.filename and f.filename not in _NOT_CALLERS]  # fmt: skip
+            at = f"{Path(ours[-1].filename).relative_to(REPO)}:{ours[-1].lineno}" if ours else "?"
+            found[f"{name} at {at}"] += 1
 
-    with _Syncs():
+    with OpCounter(on_op=where):
         fn()
     return dict(found)
 

@@ -29,7 +29,8 @@ reference code's matmul that expands W over the batch; same function, tested equ
 Ratios: each centroid model against the routing model of its size (each implementation), measured in the same run.
 Targets (issue 5): centroid max batch >= 3x routing (paper 58 vs 22 at 12 capsules, 36 vs 12 at 64), params <= 1/3
 of routing, lower Chamfer after the same steps (paper x 1e-3: 1.6 vs 2.7 at 12 capsules, 1.4 vs 1.5 at 64, after
-full training). Absolute times are meaningful only on an otherwise idle machine.
+full training). Each target prints under the tables; ``--json`` writes them with every row. Absolute times are
+meaningful only on an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -38,11 +39,7 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
 import numpy as np
 import torch
@@ -51,8 +48,17 @@ from capsules import CHAMFER_DEFINITION, chamfer_distance, create_model, list_mo
 from capsules.data import SyntheticParts
 from capsules.metrics import capsule_purity, patch_spread, random_patches
 from capsules.model import DECODERS, ROUTING_IMPLS
-from engine import atomic_write_text, count_params
-from engine.bench import describe_machine, peak_tensor_bytes, print_table, sync, unit_sphere_clouds
+from engine import count_params
+from engine.bench import (
+    describe_machine,
+    format_target,
+    peak_tensor_bytes,
+    print_table,
+    target,
+    time_round_robin,
+    unit_sphere_clouds,
+    write_report,
+)
 
 PAIRS = {"small": ("pointcaps_routing_small", "pointcaps_centroid_small"),
          "base": ("pointcaps_routing_base", "pointcaps_centroid_base")}  # fmt: skip
@@ -193,17 +199,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         r["params_m"] = count_params(model) / 1e6
         opt = torch.optim.Adam(model.parameters(), lr=1e-4)
         steps.append(_step_fn(model, opt, unit_sphere_clouds(args.batch, args.points, seed=3).to(device)))
-    for step in steps:
-        for _ in range(args.warmup):
-            step()
-    rounds: list[list[float]] = [[] for _ in steps]
-    for _ in range(args.repeats):
-        for i, step in enumerate(steps):
-            sync(device)
-            t0 = time.perf_counter()
-            step()
-            sync(device)
-            rounds[i].append((time.perf_counter() - t0) * 1e3)
+    rounds = time_round_robin(steps, device, args.repeats, args.warmup)
     del steps
     classes = ("table", "chair", "airplane", "lamp", "mug")
     train = SyntheticParts("train", args.chamfer_points, classes, samples_per_class=args.train_per_class, seed=0)
@@ -221,7 +217,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             r.update({k: v for k, v in first.items() if k != "model"})
         r["paper_chamfer_1e3"], r["paper_params_m"], r["paper_max_batch"] = PAPER[r["model"]]
 
-    verdicts = []
+    targets = []
     for size, (routing, centroid) in PAIRS.items():
         c = next((r for r in results if r["model"] == centroid), None)
         baselines = [r for r in results if r["model"] == routing]
@@ -235,21 +231,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 "mem_per_sample": c["mem_mb_per_sample"] / a["mem_mb_per_sample"],
                 "max_batch": c["max_batch"] / max(a["max_batch"], 1),
             }
+            vs = f"{size} vs {a['impl']} routing"
             paper_batch = c["paper_max_batch"] / a["paper_max_batch"]
-            line = (
-                f"{size} vs {a['impl']} routing: max batch {c['max_batch']} vs {a['max_batch']} "
-                f"({ratios['max_batch']:.2f}x, target >= {TARGETS['max_batch']:.0f}x, paper {paper_batch:.2f}x): "
-                f"{'MET' if ratios['max_batch'] >= TARGETS['max_batch'] else 'NOT MET'}; "
-                f"params {ratios['params']:.3f}x (target <= 1/3): "
-                f"{'MET' if ratios['params'] <= TARGETS['params'] else 'NOT MET'}"
-            )
+            detail = f"{c['max_batch']} vs {a['max_batch']}; paper {paper_batch:.2f}x"
+            targets.append(target(f"{vs}: max batch", ratios["max_batch"], ">=", TARGETS["max_batch"],
+                                  device=device, detail=detail))  # fmt: skip
+            targets.append(target(f"{vs}: params", ratios["params"], "<=", TARGETS["params"], device=device))
             if "chamfer" in a:
                 ratios["chamfer"] = c["chamfer"] / a["chamfer"]
-                line += (
-                    f"; Chamfer after {args.train_steps} steps {c['chamfer']:.4g} vs {a['chamfer']:.4g} "
-                    f"({ratios['chamfer']:.2f}x, target < 1): {'MET' if ratios['chamfer'] < 1 else 'NOT MET'}"
-                )
-            verdicts.append(line)
+                detail = f"{c['chamfer']:.4g} vs {a['chamfer']:.4g}"
+                targets.append(target(f"{vs}: Chamfer after {args.train_steps} steps", ratios["chamfer"], "<", 1,
+                                      device=device, detail=detail))  # fmt: skip
     impls = [i for i in args.routing_impls if any(r["impl"] == i for r in results)]
     headers = ["model", "routing impl", "params (M)", "paper params (M)", "train step (ms)", "MB / sample",
                f"max batch ({args.budget_gb:g} GB)", "paper max batch",
@@ -278,15 +270,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
           d["part_purity"] - d["part_purity_chance"], d["patch_spread"]] for d in decoded],
     )  # fmt: skip
     print()
-    for v in verdicts:
-        print(v)
+    for t in targets:
+        print(format_target(t))
     for r in results:
         r.pop("kwargs")
     if args.json:
-        payload = {"tool": "bench_capsules", "machine": describe_machine(args.device), "args": vars(args),
-                   "chamfer_definition": CHAMFER_DEFINITION, "verdicts": verdicts, "results": results,
-                   "decoders": decoded}  # fmt: skip
-        atomic_write_text(args.json, json.dumps(payload, indent=2) + "\n")
+        write_report(args.json, "bench_capsules", device, vars(args), chamfer_definition=CHAMFER_DEFINITION,
+                     results=results, decoders=decoded, targets=targets)  # fmt: skip
     return results
 
 

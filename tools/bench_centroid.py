@@ -14,7 +14,8 @@ Four implementations of one attention step from M centroids to N inputs, with th
 
 Peak memory is the growth of the peak resident set of a fresh process during forward + backward on CPU (a process
 per configuration), and ``torch.cuda.max_memory_allocated`` on CUDA (all in this process; ``--isolate`` says).
-Ratios are against ``dense-matmul`` and ``dense-sdpa`` of the same N.
+Ratios are against ``dense-matmul`` and ``dense-sdpa`` of the same N. This bench declares no target (``--json``
+writes the rows and an empty target list).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from engine.bench import (
     print_table,
     run_config,
     time_fn,
+    write_report,
 )
 
 
@@ -76,6 +78,10 @@ def measure(cfg: dict) -> dict:
     return {"ms": ms, "peak_mb": None if peak is None else peak / 2**20}
 
 
+HEADERS = ["N", "M", "path", "ms", "peak MB", "speedup vs matmul", "memory vs matmul", "speedup vs sdpa",
+           "memory vs sdpa"]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -86,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     add_isolate_option(parser)
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -113,20 +120,10 @@ def main(argv: list[str] | None = None) -> None:
                 ratios.append(r["peak_mb"] / b["peak_mb"] if ok else float("nan"))
             peak = r["peak_mb"] if r["peak_mb"] is not None else float("nan")
             rows.append([N, N // 4, mode, r["ms"], peak, *ratios])
-    print_table(
-        [
-            "N",
-            "M",
-            "path",
-            "ms",
-            "peak MB",
-            "speedup vs matmul",
-            "memory vs matmul",
-            "speedup vs sdpa",
-            "memory vs sdpa",
-        ],
-        rows,
-    )
+    print_table(HEADERS, rows)
+    if args.json:
+        results = [dict(zip(HEADERS, r)) for r in rows]
+        write_report(args.json, "bench_centroid", args.device, vars(args), results=results, targets=[])
 
 
 if __name__ == "__main__":

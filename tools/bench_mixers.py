@@ -20,6 +20,9 @@ Cauchy and Vandermonde cost O(L^2 D) operations (their matrices are sums over D)
 public code would take (computed, float32), and ``vs BHLLD`` the ratio of our measured peak to it. They are built with
 the default ``backend="auto"``: the chunked PyTorch path on CPU, the Triton kernels of
 ``attention/kernels/mixers_triton.py`` with ``--device cuda``.
+
+Target (:func:`attention.bench.fsat_target`, on CUDA): FSAT faster than SDPA at L >= 16K (time as a fraction of
+SDPA's < 1); printed under the table and written with every row to ``--json``.
 """
 
 from __future__ import annotations
@@ -28,21 +31,21 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
 import torch
 
 from attention import build_mixer
+from attention.bench import fsat_target
 from engine.bench import (
     add_isolate_option,
     describe_machine,
+    format_target,
     isolate_configs,
     peak_tensor_bytes,
     print_table,
     run_config,
     time_fn,
+    write_report,
 )
 
 BASELINES = ("attention-matmul", "attention-sdpa")
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=1, help="timed steps (1: the peak-memory step is timed)")
     parser.add_argument("--max-quadratic-len", type=int, default=None, help="skip Cauchy/Vandermonde above this L")
-    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument("--json", default=None, help="also write the rows and the target to this JSON file")
     add_isolate_option(parser)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -152,8 +155,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         cells += [r["dense_bhlld_mb"], r["vs_bhlld"]] if "dense_bhlld_mb" in r else ["", ""]
         rows.append(cells)
     print_table(headers, rows)
+    targets = [fsat_target(results, args.device)]
+    print()
+    for t in targets:
+        print(format_target(t))
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        write_report(args.json, "bench_mixers", args.device, vars(args), results=results, targets=targets)
     return results
 
 

@@ -14,6 +14,9 @@ coverage (the largest distance from a point to its nearest sample, which FPS gre
 FPS, on a uniform cloud in the unit cube and a clustered one (``--clouds``: 16 Gaussian blobs, where a spatial index
 prunes differently). The ``auto`` row shows which backend ``backend="auto"`` picks for that shape.
 
+Target (:func:`attention.bench.fps_cluster_target`, on CUDA): the Triton FPS at least 2x torch-cluster's at B=32,
+N=1024, M=512; printed under the tables and written with every row to ``--json``.
+
 With numba installed, the first line also gives the numba FPS's first-call cost in a fresh process: compiling into an
 empty cache, and loading the compiled code from the cache (the usual case after the first run).
 """
@@ -31,7 +34,13 @@ from functools import partial
 import torch
 
 from attention import backends, points
-from engine.bench import describe_machine, print_table, time_fn
+from attention.bench import fps_cluster_target
+from engine.bench import describe_machine, format_target, print_table, time_fn, write_report
+
+FPS_HEADERS = ["B", "N", "M", "backend", "ms", "speedup vs cluster", "same indices"]
+KNN_HEADERS = ["B", "N", "M", "C", "k", "backend", "ms", "speedup vs cluster"]
+LARGE_HEADERS = ["cloud", "N", "M", "backend", "kind", "ms", "time / bucket", "speedup vs reference",
+                 "same indices as exact", "coverage / exact"]  # fmt: skip
 
 
 def _coverage(x: torch.Tensor, idx: torch.Tensor) -> float:
@@ -66,7 +75,7 @@ def large_cloud_rows(sizes: list[tuple[int, int]], device: torch.device, repeats
     """FPS on one large cloud per size and kind: every installed backend, times relative to the bucket FPS and the
     reference, coverage."""
     rows = []
-    names = [b for b in points.FPS_BACKENDS if backends.available("fps", b, device)]
+    names = [b for b in backends.backend_names("fps") if backends.available("fps", b, device)]
     for (N, M), kind in itertools.product(sizes, clouds):
         x = _cloud(kind, N, device)
         start = torch.zeros(1, dtype=torch.long, device=device)
@@ -82,7 +91,7 @@ def large_cloud_rows(sizes: list[tuple[int, int]], device: torch.device, repeats
         bucket_ms = results.get("fpsample_bucket", (float("nan"),))[0]
         ref_ms = results["torch"][0]
         shape = {"B": 1, "N": N, "C": 3, "M": M, "masked": False}
-        auto = backends.resolve("fps", "auto", device, shape, order=points.fps_auto_order(device, 3))
+        auto = backends.resolve("fps", "auto", device, shape)
         for b, (ms, same, cov) in results.items():
             exact = backends.BACKENDS["fps"][b].exact
             name = f"{b} (auto)" if b == auto else b
@@ -108,13 +117,16 @@ def main() -> None:
         default=[50000, 4096, 100000, 8192],
         help="single-cloud FPS rows as N M pairs (empty: skip)",
     )
+    parser.add_argument("--json", default=None, help="also write the rows and the target to this JSON file")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     # every installed FPS backend but the bucket approximation (it has its own table); `same indices` shows which
     # ones are exact
-    names = [b for b in points.FPS_BACKENDS if b != "fpsample_bucket" and backends.available("fps", b, device)]
+    names = [
+        b for b in backends.backend_names("fps") if b != "fpsample_bucket" and backends.available("fps", b, device)
+    ]
     print(f"# bench_points on {device}: {describe_machine(device)}; FPS backends: {', '.join(names)}")
     print(f"# load average before the run: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     if backends.available("fps", "numba", device):
@@ -139,35 +151,34 @@ def main() -> None:
                 feats = x if C == 3 else torch.randn(B, N, C, device=device)
                 q = points.gather(feats, ref)
                 ktimes = {}
-                for b in [b for b in points.KNN_BACKENDS if backends.available("knn", b, device)]:
+                for b in [b for b in backends.backend_names("knn") if backends.available("knn", b, device)]:
                     fn = partial(points.knn, q, feats, args.k, backend=b)
                     ktimes[b] = time_fn(fn, device, repeats=args.repeats)
                 kbase = ktimes.get("cluster", float("nan"))
                 for b, ms in ktimes.items():
                     knn_rows.append([B, N, M, C, args.k, b, ms, kbase / ms])
     print("## Farthest point sampling\n")
-    print_table(["B", "N", "M", "backend", "ms", "speedup vs cluster", "same indices"], fps_rows)
+    print_table(FPS_HEADERS, fps_rows)
     print("\n## K nearest neighbours (M queries, N references)\n")
-    print_table(["B", "N", "M", "C", "k", "backend", "ms", "speedup vs cluster"], knn_rows)
+    print_table(KNN_HEADERS, knn_rows)
+    large_rows = []
     if args.large:
         sizes = list(zip(args.large[::2], args.large[1::2]))
+        large_rows = large_cloud_rows(sizes, device, args.repeats, args.clouds)
         print("\n## FPS on one large cloud (C = 3)\n")
-        print_table(
-            [
-                "cloud",
-                "N",
-                "M",
-                "backend",
-                "kind",
-                "ms",
-                "time / bucket",
-                "speedup vs reference",
-                "same indices as exact",
-                "coverage / exact",
-            ],
-            large_cloud_rows(sizes, device, args.repeats, args.clouds),
-        )
+        print_table(LARGE_HEADERS, large_rows)
         print(f"\n# load average after the run: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    results = {
+        "fps": [dict(zip(FPS_HEADERS, r)) for r in fps_rows],
+        "knn": [dict(zip(KNN_HEADERS, r)) for r in knn_rows],
+        "large": [dict(zip(LARGE_HEADERS, r)) for r in large_rows],
+    }
+    targets = [fps_cluster_target(results["fps"], args.device)]
+    print()
+    for t in targets:
+        print(format_target(t))
+    if args.json:
+        write_report(args.json, "bench_points", device, vars(args), results=results, targets=targets)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@ fused attention as timm configures it (``scaled_dot_product_attention`` where av
 * ``vs DeiT`` = images/s over the same-width DeiT's images/s in the same run (tiny rows against DeiT-tiny, small
   rows against DeiT-small).
 
-Targets (issue 4): Ours-1 (``centroid_deit_tiny_c6_patch16_224``) at least 1.4x DeiT-tiny's inference images/s on CPU
-fp32, and at least 1.6x on a GPU with AMP (Token Merging's best DeiT-Ti result is 1.56x). Verdicts print under the
-table.
+Targets (issue 4, :func:`vision.bench.ours_target`): Ours-1 (``centroid_deit_tiny_c6_patch16_224``) at least 1.4x
+DeiT-tiny's inference images/s on CPU fp32, and at least 1.6x on a GPU with AMP (Token Merging's best DeiT-Ti result
+is 1.56x). The verdict prints under the table; ``--json`` writes it with every row.
 """
 
 from __future__ import annotations
@@ -25,31 +25,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
 import timm
 import torch
 import torch.nn.functional as F
 
-import vision  # noqa: F401  (registers the models in timm)
 from engine import count_gmacs, count_params
-from engine.bench import describe_machine, print_table, sync
-
-BASELINES = {"tiny": "deit_tiny_patch16_224", "small": "deit_small_patch16_224"}
-OURS_1 = "centroid_deit_tiny_c6_patch16_224"
-TARGETS = {"cpu": 1.4, "cuda": 1.6}
-
-
-def registered() -> list[str]:
-    """Every timm model that :mod:`vision` registers (timm files models under their module's last name)."""
-    return sorted({n for module in ("centroid_deit", "baselines") for n in timm.list_models(module=module)})
-
-
-def width_of(name: str) -> str:
-    return "small" if "small" in name else "tiny"
+from engine.bench import describe_machine, format_target, print_table, time_round_robin, write_report
+from vision.bench import BASELINES, ours_target, registered, width_of
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -65,6 +48,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--compile", action="store_true", help="torch.compile every model")
     parser.add_argument("--no-train", action="store_true", help="inference only")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", default=None, help="also write the rows and the target to this JSON file")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -107,23 +91,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for fn in fns.values():
             for _ in range(args.warmup):
                 fn()
-        rows[name] = {"model": name, **stats, "fns": fns, "times": {k: [] for k in fns}}
+        rows[name] = {"model": name, **stats, "fns": fns}
         print(f"  built {name}", file=sys.stderr)
 
-    for _ in range(args.repeats):
-        for row in rows.values():
-            for kind, fn in row["fns"].items():
-                sync(device)
-                t0 = time.perf_counter()
-                fn()
-                sync(device)
-                row["times"][kind].append(time.perf_counter() - t0)
+    fns = [fn for row in rows.values() for fn in row["fns"].values()]
+    rounds = iter(time_round_robin(fns, device, args.repeats))  # (each fn was warmed up as it was built)
     reduce = min if args.stat == "min" else statistics.median
     results = []
     for row in rows.values():
-        res = {k: v for k, v in row.items() if k not in ("fns", "times")}
-        for kind, times in row["times"].items():
-            res[f"{kind}_ips"] = args.batch / reduce(times)
+        res = {k: v for k, v in row.items() if k != "fns"}
+        for kind in row["fns"]:
+            res[f"{kind}_ips"] = args.batch / (reduce(next(rounds)) / 1e3)
         results.append(res)
     by_name = {r["model"]: r for r in results}
     table = []
@@ -142,13 +120,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if not args.no_train:
         headers += ["train img/s", "train vs DeiT"]
     print_table(headers, table)
-    if OURS_1 in by_name:
-        target = TARGETS["cuda" if device.type == "cuda" else "cpu"]
-        ratio = by_name[OURS_1]["infer_vs_deit"]
-        verdict = "MET" if ratio >= target else "NOT MET"
-        print(
-            f"\ntarget: {OURS_1} inference >= {target}x DeiT-tiny images/s on {device.type}: {verdict} ({ratio:.2f}x)"
-        )
+    targets = [ours_target(results, device)]
+    print()
+    for t in targets:
+        print(format_target(t))
+    if args.json:
+        write_report(args.json, "bench_vision", device, vars(args), results=results, targets=targets)
     return results
 
 

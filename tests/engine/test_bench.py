@@ -1,7 +1,9 @@
-"""engine.bench: the aten-op count that stands for a GPU's launch cost."""
+"""engine.bench: the op counter (the aten-op count that stands for a GPU's launch cost, host syncs), targets, timing
+and tables."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -42,3 +44,54 @@ def test_run_config_in_process_turns_an_exception_into_the_rows_error() -> None:
     }
     assert benchutil.isolate_configs("auto", "cpu") and not benchutil.isolate_configs("auto", "cuda")
     assert benchutil.isolate_configs("yes", "cuda") and not benchutil.isolate_configs("no", "cpu")
+
+
+def test_one_counter_counts_ops_by_name_and_shows_each_to_a_hook() -> None:
+    """:class:`engine.bench.OpCounter` is what count_aten_ops and engine.testing.host_syncs both use."""
+    seen = []
+    x = torch.randn(3, 2)
+    with benchutil.OpCounter(on_op=lambda func, args, kwargs, out: seen.append((func.overloadpacket.__name__, out))):
+        y = x.mul(2.0).sum()
+        y.item()
+    assert [name for name, _ in seen] == ["mul", "sum", "_local_scalar_dense"]
+    assert seen[1][1] is not None and float(seen[2][1]) == float(y)  # the hook sees each op's result
+
+
+def test_host_syncs_counts_only_sync_ops_where_they_were_called() -> None:
+    from engine.testing import host_syncs
+
+    x = torch.randn(4)
+    found = host_syncs(lambda: (x * 2).sum().item())
+    assert list(found.values()) == [1]
+    (where,) = found
+    assert where.startswith("_local_scalar_dense at tests/engine/test_bench.py:")
+
+
+def test_targets_carry_a_verdict_or_say_why_not() -> None:
+    met = benchutil.target("a vs b", 2.5, ">=", 2, device="cuda", on="cuda")
+    assert (met["met"], met["verdict"], met["wanted"], met["detail"]) == (True, "MET", ">= 2x", "")
+    assert benchutil.target("a vs b", 0.8, "<", 1, device="cpu", unit="")["wanted"] == "< 1"
+    missed = benchutil.target("a vs b", 1.5, ">=", 2, device="cpu")
+    assert missed["met"] is False and missed["verdict"] == "NOT MET"
+    for measured in (None, float("nan")):  # a baseline missing: no verdict, and the reason
+        t = benchutil.target("a vs b", measured, ">=", 2, device="cuda", detail="b not installed")
+        assert t["measured"] is None and t["met"] is None and t["detail"] == "b not installed"
+    elsewhere = benchutil.target("a vs b", 2.5, ">=", 2, device="cpu", on="cuda")
+    assert elsewhere["measured"] == 2.5 and elsewhere["met"] is None
+    assert elsewhere["detail"] == "no verdict: the target is for CUDA"
+    assert benchutil.format_target(met) == "target: a vs b >= 2x: MET (2.5)"
+    with pytest.raises(ValueError, match="op must be one of"):
+        benchutil.target("a vs b", 1.0, "=>", 2, device="cpu")
+
+
+def test_round_robin_times_one_call_of_every_fn_per_round() -> None:
+    calls = []
+    fns = [lambda: calls.append("a"), lambda: calls.append("b")]
+    times = benchutil.time_round_robin(fns, "cpu", repeats=3, warmup=1)
+    assert calls == ["a", "b"] + ["a", "b"] * 3 and [len(t) for t in times] == [3, 3]
+    assert all(ms >= 0 for t in times for ms in t)
+
+
+def test_markdown_table_rounds_floats_and_pads_columns() -> None:
+    text = benchutil.markdown_table(["name", "x"], [["a", 1.23456], ["bbb", 1234.5]])
+    assert text.splitlines() == ["| name | x    |", "|------|------|", "| a    | 1.23 |", "| bbb  | 1234 |"]

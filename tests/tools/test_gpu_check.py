@@ -1,37 +1,21 @@
-"""tools/gpu_check.py: table parsing, junit reading, skip reasons, targets (the whole run is in .ci/run)."""
+"""engine.gpu_check (behind tools/gpu_check.py): junit reading, skip reasons, the benches' reports and targets, the
+two parts (the whole run is in .ci/run)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from attention.bench import kernel_targets
+from engine import gpu_check
+from engine.bench import target
+from engine.testing import tool_env
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tools"))
-import gpu_check  # noqa: E402
-
-BENCH_OUTPUT = """# bench_mixers on cuda: torch 2.11.0, NVIDIA H100
-# B=1, C=256, H=4, one forward + backward
-
-| L     | mixer            | ms   | peak MB | time vs matmul | memory vs matmul | time vs sdpa | memory vs sdpa |
-|-------|------------------|------|---------|----------------|------------------|--------------|----------------|
-| 16384 | attention-sdpa   | 10.0 | 100     | 0.1            | 0.01             | 1            | 1              |
-| 16384 | fsat             | 8.00 | 50      | 0.08           | 0.005            | 0.8          | 0.5            |
-
-target: something >= 1.6x: NOT MET (1.20x)
-"""
-
-
-def test_markdown_tables_are_parsed_with_their_titles() -> None:
-    (table,) = gpu_check.parse_markdown_tables(BENCH_OUTPUT)
-    assert table["title"] == "B=1, C=256, H=4, one forward + backward"
-    assert table["headers"][:3] == ["L", "mixer", "ms"]
-    records = gpu_check.table_records(table)
-    assert [r["mixer"] for r in records] == ["attention-sdpa", "fsat"]
-    assert gpu_check.to_number(records[1]["time vs sdpa"]) == 0.8
-    assert gpu_check.to_number("-") != gpu_check.to_number("-")  # NaN for cells that are not numbers
 
 
 def test_missing_optional_package_is_a_skip_reason_and_other_errors_are_not() -> None:
@@ -58,49 +42,42 @@ def test_junit_rows_count_outcomes(tmp_path: Path) -> None:
     assert rows[2][1:] == ["skipped", "0.00", "needs a CUDA device (marked gpu)"]
 
 
-def _result(name: str, tables: list[dict] | None = None, data: dict | None = None) -> gpu_check.Result:
-    return gpu_check.Result(name, tables=tables or [], data=data or {})
-
-
-def test_targets_are_ratios_of_the_same_run_with_verdicts() -> None:
-    kernels = {"rows": [{"kernel": "fps", "shape": "B=32", "speedup": 2.5}, {"kernel": "cauchy", "speedup": 4.0}]}
-    modelnet = {
-        "title": "",
-        "headers": ["model", "ops/step", "train samples/s"],
-        "rows": [
-            [gpu_check.CENTROID_T1, "1434", "300"],
-            [gpu_check.CENTROID_T1_GATHER, "1138", "500"],
-            [gpu_check.POINTNET2, "511", "200"],
-        ],
-    }
-    vision = {"title": "", "headers": ["model", "infer vs DeiT"], "rows": [[gpu_check.OURS_1, "1.5"]]}
-    points = {
-        "title": "Farthest point sampling",
-        "headers": ["B", "N", "M", "backend", "ms", "speedup vs cluster"],
-        "rows": [["32", "1024", "512", "torch", "90", "0.02"], ["32", "1024", "512", "triton", "0.7", "2.6"]],
-    }
-    results = {
-        "kernels": _result("kernels", data=kernels),
-        "bench_modelnet": _result("bench_modelnet", [modelnet]),
-        "bench_vision": _result("bench_vision", [vision]),
-        "bench_points": _result("bench_points", [points]),
-        "bench_mixers": _result("bench_mixers", gpu_check.parse_markdown_tables(BENCH_OUTPUT)),
-    }
-    got = {t["target"].split(" (")[0]: t for t in gpu_check.targets(results, "cuda")}
+def test_kernel_targets_are_ratios_of_the_same_run_with_verdicts() -> None:
+    rows = [{"kernel": "fps", "shape": "B=32", "speedup": 2.5}, {"kernel": "cauchy", "shape": "L=4096", "speedup": 4.0}]
+    got = {t["target"].split(" (")[0]: t for t in kernel_targets(rows, "cuda")}
     assert got["Triton fps vs torch"]["met"] is True and got["Triton fps vs torch"]["measured"] == 2.5
-    assert got["Triton cauchy vs torch"]["met"] is False
+    assert got["Triton cauchy vs torch"]["met"] is False and got["Triton cauchy vs torch"]["wanted"] == ">= 5x"
     assert got["Triton vandermonde vs torch"]["met"] is None  # not measured is neither met nor failed
-    assert got["Triton fps vs torch-cluster"]["measured"] == 2.6 and got["Triton fps vs torch-cluster"]["met"]
-    points["rows"][1][-1] = "nan"  # no torch-cluster: no verdict, and the reason
-    cluster = next(t for t in gpu_check.targets(results, "cuda") if "torch-cluster" in t["target"])
-    assert cluster["met"] is None and cluster["detail"] == "torch-cluster not installed"
-    assert got["centroid T=1 train samples/s vs PointNet++"]["measured"] == pytest.approx(1.5)
-    assert got["centroid T=1 train samples/s vs PointNet++"]["detail"] == "ops/step 1434 vs 511"
-    assert got["centroid T=1, attn_backend=gather, train samples/s vs PointNet++"]["measured"] == pytest.approx(2.5)
-    assert got["Ours-1 inference images/s vs DeiT-tiny"]["met"] is False
-    assert got["FSAT time vs SDPA at L >= 16K"]["measured"] == 0.8 and got["FSAT time vs SDPA at L >= 16K"]["met"]
-    on_cpu = gpu_check.targets(results, "cpu")
+    on_cpu = kernel_targets(rows, "cpu")
     assert all(t["met"] is None for t in on_cpu) and on_cpu[0]["measured"] == 2.5  # CUDA targets: no CPU verdicts
+
+
+def test_summary_gathers_the_targets_the_sections_reported_in_section_order() -> None:
+    fps = target("Triton fps vs torch", 2.5, ">=", 2, device="cuda")
+    fsat = target("FSAT time vs SDPA", 0.8, "<", 1, device="cuda", unit="")
+    results = {
+        "bench_mixers": gpu_check.Result("bench_mixers", targets=[fsat]),
+        "kernels": gpu_check.Result("kernels", targets=[fps]),
+        "bench_vision": gpu_check.Result("bench_vision", status="timeout", reason="timed out after 240 s"),
+        "train_deit": gpu_check.Result("train_deit", status="failed", reason="exit 1"),  # declares no targets
+        "bench_centroid": gpu_check.Result("bench_centroid"),  # ok, declares none
+    }
+    got = gpu_check.gather_targets(results)
+    assert [t["target"] for t in got] == ["Triton fps vs torch", "bench_vision's targets", "FSAT time vs SDPA"]
+    assert got[1]["met"] is None and got[1]["detail"] == "timeout: timed out after 240 s"
+
+
+def test_a_bench_section_reads_the_report_it_wrote(tmp_path: Path) -> None:
+    """A section runs its command with ``--json <out>/<section>.tool.json`` and takes its rows and targets from it."""
+    ctx = gpu_check.Ctx("cpu", True, tmp_path, {}, tmp_path)
+    report = {"tool": "t", "results": [1], "targets": [{"target": "x"}]}
+    writer = f"import json, sys; json.dump({report!r}, open(sys.argv[-1], 'w'))"
+    res = gpu_check.Result("bench_points")
+    assert gpu_check.read_report(ctx, res, [sys.executable, "-c", writer], 60)
+    assert res.status == "ok" and res.targets == [{"target": "x"}] and res.data == {"tool": "t", "results": [1]}
+    silent = gpu_check.Result("bench_points")
+    assert not gpu_check.read_report(ctx, silent, [sys.executable, "-c", "pass"], 60)
+    assert silent.status == "failed" and "wrote no --json report" in silent.reason
 
 
 def test_bench_arguments_name_real_options() -> None:
@@ -110,7 +87,7 @@ def test_bench_arguments_name_real_options() -> None:
             ctx = gpu_check.Ctx(device, quick, Path("."), {}, Path("."), gpu_mem_gib=80.0)
             for name in (s for s in gpu_check.SECTIONS if s.startswith("bench_")):
                 source = (REPO / "tools" / f"{name}.py").read_text()
-                for arg in gpu_check.bench_args(ctx, name):
+                for arg in [*gpu_check.bench_args(ctx, name), "--json"]:
                     if arg.startswith("--"):
                         assert f'"{arg}"' in source, f"{name} has no option {arg}"
 
@@ -126,12 +103,12 @@ def test_part_two_keeps_part_one_and_its_summary_covers_both(tmp_path: Path) -> 
     out = tmp_path / "gc"
     out.mkdir()
     (out / gpu_check.MARKER).write_text("--device cpu\nwritten by gpu_check\n")  # part 1, killed before its summary
-    kernels = {"rows": [{"kernel": "fps", "shape": "B=32 N=1024 M=512", "speedup": 3.0}]}
-    gpu_check.write_section(out, gpu_check.Result("kernels", seconds=100.0, data=kernels))
+    fps = target("Triton fps vs torch (B=32 N=1024 M=512)", 3.0, ">=", 2, device="cuda")
+    gpu_check.write_section(out, gpu_check.Result("kernels", seconds=100.0, targets=[fps]))
     gpu_check.write_section(out, gpu_check.Result("env", reason="part 1's env"))
     skip = [s for s in gpu_check.PARTS[2] if s != "env"]
-    no_wheels = ["--wheels", str(tmp_path)]  # (none: a checkout's .whl may hold wheels for another Python)
-    rc = gpu_check.main(["--device", "cpu", "--part", "2", "--out", str(out), *no_wheels, "--skip", *skip])
+    no_wheels = tmp_path  # (none: a checkout's .whl may hold wheels for another Python)
+    rc = gpu_check.check("cpu", out=out, part=2, wheels=no_wheels, skip=skip)
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary["sections"]) == ["env", "kernels"]  # in the usual order; env from this run
@@ -140,15 +117,21 @@ def test_part_two_keeps_part_one_and_its_summary_covers_both(tmp_path: Path) -> 
     assert "    python tools/gpu_check.py --device cpu --part 2" in (out / "summary.md").read_text()
     fps = next(t for t in summary["targets"] if t["target"].startswith("Triton fps vs torch ("))
     assert fps["measured"] == 3.0
-    with pytest.raises(SystemExit):  # a quick run's folder does not take the full grid's second part
-        gpu_check.main(["--device", "cpu", "--quick", "--part", "2", "--out", str(out), *no_wheels, "--skip", *skip])
+    with pytest.raises(gpu_check.CheckError, match="no mixing grids"):  # a quick run's folder: not the full grid's
+        gpu_check.check("cpu", quick=True, out=out, part=2, wheels=no_wheels, skip=skip)
     # part 1 (or a plain run) clears the folder it wrote before
-    assert gpu_check.main(["--device", "cpu", "--part", "1", "--out", str(out), *no_wheels, "--skip",
-                           *gpu_check.PARTS[1][1:]]) == 0  # fmt: skip
+    assert gpu_check.check("cpu", out=out, part=1, wheels=no_wheels, skip=gpu_check.PARTS[1][1:]) == 0
     assert not (out / "kernels.json").exists()
 
 
+def test_the_cli_turns_bad_arguments_into_usage_errors(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not gpu_check's\n")
+    cmd = [sys.executable, str(REPO / "tools" / "gpu_check.py"), "--device", "cpu", "--out", str(tmp_path)]
+    run = subprocess.run(cmd, env=tool_env(), capture_output=True, text=True)
+    assert run.returncode == 2 and "holds no earlier gpu_check output" in run.stderr
+
+
 def test_carried_wheels_for_another_python_or_misnamed_are_left_out(tmp_path: Path) -> None:
-    assert not gpu_check._wheel_fits(tmp_path / "pkg-1.0-cp27-cp27mu-manylinux1_x86_64.whl")  # CPython 2.7
-    assert gpu_check._wheel_fits(tmp_path / "pure-1.0-py3-none-any.whl")
-    assert not gpu_check._wheel_fits(tmp_path / "not-a-wheel-name.whl")
+    assert not gpu_check.wheel_fits(tmp_path / "pkg-1.0-cp27-cp27mu-manylinux1_x86_64.whl")  # CPython 2.7
+    assert gpu_check.wheel_fits(tmp_path / "pure-1.0-py3-none-any.whl")
+    assert not gpu_check.wheel_fits(tmp_path / "not-a-wheel-name.whl")

@@ -1,0 +1,259 @@
+"""Throughput of the ModelNet40 models (``tools/bench_modelnet.py``): train-step and inference samples/s, params,
+GMACs and dispatched ops, every row measured in one run, and the targets that run declares.
+
+Rows (:func:`plan`): the centroid transformer with T = 1, 2, 3 attention steps (one row per KNN attention form
+other than ``auto``, labelled with it, e.g. ``T=1 masked``: :func:`attention.centroid.masked_knn_attention`; and one
+per chunk budget, e.g. ``T=1 chunks 16 MiB``: the gather form and the KNN searches chunked at that budget instead of
+the device's default, :func:`attention.chunking.chunk_budget`), its downsampling-only twins (``_random``,
+``_fps``, ``_kmeans``: the centroid blocks keep their init and MLP, no attention step) and every peer model registered
+in :mod:`pointcloud` (names not starting with ``centroid_transformer``), all on the same random batch of unit-sphere
+clouds, 40 classes.
+
+* train step: forward + cross-entropy + backward + AdamW step, in train mode;
+* inference: eval-mode forward under ``torch.no_grad``;
+* all rows are built first, warmed up, then timed round-robin (:func:`engine.bench.time_round_robin`), so a change
+  in background load hits all rows alike; samples/s = batch / the median (or fastest) round;
+* ``train_vs_random`` = samples/s / the random twin's samples/s in the same run; ``paper_train_sps`` = the paper's
+  training throughput (samples/s on their GPU: T=1 60, T=2 55, T=3 52, random 312, FPS 66, k-means 54) and its ratio
+  to their random twin, the number to compare ours with;
+* params and GMACs per sample, counted at batch 1 (matmuls incl. attention; FPS, KNN gathers and other element-wise
+  work cost time but no GMACs: that gap is what this table shows), on the run's device, where ``"auto"`` picks the
+  form of the KNN attention (masked on CUDA at these sizes, gather on CPU);
+* ``ops_per_step``: aten ops one train step dispatches (forward and backward, not the optimizer; one extra untimed
+  step) and ``kernel_ops_per_step`` those that are not views, i.e. launch kernels on a GPU
+  (:func:`engine.bench.count_aten_ops`). A GPU runs small-kernel models at the speed the host issues them, a few
+  microseconds per op, so this column predicts that cost on any device.
+
+Targets (:func:`targets`): the centroid model (T = 1) trains at >= 0.5x the random twin's samples/s (the paper:
+60 / 312 = 0.19x, FPS being their bottleneck); on CUDA, the centroid model (T = 1, in the ``auto`` and the gather form)
+trains at least as fast as PointNet++.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from attention.chunking import CHUNK_BUDGETS
+from engine.bench import count_aten_ops, target, time_round_robin, unit_sphere_clouds
+from engine.stats import count_gmacs, count_params
+
+from .model import create_model, list_models
+
+__all__ = [
+    "CENTROID",
+    "PAPER_TRAIN",
+    "POINTNET2",
+    "RANDOM",
+    "TWINS",
+    "benchmark",
+    "check_settings",
+    "chunk_budget",
+    "default_models",
+    "plan",
+    "prepare",
+    "table",
+    "targets",
+]
+
+CENTROID = "centroid_transformer_modelnet40"
+RANDOM = f"{CENTROID}_random"
+TWINS = [RANDOM, f"{CENTROID}_fps", f"{CENTROID}_kmeans"]
+POINTNET2 = "pointnet2_ssg_modelnet40"
+NUM_CLASSES = 40
+RANDOM_TARGET = 0.5  # centroid (T = 1) train samples/s over the random twin's
+POINTNET2_TARGET = 1.0  # centroid (T = 1) train samples/s over PointNet++'s, on CUDA
+
+# Paper training throughput, samples/s (section 3.2), by row label.
+PAPER_TRAIN = {f"{CENTROID} T=1": 60, f"{CENTROID} T=2": 55, f"{CENTROID} T=3": 52, RANDOM: 312}
+PAPER_TRAIN |= {f"{CENTROID}_fps": 66, f"{CENTROID}_kmeans": 54}
+
+
+def default_models() -> list[str]:
+    """The centroid model, its twins and every registered peer (in that order), as far as registered."""
+    registered = list_models()
+    peers = [n for n in registered if not n.startswith("centroid_transformer")]
+    return [n for n in [CENTROID, *TWINS] if n in registered] + peers
+
+
+Row = tuple[str, str, int | None, dict]  # (label, registered name, T or None, create_model kwargs)
+
+
+def plan(
+    models: Sequence[str],
+    steps: Sequence[int],
+    num_centroids: Sequence[int] | None,
+    attn_backends: Sequence[str] = ("auto",),
+    chunk_mb: Sequence[int] = (),
+) -> list[Row]:
+    """One row per model; the centroid model gets one row per T and attention backend (and per chunk budget of its
+    gather form, ``chunk_mb``, kwarg ``_chunk_mb``), the twins T = 0, peers None."""
+    rows = []
+    for name in models:
+        kwargs: dict = {"num_classes": NUM_CLASSES}
+        if name.startswith("centroid_transformer") and num_centroids:
+            kwargs["num_centroids"] = tuple(num_centroids)
+        if name == CENTROID:
+            for t in steps:
+                for b in attn_backends:
+                    label = f"{name} T={t}" + ("" if b == "auto" else f" {b}")
+                    rows.append((label, name, t, {**kwargs, "num_steps": t, "attn_backend": b}))
+                for mb in chunk_mb:
+                    label = f"{name} T={t} chunks {mb} MiB"
+                    rows.append((label, name, t, {**kwargs, "num_steps": t, "attn_backend": "gather", "_chunk_mb": mb}))
+        else:
+            rows.append((name, name, 0 if name in TWINS else None, kwargs))
+    return rows
+
+
+@contextlib.contextmanager
+def chunk_budget(mb: int | None) -> Iterator[None]:
+    """Within: the KNN attention's and the KNN searches' default chunk budgets are ``mb`` MiB on every device."""
+    saved = {op: CHUNK_BUDGETS[op] for op in ("knn_attention", "knn")}
+    if mb is not None:
+        for op in saved:
+            CHUNK_BUDGETS[op] = {"default": mb * 2**20}
+    try:
+        yield
+    finally:
+        CHUNK_BUDGETS.update(saved)
+
+
+def prepare(
+    name: str, kwargs: dict, device: torch.device | str, batch: int, num_points: int, amp: bool = False
+) -> tuple[dict, Callable[[], None], Callable[[], None]]:
+    """Params, GMACs and ops per step of one model configuration, and its train-step and inference closures on a
+    batch of ``batch`` clouds of ``num_points`` points."""
+    device = torch.device(device)
+    torch.manual_seed(0)
+    kwargs = dict(kwargs)
+    chunk_mb = kwargs.pop("_chunk_mb", None)
+    model = create_model(name, **kwargs)
+    model.to(device)
+    # on the run's device: "auto" forms are chosen per device (the KNN attention is masked on CUDA, gather on CPU)
+    example = unit_sphere_clouds(1, num_points).to(device)  # (B, N, 3)
+    stats = {"params_m": count_params(model) / 1e6, "gmacs": count_gmacs(model, example)}
+    gen = torch.Generator().manual_seed(1)
+    points = unit_sphere_clouds(batch, num_points, seed=1).to(device)  # (B, N, 3)
+    labels = torch.randint(0, NUM_CLASSES, (batch,), generator=gen).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp)
+
+    def forward_backward() -> None:
+        model.train()
+        with chunk_budget(chunk_mb):  # (the backward pass reuses the chunk rows its forward chose)
+            with autocast:
+                loss = F.cross_entropy(model(points).float(), labels)
+            loss.backward()
+
+    def train_step() -> None:
+        forward_backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def infer() -> None:
+        model.eval()
+        with torch.no_grad(), autocast, chunk_budget(chunk_mb):
+            model(points)
+
+    ops, views = count_aten_ops(forward_backward)
+    model.zero_grad(set_to_none=True)
+    stats |= {"ops_per_step": ops, "kernel_ops_per_step": ops - views}
+    return stats, train_step, infer
+
+
+def check_settings(
+    models: Sequence[str], device: str, amp: bool, batch: int, repeats: int, chunk_mb: Sequence[int] = ()
+) -> None:
+    """Raises ``ValueError`` for settings :func:`benchmark` cannot run, naming the fix."""
+    if amp and device != "cuda":
+        raise ValueError("--amp is CUDA bf16 autocast: use it with --device cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda but torch sees no CUDA device")
+    if repeats < 1:
+        raise ValueError("--repeats must be >= 1")
+    if batch < 2:
+        raise ValueError("--batch must be >= 2 (BatchNorm in train mode needs two samples)")
+    if any(mb < 1 for mb in chunk_mb):
+        raise ValueError("--chunk-mb budgets must be >= 1 MiB")
+    unknown = sorted(set(models) - set(list_models()))
+    if unknown:
+        raise ValueError(f"unknown models {unknown}; registered: {list_models()}")
+
+
+def benchmark(
+    rows: Sequence[Row],
+    device: str = "cpu",
+    batch: int = 32,
+    num_points: int = 1024,
+    amp: bool = False,
+    repeats: int = 5,
+    warmup: int = 2,
+    stat: str = "median",
+) -> list[dict]:
+    """Measures every row of :func:`plan`: one dict per row with its stats, ``{train,infer}_ms`` (and each round's
+    ``_ms_rounds``), ``{train,infer}_sps`` and the ratios to the random twin and the paper's."""
+    results, train_fns, infer_fns = [], [], []
+    for label, name, steps, kwargs in rows:
+        stats, train_step, infer = prepare(name, kwargs, device, batch, num_points, amp)
+        results.append({"label": label, "model": name, "num_steps": steps, **stats})
+        train_fns.append(train_step)
+        infer_fns.append(infer)
+    for key, fns in (("train", train_fns), ("infer", infer_fns)):
+        for r, times in zip(results, time_round_robin(fns, device, repeats, warmup)):
+            ms = min(times) if stat == "min" else statistics.median(times)
+            r[f"{key}_ms"], r[f"{key}_ms_rounds"], r[f"{key}_sps"] = ms, times, batch / (ms / 1e3)
+    base = next((r for r in results if r["model"] == RANDOM), None)
+    paper_base = PAPER_TRAIN[RANDOM]
+    for r in results:
+        r["train_vs_random"] = r["train_sps"] / base["train_sps"] if base else None
+        r["infer_vs_random"] = r["infer_sps"] / base["infer_sps"] if base else None
+        r["paper_train_sps"] = PAPER_TRAIN.get(r["label"])
+        r["paper_train_vs_random"] = r["paper_train_sps"] / paper_base if r["paper_train_sps"] else None
+    return results
+
+
+def table(results: Sequence[dict]) -> tuple[list[str], list[list]]:
+    """The printed table's headers and rows (``"-"`` where a ratio has no baseline)."""
+
+    def cell(v: float | None) -> object:
+        return "-" if v is None else v
+
+    headers = ["model", "T", "params (M)", "GMACs", "ops/step", "non-view ops", "train samples/s", "train vs random",
+               "paper train samples/s", "paper vs random", "infer samples/s", "infer vs random"]  # fmt: skip
+    rows = [[r["label"], cell(r["num_steps"]), r["params_m"], r["gmacs"], r["ops_per_step"], r["kernel_ops_per_step"],
+             r["train_sps"], cell(r["train_vs_random"]), cell(r["paper_train_sps"]), cell(r["paper_train_vs_random"]),
+             r["infer_sps"], cell(r["infer_vs_random"])] for r in results]  # fmt: skip
+    return headers, rows
+
+
+def targets(results: Sequence[dict], device: str, amp: bool = False, num_points: int = 1024) -> list[dict]:
+    """The centroid model (T = 1) against the random twin (>= 0.5x, any device) and, on CUDA, against PointNet++
+    (>= 1x, in the ``auto`` and the gather form): train samples/s of the same run."""
+    by = {r["label"]: r for r in results}
+    t1, base, pn = by.get(f"{CENTROID} T=1"), by.get(RANDOM), by.get(POINTNET2)
+    name = "centroid T=1 train samples/s vs the random twin's"
+    if t1 is None or base is None:
+        out = [target(name, None, ">=", RANDOM_TARGET, device=device, detail="needs both in --models")]
+    else:
+        paper = f"paper {PAPER_TRAIN[t1['label']] / PAPER_TRAIN[RANDOM]:.2f}x"
+        detail = f"{t1['train_sps']:.1f} vs {base['train_sps']:.1f} samples/s; {paper}"
+        out = [target(name, t1["train_vs_random"], ">=", RANDOM_TARGET, device=device, detail=detail)]
+    setting = f"{'AMP, ' if amp else ''}{num_points} points"
+    for label, what in (
+        (f"{CENTROID} T=1", "centroid T=1"),
+        (f"{CENTROID} T=1 gather", "centroid T=1, attn_backend=gather,"),
+    ):
+        name = f"{what} train samples/s vs PointNet++ ({setting})"
+        ct = by.get(label)
+        if ct is None or pn is None:
+            out.append(target(name, None, ">=", POINTNET2_TARGET, device=device, on="cuda", detail="rows not measured"))
+            continue
+        ops = f"ops/step {ct['ops_per_step']} vs {pn['ops_per_step']}"
+        ratio = ct["train_sps"] / pn["train_sps"]
+        out.append(target(name, ratio, ">=", POINTNET2_TARGET, device=device, on="cuda", detail=ops))
+    return out
