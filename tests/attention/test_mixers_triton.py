@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,9 +63,7 @@ def _assert_all_close(got, ref, rtol: float, what: str) -> None:
 
 
 _INTERPRETED = """
-import sys
 import torch
-sys.path.insert(0, {tests!r})
 from test_mixers_triton import _assert_all_close, _dense, _inputs, _mix, _out_and_grads
 from attention.kernels.mixers_triton import cauchy_mix_triton, vandermonde_mix_triton
 
@@ -93,8 +92,11 @@ print("ok")
 @pytest.mark.skipif(not functional.HAS_TRITON, reason="triton missing")
 def test_triton_mixers_under_interpreter_equal_chunked_and_dense() -> None:
     """The kernels' logic on CPU through Triton's interpreter: forward and all gradients, Cauchy and Vandermonde."""
-    script = _INTERPRETED.format(tests=os.path.dirname(__file__))
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    script = _INTERPRETED.format()
+    # this file's folder on the child's path, for its helpers; the checkout first, as engine.testing.tool_env does
+    here = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(here), str(here.parents[1]), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
