@@ -1,20 +1,26 @@
-"""tools/model_stats.py: the pointcloud table, paper columns, --check (per-edge GMACs against the paper), --json."""
+"""tools/model_stats.py (logic in engine.stats, paper numbers in each package's ``stats``): the pointcloud table,
+paper columns, --check (per-edge GMACs against the paper), --json."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from engine.testing import load_tool
+import capsules.stats
+import pointcloud.stats
+import vision.stats
+from engine.stats import check_against_paper, stats_report
+from engine.testing import REPO, tool_env
 from pointcloud import model as pc_model
 
-REPO = Path(__file__).resolve().parents[2]
-model_stats = load_tool("model_stats")
+FAMILIES = {"pointcloud": pointcloud.stats.FAMILY, "capsules": capsules.stats.FAMILY, "vision": vision.stats.FAMILY}
 
 CT = "centroid_transformer_modelnet40"
 TINY = "tiny_peer_modelnet40"
@@ -43,10 +49,15 @@ def _rows(out: str) -> dict[str, list[str]]:
     return {c[0]: c for c in cells}
 
 
-def test_pointcloud_table_with_paper_columns(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_pointcloud_table_with_paper_columns(tmp_path: Path) -> None:
     path = tmp_path / "stats.json"
-    results = model_stats.main(["--family", "pointcloud", "--models", CT, f"{CT}_random", "--json", str(path)])
-    out = capsys.readouterr().out
+    argv = ["--family", "pointcloud", "--models", CT, f"{CT}_random", "--json", str(path)]
+    run = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "model_stats.py"), *argv], env=tool_env(), capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    results = json.loads(path.read_text())["results"]
     by_name = {r["model"]: r for r in results}
     assert set(by_name) == {CT, f"{CT}_random"}
     for r in results:
@@ -65,51 +76,46 @@ def test_pointcloud_table_with_paper_columns(capsys: pytest.CaptureFixture[str],
     assert rows[CT][2] == "4.1" and rows[CT][6] == "5.4" and float(rows[CT][3]) > 0
     assert rows[CT][4] == f"{ct['gmacs']:.3g}"  # the table prints 3 significant digits
     assert rows[f"{CT}_random"][2:4] == ["-", "-"]
-    assert json.loads(path.read_text())["results"] == json.loads(json.dumps(results))
+    bad = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "model_stats.py"), "--models", "no_such_model"],
+        env=tool_env(), capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "unknown models ['no_such_model']" in bad.stderr
 
 
-def test_check_passes_on_defaults_and_fails_naming_values(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    (r,) = model_stats.main(["--family", "pointcloud", "--models", CT, "--check"])  # the defaults meet the paper
+def test_check_passes_on_defaults_and_fails_naming_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    fams = {"pointcloud": FAMILIES["pointcloud"]}
+    (r,), _ = stats_report(fams, [CT], check=True)  # the defaults meet the paper
+    assert check_against_paper(fams, [r]) == []
     assert r["gmacs_edge"] == pytest.approx(5.4, rel=0.25) and r["params_m"] == pytest.approx(4.1, rel=0.15)
     # Fewer neighbours take the per-edge count out of the tolerance; the message names measured and expected values.
     monkeypatch.setitem(pc_model.MODELS, CT, lambda **kw: pc_model.CentroidTransformer(num_neighbors=8, **kw))
-    path = tmp_path / "stats.json"
-    with pytest.raises(SystemExit) as exc:
-        model_stats.main(["--family", "pointcloud", "--models", CT, "--check", "--json", str(path)])
-    msg = str(exc.value.code)
-    gmacs = json.loads(path.read_text())["results"][0]["gmacs_edge"]
-    assert "FAILED" in msg and f"GMACs (per-edge k/v) measured {gmacs:.3f}" in msg
+    (r,), _ = stats_report(fams, [CT], check=True)
+    (msg,) = check_against_paper(fams, [r])
+    assert f"GMACs (per-edge k/v) measured {r['gmacs_edge']:.3f}" in msg
     assert "5.4 +-25% = [4.050, 6.750]" in msg
+    with pytest.raises(ValueError, match="--check needs"):
+        stats_report(fams, [f"{CT}_random"], check=True)
 
 
-def test_new_model_appears_and_check_passes(
-    tiny_peer: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    fam = model_stats.FAMILIES["pointcloud"]
+def test_new_model_appears_and_check_passes(tiny_peer: str) -> None:
     paper = {tiny_peer: (160 / 1e6, 1024 * 3 * 40 / 1e9)}
-    monkeypatch.setitem(
-        model_stats.FAMILIES, "pointcloud", dataclasses.replace(fam, paper=paper, checks={tiny_peer: (0.01, 0.01)})
-    )
-    (r,) = model_stats.main(["--family", "pointcloud", "--models", tiny_peer, "--check"])
+    fam = dataclasses.replace(FAMILIES["pointcloud"], paper=paper, checks={tiny_peer: (0.01, 0.01)}, edge_gmacs=None)
+    (r,), tables = stats_report({"pointcloud": fam}, [tiny_peer], check=True)
     assert r["params_ratio"] == pytest.approx(1.0) and r["gmacs_ratio"] == pytest.approx(1.0)
-    out = capsys.readouterr().out
-    assert tiny_peer in _rows(out) and "check: ok" in out
+    assert tiny_peer in _rows(tables) and check_against_paper({"pointcloud": fam}, [r]) == []
 
 
-def test_family_without_models_is_skipped(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    fam = model_stats.FAMILIES["pointcloud"]
-    monkeypatch.setitem(model_stats.FAMILIES, "empty", dataclasses.replace(fam, list_models=list, note="nothing yet"))
-    assert model_stats.main(["--family", "empty"]) == []
-    assert "## empty: skipped, nothing yet" in capsys.readouterr().out
+def test_family_without_models_is_skipped() -> None:
+    empty = dataclasses.replace(FAMILIES["pointcloud"], list_models=list, note="nothing yet")
+    assert stats_report({"empty": empty}) == ([], "## empty: skipped, nothing yet")
 
 
-def test_placeholders_skipped_and_unknown_model_rejected(tiny_peer: str, capsys: pytest.CaptureFixture[str]) -> None:
-    results = model_stats.main(["--models", tiny_peer])  # --family all
-    out = capsys.readouterr().out
+def test_every_family_lists_its_models_and_rejects_unknown_ones(tiny_peer: str) -> None:
+    assert tiny_peer in FAMILIES["pointcloud"].list_models()  # registered after the family was made
+    assert "centroid_deit_tiny_c6_patch16_224" in FAMILIES["vision"].list_models()
+    assert "pointcaps_routing_small" in FAMILIES["capsules"].list_models()
+    results, _ = stats_report(FAMILIES, [tiny_peer])
     assert [r["model"] for r in results] == [tiny_peer]
-    for family in ("capsules", "vision"):
-        if not model_stats.FAMILIES[family].list_models():
-            assert f"## {family}: skipped" in out
-    with pytest.raises(SystemExit) as exc:
-        model_stats.main(["--models", "no_such_model"])
-    assert exc.value.code == 2
+    with pytest.raises(ValueError, match=r"unknown models \['no_such_model'\]"):
+        stats_report(FAMILIES, ["no_such_model"])
