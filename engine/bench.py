@@ -149,6 +149,22 @@ class OpCounter(TorchDispatchMode):
         return out
 
 
+def largest_output_bytes(fn: Callable[[], object]) -> int:
+    """The largest storage (bytes) that any aten op produces while ``fn()`` runs, backward ops included: a bound on
+    the temporaries of a chunked path that no allocator's caching or pooling blurs."""
+    largest = 0
+
+    def see(func: Any, args: tuple, kwargs: dict, out: object) -> None:
+        nonlocal largest
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                largest = max(largest, t.untyped_storage().nbytes())
+
+    with OpCounter(see):
+        fn()
+    return largest
+
+
 def count_aten_ops(fn: Callable[[], object]) -> tuple[int, int]:
     """``(ops, view ops)``: how many aten ops ``fn()`` dispatches (autograd's backward ops included), and how many
     of them only make views (:data:`VIEW_OPS`).

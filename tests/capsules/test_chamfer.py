@@ -7,13 +7,12 @@ import math
 import pytest
 import torch
 from torch.testing import assert_close
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 import capsules
 from attention import available, backends
 from capsules import chamfer as chamfer_mod
 from capsules.chamfer import CHAMFER_BACKENDS, CHAMFER_DEFINITION, ChamferOutput, chamfer_definition, chamfer_distance
+from engine.bench import largest_output_bytes
 
 FAST = [name for name in CHAMFER_BACKENDS if name != "dense"]
 BACKENDS = [
@@ -171,35 +170,18 @@ def test_chunked_low_precision_is_close_to_float32() -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class _LargestTensor(TorchDispatchMode):
-    """Records the largest storage any op produces (forward and backward)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.untyped_storage().nbytes())
-        return out
-
-
 @pytest.mark.parametrize("chunk_bytes", [64 * 2**10, 1024])
 def test_chunked_never_materializes_the_full_matrix(chunk_bytes: int) -> None:
     B, N, M, C = 2, 300, 200, 3
     a, b = _clouds(B, N, M, C, torch.float64)
     full = B * N * M * 8  # 960 kB: the (B, N, M) float64 matrix
     inputs = max(B * N * C, B * M * C) * 8  # tensors of the size of a cloud are fine
-    with _LargestTensor() as spy:
-        loss = chamfer_distance(a, b, backend="chunked", chunk_bytes=chunk_bytes)
-        loss.backward()
-    assert spy.largest <= max(chunk_bytes, inputs) < full
-    # The spy sees the dense reference's matrix, so it does measure what it claims to.
-    with _LargestTensor() as spy:
-        chamfer_distance(a, b, backend="dense").backward()
-    assert spy.largest >= full
+    chunked = largest_output_bytes(
+        lambda: chamfer_distance(a, b, backend="chunked", chunk_bytes=chunk_bytes).backward()
+    )
+    assert chunked <= max(chunk_bytes, inputs) < full
+    # The probe sees the dense reference's matrix, so it does measure what it claims to.
+    assert largest_output_bytes(lambda: chamfer_distance(a, b, backend="dense").backward()) >= full
 
 
 # ---------------------------------------------------------------------------------------------------------------------
