@@ -32,7 +32,6 @@ import contextlib
 import json
 import logging
 import os
-import sys
 import time
 import zlib
 from collections.abc import Sequence
@@ -43,14 +42,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-# Run from a source checkout (`python datasets/prepare_modelnet40.py`): use that checkout's package, not another
-# installed copy.
-_REPO = Path(__file__).resolve().parents[1]
-if (_REPO / "pointcloud" / "__init__.py").is_file() and str(_REPO) not in sys.path:
-    sys.path.insert(0, str(_REPO))
-
-from pointcloud.data import DATA_ROOT_ENV, data_root, save_sampled_split  # noqa: E402
-from pointcloud.meshes import sample_off  # noqa: E402
+from pointcloud.data import DATA_ROOT_ENV, data_root, save_sampled_split
+from pointcloud.meshes import sample_off
 
 __all__ = ["FORMAT_VERSION", "MODELNET10_CLASSES", "main", "prepare"]
 

@@ -1,14 +1,11 @@
-"""Helpers shared by the test suite (like ``torch_geometric.testing``): load a CLI, run it, kill it, read its run.
+"""Helpers shared by the test suite (like ``torch_geometric.testing``): run a CLI, kill it, read its run.
 
-Tests import these instead of editing ``sys.path``; nothing in the library imports this module.
+Domain-free: what one domain's tests share lives in that package's ``testing`` module (:mod:`vision.testing`).
+Nothing in the library imports this module.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import json
 import os
 import signal
@@ -17,48 +14,22 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from engine.trainer import TIMING_KEYS
 
 __all__ = [
     "REPO",
-    "TINY_DEIT_SETS",
     "free_port",
     "host_syncs",
-    "load_tool",
     "read_log",
+    "run_tool",
     "start_tool",
     "stop_after_first_checkpoint",
     "strip_timing",
     "tool_env",
     "torchrun",
-    "write_imagefolder",
 ]
-
-# A 32 px centroid DeiT (4 x 4 patches -> 2 x 2 centroids), 4 classes x 8 images, with the parts of DeiT's recipe that
-# the main job leaves off (RandAugment, random erasing, mixup + cutmix, EMA): train_deit tests' --set values.
-TINY_DEIT_SETS = (
-    "img_size=32",
-    "synthetic_image_size=32",
-    "embed_dim=32",
-    "depth=2",
-    "num_heads=2",
-    "centroid_index=1",
-    "synthetic_classes=4",
-    "synthetic_train_per_class=8",
-    "synthetic_val_per_class=4",
-    "batch_size=8",
-    "eval_batch_size=16",
-    "auto_augment=rand-m9-mstd0.5-inc1",
-    "reprob=0.25",
-    "mixup=0.8",
-    "cutmix=1.0",
-    "model_ema=true",
-    "model_ema_decay=0.9",
-    "warmup_epochs=1",
-)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,30 +70,6 @@ def host_syncs(fn: Any) -> dict[str, int]:
     return dict(found)
 
 
-class _ToolsFinder(importlib.abc.MetaPathFinder):
-    """Finds ``tools/<name>.py`` for a top-level import (the scripts import their siblings, e.g. ``benchutil``)."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        file = REPO / "tools" / f"{fullname}.py"
-        if "." in fullname or not file.is_file():
-            return None
-        return importlib.util.spec_from_file_location(fullname, file)
-
-
-def load_tool(name: str) -> ModuleType:
-    """Imports ``tools/<name>.py`` as the module ``name`` (cached), without putting ``tools/`` on ``sys.path``.
-
-    The scripts in ``tools/`` import their siblings as top-level modules (``from benchutil import ...``), as they do
-    when run as ``python tools/x.py``; a finder that knows only ``tools/*.py`` (appended to ``sys.meta_path``, so it
-    never shadows an installed module) resolves those imports.
-    """
-    if not any(isinstance(f, _ToolsFinder) for f in sys.meta_path):
-        sys.meta_path.append(_ToolsFinder())
-    if not (REPO / "tools" / f"{name}.py").is_file():
-        raise ImportError(f"no tool named {name!r} in {REPO / 'tools'}")
-    return importlib.import_module(name)
-
-
 def strip_timing(record: dict[str, Any]) -> dict[str, Any]:
     """``record`` without the wall-time keys (:data:`engine.TIMING_KEYS`) that differ between identical runs."""
     return {k: v for k, v in record.items() if k not in TIMING_KEYS}
@@ -147,6 +94,13 @@ def start_tool(name: str, args: list[str]) -> subprocess.Popen:
     """Starts ``python tools/<name>.py args`` with its stderr captured as text."""
     cmd = [sys.executable, str(REPO / "tools" / f"{name}.py"), *args]
     return subprocess.Popen(cmd, env=tool_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def run_tool(name: str, args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs ``python tools/<name>.py args`` to the end, stdout and stderr captured as text: for tests of the script
+    itself (its printed output, exit status, files), where the library behind it is tested in process."""
+    cmd = [sys.executable, str(REPO / "tools" / f"{name}.py"), *args]
+    return subprocess.run(cmd, env=tool_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def stop_after_first_checkpoint(
@@ -183,24 +137,3 @@ def torchrun(name: str, args: list[str], nproc: int = 2, timeout: float = 300) -
         "--master-port", str(free_port()), str(REPO / "tools" / f"{name}.py"), *args,
     ]  # fmt: skip
     return subprocess.run(cmd, env=tool_env(), capture_output=True, text=True, timeout=timeout)
-
-
-def write_imagefolder(
-    root: Path, classes: tuple[str, ...] = ("n01", "n02", "n03"), train_per_class: int = 4, val_per_class: int = 2
-) -> Path:
-    """A tiny ImageNet-layout tree (``root/{train,val}/<class>/<image>``) of real 40 px image files, JPEG for even
-    classes and PNG for odd ones; each class has its own colour, each image its own noise."""
-    import numpy as np
-    from PIL import Image
-
-    for split, count in (("train", train_per_class), ("val", val_per_class)):
-        for c, name in enumerate(classes):
-            folder = Path(root) / split / name
-            folder.mkdir(parents=True, exist_ok=True)
-            for i in range(count):
-                rng = np.random.default_rng([c, i, len(split)])
-                colour = np.array([(c * 97) % 256, (c * 53 + 80) % 256, (c * 31 + 160) % 256], dtype=np.float64)
-                pixels = np.clip(colour + rng.normal(0, 20, (40, 40, 3)), 0, 255).astype(np.uint8)
-                ext = "JPEG" if c % 2 == 0 else "png"
-                Image.fromarray(pixels).save(folder / f"{name}_{i}.{ext}")
-    return Path(root)

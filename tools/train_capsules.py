@@ -16,11 +16,6 @@ epoch, atomic), ``best.pt`` (lowest test Chamfer) and ``final_metrics.json`` (``
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
-
 import engine
 from capsules.recipe import CapsulesRecipe
 

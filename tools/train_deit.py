@@ -19,13 +19,10 @@ The recipe (timm data / optimizer / scheduler / loss / EMA) is :mod:`vision.reci
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
-# torch's CPU thread pool (GNU OpenMP) spins while waiting between parallel regions. On a CPU shared with other
-# processes that stalls every op: the main job trained at 17 images/s with spinning and 171 with passive waiting
-# (2 threads, load average 10 on 2 cores). Must be set before torch loads; an explicit setting wins.
+# torch's CPU thread pool (GNU OpenMP) spins while waiting between parallel regions: on a CPU shared with other
+# processes that stalls every op (the main job trains about ten times slower). Must be set before torch loads; an
+# explicit setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import engine

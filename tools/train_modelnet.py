@@ -15,11 +15,6 @@ the README's ``engine`` section) gets the resolved ``config.yaml``, ``train.log`
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
-
 import engine
 from pointcloud.recipe import ModelNetRecipe
 

@@ -20,10 +20,7 @@ import argparse
 import dataclasses
 import logging
 import os
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a clone without installing
 
 import torch
 

@@ -10,24 +10,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 from engine.bench import markdown_table
 from engine.testing import REPO, tool_env
 from pointcloud import bench
 from pointcloud import model as pc_model
+from pointcloud.testing import TinyPeer
 
 CT = "centroid_transformer_modelnet40"
 TINY = "tiny_peer_modelnet40"
-
-
-class TinyPeer(nn.Module):
-    def __init__(self, num_classes: int = 40) -> None:
-        super().__init__()
-        self.fc = nn.Linear(3, num_classes)
-
-    def forward(self, points: torch.Tensor) -> torch.Tensor:
-        return self.fc(points).amax(1)
 
 
 def test_tiny_bench(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,33 +14,38 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from engine.testing import (
-    TINY_DEIT_SETS,
-    load_tool,
-    read_log,
-    start_tool,
-    stop_after_first_checkpoint,
-    strip_timing,
-    torchrun,
-)
+import engine
+import lra.recipe
+from capsules.recipe import CapsulesRecipe
+from capsules.testing import TINY_CAPSULES_SETS
+from engine import Recipe
+from engine.testing import read_log, start_tool, stop_after_first_checkpoint, strip_timing, torchrun
+from lra.testing import TINY_LISTOPS_SETS
+from pointcloud.recipe import ModelNetRecipe
+from pointcloud.testing import TINY_MODELNET_SETS
+from vision.recipe import DeiTRecipe
+from vision.testing import TINY_DEIT_SETS
 
 
 @dataclass(frozen=True)
 class CLI:
-    tool: str
+    tool: str  # the script in tools/ (run as a subprocess where a test needs a process to kill)
+    recipe: type[Recipe]  # what the script runs: engine.main(recipe, argv, report=report), run in process
     tiny: tuple[str, ...]  # ends inside --set: more KEY=VALUE items can follow
     monitor: str
     final_keys: tuple[str, ...]
     epochs_to_kill: int = 4
+    report: Callable[[dict], str] | None = None
 
     def main(self, *args: str, sets: tuple[str, ...] = ()) -> dict:
-        return load_tool(self.tool).main(self.args(*args, sets=sets))
+        return engine.main(self.recipe, self.args(*args, sets=sets), report=self.report)
 
     def args(self, *args: str, sets: tuple[str, ...] = ()) -> list[str]:
         """Options, then the tiny config's ``--set`` items, then ``sets`` (which win)."""
@@ -48,65 +53,38 @@ class CLI:
 
 
 COMMON = ("--no-progress", "--device", "cpu", "--set")
-# fmt: off
 CLIS = {
     "train_modelnet": CLI(
         "train_modelnet",
-        (
-            *COMMON,
-            "num_points=32",
-            "num_centroids=[16,8]",
-            "num_neighbors=4",
-            "fuse_dim=32",
-            "model_kwargs.widths=[16,32,32,32]",
-            "model_kwargs.head_dims=[32,32]",
-            "synthetic_classes=4",
-            "synthetic_train_per_class=4",
-            "synthetic_test_per_class=2",
-            "batch_size=8",
-            "eval_batch_size=8",
-        ),
+        ModelNetRecipe,
+        (*COMMON, *TINY_MODELNET_SETS, "model_kwargs.widths=[16,32,32,32]", "model_kwargs.head_dims=[32,32]"),
         "test_oa",
         ("test_oa", "test_macc", "best_test_oa", "params", "gmacs"),
     ),
     "train_capsules": CLI(
         "train_capsules",
-        (
-            *COMMON,
-            "num_points=32",
-            "synthetic_classes=[table,airplane]",
-            "synthetic_train_per_class=4",
-            "synthetic_test_per_class=2",
-            "batch_size=4",
-            "eval_batch_size=8",
-        ),
+        CapsulesRecipe,
+        (*COMMON, *TINY_CAPSULES_SETS),
         "test_chamfer",
         ("chamfer", "part_purity", "chamfer_definition", "first_epoch_test_chamfer", "params"),
     ),
     "train_deit": CLI(
         "train_deit",
+        DeiTRecipe,
         (*COMMON, *TINY_DEIT_SETS),
         "top1",
         ("top1", "top5", "ema_top1", "params", "gmacs", "lr_scaled"),
     ),
     "lra_listops": CLI(
         "lra_listops",
-        (
-            *COMMON,
-            "train_size=64",
-            "test_size=32",
-            "max_length=24",
-            "seq_len=24",
-            "max_depth=3",
-            "width=16",
-            "batch_size=16",
-        ),
+        lra.recipe.ListOpsRecipe,
+        (*COMMON, *TINY_LISTOPS_SETS),
         "test_acc",
         ("test_acc", "majority_acc", "mixer", "params"),
         epochs_to_kill=8,
+        report=lra.recipe.report,
     ),
 }
-# fmt: on
 PARAMS = [pytest.param(cli, id=name) for name, cli in CLIS.items()]
 
 

@@ -1,91 +1,21 @@
-"""tools/lra_listops.py: the ListOps generator (determinism, values by an independent evaluator), other mixers; the
-run itself follows the shared CLI contract (tests/tools/test_cli_contract.py)."""
+"""tools/lra_listops.py as a script: ``engine.main`` on the ListOps recipe, closing with the ListOps report. The
+generator, model and recipe are tested in tests/lra/; the run follows the shared CLI contract
+(tests/tools/test_cli_contract.py)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-import numpy as np
-import pytest
-
-from engine.testing import load_tool
-
-lra_listops = load_tool("lra_listops")
-
-TINY = [
-    "--set",
-    "train_size=64",
-    "test_size=32",
-    "max_length=24",
-    "seq_len=24",
-    "max_depth=3",
-    "width=16",
-    "batch_size=16",
-    "--no-progress",
-    "--device",
-    "cpu",
-]
+from engine.testing import run_tool
+from lra.testing import TINY_LISTOPS_SETS
 
 
-def _parse(tokens: list[str], i: int = 0) -> tuple[object, int]:
-    """Recursive descent into nested (op, [args]) tuples: a second reading of the grammar."""
-    if tokens[i].startswith("["):
-        op, args, i = tokens[i][1:], [], i + 1
-        while tokens[i] != "]":
-            arg, i = _parse(tokens, i)
-            args.append(arg)
-        return (op, args), i + 1
-    return int(tokens[i]), i + 1
-
-
-def _value(tree: object) -> int:
-    if isinstance(tree, int):
-        return tree
-    op, args = tree
-    vals = [_value(a) for a in args]
-    return {"MAX": max, "MIN": min, "MED": lambda v: int(np.median(v)), "SM": lambda v: sum(v) % 10}[op](vals)
-
-
-def test_known_expressions() -> None:
-    for text, value in [
-        ("[MAX 2 9 [MIN 4 7 ] 0 ]", 9),
-        ("[MED 2 5 ]", 3),  # int(np.median([2, 5])) = int(3.5)
-        ("[MED 1 8 3 ]", 3),
-        ("[SM 7 8 9 ]", 4),
-        ("[MIN [SM 5 5 ] [MAX 1 2 ] ]", 0),
-        ("6", 6),
-    ]:
-        assert lra_listops.evaluate_tokens(text.split()) == value, text
-    with pytest.raises(ValueError, match="malformed"):
-        lra_listops.evaluate_tokens("[MAX 1 2".split())
-
-
-def test_generator_is_seeded_and_labels_match_an_independent_evaluator() -> None:
-    a = lra_listops.generate_listops(200, seed=3, min_length=5, max_length=200, max_depth=6, max_args=6)
-    b = lra_listops.generate_listops(200, seed=3, min_length=5, max_length=200, max_depth=6, max_args=6)
-    c = lra_listops.generate_listops(200, seed=4, min_length=5, max_length=200, max_depth=6, max_args=6)
-    assert a == b and a != c
-    ops = set()
-    for tokens, label in a:
-        tree, end = _parse(tokens)
-        assert end == len(tokens)
-        assert _value(tree) == label
-        assert 5 <= len(tokens) <= 200
-        ops.update(t for t in tokens if t.startswith("["))
-    assert ops == set(lra_listops.OPERATORS)
-    assert len({label for _, label in a}) == 10
-    with pytest.raises(ValueError, match="min_length <= max_length"):
-        lra_listops.generate_listops(1, 0, min_length=10, max_length=5)
-
-
-def test_long_expressions_reach_lra_lengths() -> None:
-    ex = lra_listops.generate_listops(3, seed=0, min_length=500, max_length=2000, max_depth=10, max_args=10)
-    assert all(500 <= len(t) <= 2000 and _value(_parse(t)[0]) == v for t, v in ex)
-    ds = lra_listops.encode(ex, 2000)
-    assert ds.tensors[0].shape == (3, 2000) and (ds.tensors[0][:, :500] != 0).all()
-
-
-@pytest.mark.parametrize("mixer", ["fsat", "hydra"])
-def test_other_mixers_run(tmp_path: Path, mixer: str) -> None:
-    out = lra_listops.main([*TINY, "--set", f"mixer={mixer}", "--epochs", "1", "--output-dir", str(tmp_path)])
-    assert out["mixer"] == mixer and np.isfinite(out["test_loss"])
+def test_script_runs_the_recipe_and_reports_against_the_majority_class(tmp_path: Path) -> None:
+    run = run_tool("lra_listops", ["--no-progress", "--device", "cpu", "--epochs", "1", "--output-dir", str(tmp_path),
+                                   "--set", *TINY_LISTOPS_SETS, "mixer=linear"])  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    metrics = json.loads((tmp_path / "final_metrics.json").read_text())
+    assert metrics["mixer"] == "linear" and metrics["epochs"] == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert f"test_acc={metrics['test_acc']:.2f}% (majority class: {metrics['majority_acc']:.2f}%), linear mixer" in last

@@ -10,8 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from torch import nn
 
 import capsules.stats
 import pointcloud.stats
@@ -19,22 +17,12 @@ import vision.stats
 from engine.stats import check_against_paper, stats_report
 from engine.testing import REPO, tool_env
 from pointcloud import model as pc_model
+from pointcloud.testing import TinyPeer
 
 FAMILIES = {"pointcloud": pointcloud.stats.FAMILY, "capsules": capsules.stats.FAMILY, "vision": vision.stats.FAMILY}
 
 CT = "centroid_transformer_modelnet40"
 TINY = "tiny_peer_modelnet40"
-
-
-class TinyPeer(nn.Module):
-    """A per-point linear layer and a max pool: 3 * 40 + 40 = 160 params, N * 3 * 40 MACs."""
-
-    def __init__(self, num_classes: int = 40) -> None:
-        super().__init__()
-        self.fc = nn.Linear(3, num_classes)
-
-    def forward(self, points: torch.Tensor) -> torch.Tensor:
-        return self.fc(points).amax(1)
 
 
 @pytest.fixture

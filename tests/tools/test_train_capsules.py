@@ -11,34 +11,29 @@ import numpy as np
 import pytest
 import torch
 
-from engine.testing import REPO, load_tool
+import engine
+from capsules.recipe import CapsulesRecipe
+from capsules.testing import TINY_CAPSULES_SETS
+from engine.testing import REPO
 
-train_capsules = load_tool("train_capsules")
+TINY = ["--no-progress", "--device", "cpu", "--set", *TINY_CAPSULES_SETS]
 
-TINY = [
-    "--no-progress",
-    "--device",
-    "cpu",
-    "--set",
-    "num_points=32",
-    "synthetic_classes=[table,airplane]",
-    "synthetic_train_per_class=4",
-    "synthetic_test_per_class=2",
-    "batch_size=4",
-    "eval_batch_size=8",
-]
+
+def train_capsules(argv: list[str]) -> dict:
+    """What ``tools/train_capsules.py`` runs, in process."""
+    return engine.main(CapsulesRecipe, argv)
 
 
 def test_routing_model_and_foreign_knobs(tmp_path: Path) -> None:
-    metrics = train_capsules.main(
+    metrics = train_capsules(
         ["--epochs", "1", "--output-dir", str(tmp_path / "r"), *TINY, "model=pointcaps_routing_small"]
     )
     assert metrics["epochs"] == 1 and math.isfinite(metrics["chamfer"])
     with pytest.raises(ValueError, match="num_heads"):
-        train_capsules.main(["--debug", "--output-dir", str(tmp_path / "bad"), *TINY, "model=pointcaps_routing_small",
+        train_capsules(["--debug", "--output-dir", str(tmp_path / "bad"), *TINY, "model=pointcaps_routing_small",
                              "num_heads=2"])  # fmt: skip
     with pytest.raises(ValueError, match="num_pionts"):
-        train_capsules.main(["--debug", "--output-dir", str(tmp_path / "bad2"), *TINY, "num_pionts=3"])
+        train_capsules(["--debug", "--output-dir", str(tmp_path / "bad2"), *TINY, "num_pionts=3"])
 
 
 def test_cli_on_the_real_shapenet_part_layout(tmp_path: Path) -> None:
@@ -57,11 +52,11 @@ def test_cli_on_the_real_shapenet_part_layout(tmp_path: Path) -> None:
             np.savetxt(folder / synset / "points" / f"{shape_id}.pts", rng.normal(size=(50, 3)), fmt="%.5f")
             np.savetxt(folder / synset / "points_label" / f"{shape_id}.seg", rng.integers(1, 4, 50), fmt="%d")
         (folder / "train_test_split" / f"shuffled_{split}_file_list.json").write_text(json.dumps(entries))
-    metrics = train_capsules.main(["--data-root", str(tmp_path / "data"), "--epochs", "1",
+    metrics = train_capsules(["--data-root", str(tmp_path / "data"), "--epochs", "1",
                                    "--output-dir", str(tmp_path / "run"), *TINY, "dataset=shapenet_part"])  # fmt: skip
     assert metrics["epochs"] == 1 and 0 < metrics["part_purity"] <= 1
     with pytest.raises(FileNotFoundError, match="shapenet_core13_points"):
-        train_capsules.main(["--debug", "--data-root", str(tmp_path / "data"), "--output-dir", str(tmp_path / "bad"),
+        train_capsules(["--debug", "--data-root", str(tmp_path / "data"), "--output-dir", str(tmp_path / "bad"),
                              *TINY, "dataset=shapenet_core13"])  # fmt: skip
 
 

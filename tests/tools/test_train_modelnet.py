@@ -8,41 +8,33 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.testing import REPO, load_tool
+import engine
+from engine.testing import REPO
+from pointcloud.recipe import ModelNetRecipe
+from pointcloud.testing import TINY_MODELNET_SETS
 
-train_modelnet = load_tool("train_modelnet")
+TINY = ["--no-progress", "--device", "cpu", "--set", *TINY_MODELNET_SETS]
 
-TINY = [
-    "--no-progress",
-    "--device",
-    "cpu",
-    "--set",
-    "num_points=32",
-    "num_centroids=[16,8]",
-    "num_neighbors=4",
-    "fuse_dim=32",
-    "synthetic_classes=4",
-    "synthetic_train_per_class=4",
-    "synthetic_test_per_class=2",
-    "batch_size=8",
-    "eval_batch_size=8",
-]
+
+def train_modelnet(argv: list[str]) -> dict:
+    """What ``tools/train_modelnet.py`` runs, in process."""
+    return engine.main(ModelNetRecipe, argv)
 
 
 def test_peer_model_trains_and_foreign_knobs_are_named(tmp_path: Path) -> None:
     tiny = [a for a in TINY if a not in ("num_centroids=[16,8]", "fuse_dim=32")]
-    metrics = train_modelnet.main(
+    metrics = train_modelnet(
         ["--epochs", "1", "--output-dir", str(tmp_path / "dgcnn"), *tiny, "model=dgcnn_modelnet40"]
     )
     assert metrics["epochs"] == 1 and metrics["params"] > 0
     with pytest.raises(ValueError, match="num_steps"):
-        train_modelnet.main(["--debug", "--output-dir", str(tmp_path / "bad"), *tiny, "model=dgcnn_modelnet40",
+        train_modelnet(["--debug", "--output-dir", str(tmp_path / "bad"), *tiny, "model=dgcnn_modelnet40",
                              "num_steps=2"])  # fmt: skip
 
 
 def test_model_kwargs_reach_the_point_model(tmp_path: Path) -> None:
     """``--set model_kwargs.mixer=...`` reaches CentroidTransformer (no fixed knob whitelist in between)."""
-    metrics = train_modelnet.main(["--epochs", "1", "--output-dir", str(tmp_path), *TINY, "model_kwargs.mixer=hydra",
+    metrics = train_modelnet(["--epochs", "1", "--output-dir", str(tmp_path), *TINY, "model_kwargs.mixer=hydra",
                                    "model_kwargs.widths=[16,32,32,32]"])  # fmt: skip
     assert metrics["epochs"] == 1
     state = torch.load(tmp_path / "last.pt", weights_only=True)
@@ -52,7 +44,7 @@ def test_model_kwargs_reach_the_point_model(tmp_path: Path) -> None:
 
 def test_k_larger_than_the_cloud_is_refused_up_front(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exc:
-        train_modelnet.main(["--output-dir", str(tmp_path), *TINY, "num_neighbors=64"])
+        train_modelnet(["--output-dir", str(tmp_path), *TINY, "num_neighbors=64"])
     assert exc.value.code == 2 and "num_neighbors (K) must be in [1, num_points=32]" in capsys.readouterr().err
     assert not (tmp_path / "log.jsonl").exists()
 
@@ -92,10 +84,10 @@ def test_cli_on_the_real_hdf5_layout(tmp_path: Path) -> None:
         (folder / f"{split}_files.txt").write_text(f"data/modelnet40_ply_hdf5_2048/ply_data_{split}0.h5\n")
     out = tmp_path / "run"
     root = ["--data-root", str(tmp_path / "data")]
-    metrics = train_modelnet.main([*root, "--output-dir", str(out), *REAL, "dataset=modelnet40_h5", "up_axis=y"])
+    metrics = train_modelnet([*root, "--output-dir", str(out), *REAL, "dataset=modelnet40_h5", "up_axis=y"])
     assert metrics["epochs"] == 1 and (out / "final_metrics.json").is_file()
     with pytest.raises(ValueError, match="xyz only"):
-        train_modelnet.main(["--debug", *root, "--output-dir", str(tmp_path / "bad"), *REAL, "dataset=modelnet40_h5",
+        train_modelnet(["--debug", *root, "--output-dir", str(tmp_path / "bad"), *REAL, "dataset=modelnet40_h5",
                              "use_normals=true"])  # fmt: skip
 
 
@@ -103,7 +95,7 @@ def test_cli_on_the_real_normal_resampled_sample(tmp_path: Path) -> None:
     sample = REPO.parent / "shared" / "data" / "modelnet40_normal_resampled_sample"
     if not sample.is_dir():
         pytest.skip(f"real-layout sample not found at {sample} (it sits beside the repo in CI, not in a user's clone)")
-    metrics = train_modelnet.main(
+    metrics = train_modelnet(
         ["--data-root", str(sample), "--output-dir", str(tmp_path), *REAL, "dataset=modelnet40_normal",
          "use_normals=true", "up_axis=y"]
     )  # fmt: skip
@@ -112,7 +104,7 @@ def test_cli_on_the_real_normal_resampled_sample(tmp_path: Path) -> None:
 
 def test_missing_dataset_names_the_folder_and_tree(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="modelnet40_ply_hdf5_2048"):
-        train_modelnet.main(["--debug", "--data-root", str(tmp_path), "--output-dir", str(tmp_path / "run"), *REAL,
+        train_modelnet(["--debug", "--data-root", str(tmp_path), "--output-dir", str(tmp_path / "run"), *REAL,
                              "dataset=modelnet40_h5"])  # fmt: skip
 
 
@@ -136,7 +128,7 @@ def test_a_corrupt_test_file_is_found_before_the_first_step_defect_8(
     bad = root / "class1" / "class1_test001.txt"
     bad.write_text("0.1,0.2,oops\n" * 64)
     with pytest.raises(SystemExit) as exc:
-        train_modelnet.main(["--data-root", str(tmp_path / "data"), "--output-dir", str(tmp_path / "run"), *REAL,
+        train_modelnet(["--data-root", str(tmp_path / "data"), "--output-dir", str(tmp_path / "run"), *REAL,
                              "dataset=modelnet40_normal", "use_normals=true"])  # fmt: skip
     err = capsys.readouterr().err
     assert exc.value.code == 2 and str(bad) in err and "line 1" in err

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import engine
+from capsules.recipe import CapsulesRecipe
+from capsules.testing import TINY_CAPSULES_SETS
 from capsules.visualize import GREY, add_legend, capsule_palette, decomposition, legend_entries
-from engine.testing import REPO, load_tool
-
-train_capsules = load_tool("train_capsules")
-
-TINY = ["--no-progress", "--device", "cpu", "--epochs", "1", "--set", "num_points=64",
-        "synthetic_classes=[table,airplane]", "synthetic_train_per_class=4", "synthetic_test_per_class=2",
-        "batch_size=4"]  # fmt: skip
+from engine.testing import run_tool
 
 
 def _open3d():
@@ -31,21 +25,18 @@ def _open3d():
 
 def test_writes_a_non_blank_png_and_a_ply_that_reads_back(tmp_path: Path) -> None:
     o3d = _open3d()
-    train_capsules.main([*TINY[:5], "--output-dir", str(tmp_path / "run"), *TINY[5:]])
+    engine.main(CapsulesRecipe, ["--no-progress", "--device", "cpu", "--epochs", "1", "--output-dir",
+                                 str(tmp_path / "run"), "--set", *TINY_CAPSULES_SETS, "num_points=64"])  # fmt: skip
     out = tmp_path / "viz"
-    code = (
-        "import json, sys, visualize_capsules; "
-        "rows = visualize_capsules.main(sys.argv[1:]); print('ROWS' + json.dumps(rows))"
-    )
-    cmd = [sys.executable, "-c", code, "--checkpoint", str(tmp_path / "run" / "best.pt"), "--index", "0", "2",
-           "--headless", "--output-dir", str(out), "--width", "320", "--height", "200",
-           "--highlight", "0", "3"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tools'}"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_tool("visualize_capsules", ["--checkpoint", str(tmp_path / "run" / "best.pt"), "--index", "0", "2",
+                                           "--headless", "--output-dir", str(out), "--width", "320", "--height",
+                                           "200", "--highlight", "0", "3"])  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(proc.stdout.split("ROWS", 1)[1])
-    assert [r["index"] for r in rows] == [0, 2] and all(0 < r["part_purity"] <= 1 for r in rows)
-    image = np.asarray(o3d.io.read_image(rows[0]["png"])).astype(np.float64)
+    # one log line per shape: "<split>_<index> (<name>): part purity <p> -> <png>"
+    logged = re.findall(r"(test_\d+) \(.*?\): part purity ([\d.]+) -> (\S+)", proc.stderr)
+    assert [(stem, Path(png)) for stem, _, png in logged] == [(f"test_{i}", out / f"test_{i}.png") for i in (0, 2)]
+    assert all(0 < float(purity) <= 1 for _, purity, _ in logged)
+    image = np.asarray(o3d.io.read_image(str(out / "test_0.png"))).astype(np.float64)
     assert image.shape[:2] == (200, 320)
     assert image.std() > 5.0, f"the PNG is blank (pixel std {image.std():.2f})"
     # the legend panel on the right shows the highlighted capsules' colours
@@ -53,7 +44,7 @@ def test_writes_a_non_blank_png_and_a_ply_that_reads_back(tmp_path: Path) -> Non
     for c in (0, 3):
         assert (np.abs(panel - 255 * capsule_palette(12)[c]).max(-1) < 3).sum() > 10, f"capsule {c} not in the legend"
     assert (image < 200).any(axis=-1).mean() > 0.002, "almost no coloured pixels"
-    cloud = o3d.io.read_point_cloud(rows[1]["ply"])
+    cloud = o3d.io.read_point_cloud(str(out / "test_2.ply"))
     colors = np.asarray(cloud.colors)
     assert len(cloud.points) == 128 and colors.shape == (128, 3)  # input + reconstruction, 64 points each
     palette = capsule_palette(12)

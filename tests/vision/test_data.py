@@ -12,7 +12,6 @@ import torch
 from PIL import Image
 
 from engine import DistributedContext, load_config
-from engine.testing import write_imagefolder
 from vision.data import (
     SYNTHETIC_CLASSES,
     SyntheticImages,
@@ -22,6 +21,7 @@ from vision.data import (
     render_synthetic,
 )
 from vision.recipe import DeiTConfig, build_loaders, build_model, build_transforms
+from vision.testing import write_imagefolder
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs" / "vision").glob("*.yaml"))
