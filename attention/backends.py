@@ -305,27 +305,22 @@ _register(
     Backend("chamfer", "pytorch3d", package="pytorch3d"),
     # The structured mixers' chunked path and their tiled Triton kernels (attention.mixers.functional branches on the
     # name: the two take different arguments).
-    Backend("cauchy_mix", "torch", "attention.mixers.functional:cauchy_mix"),
-    Backend(
-        "cauchy_mix",
-        "triton",
-        "attention.kernels.mixers_triton:CauchyMixTriton",
-        "triton",
-        devices=("cuda",),
-        limits={"D": MIX_TRITON_MAX_HEAD_DIM, "Dv": MIX_TRITON_MAX_HEAD_DIM},
-        prefer=_not_float64,
-        interpreted=True,
-    ),
-    Backend("vandermonde_mix", "torch", "attention.mixers.functional:vandermonde_mix"),
-    Backend(
-        "vandermonde_mix",
-        "triton",
-        "attention.kernels.mixers_triton:VandermondeMixTriton",
-        "triton",
-        devices=("cuda",),
-        limits={"D": MIX_TRITON_MAX_HEAD_DIM, "Dv": MIX_TRITON_MAX_HEAD_DIM},
-        prefer=_not_float64,
-        interpreted=True,
+    *(
+        entry
+        for op, kernel in (("cauchy_mix", "CauchyMixTriton"), ("vandermonde_mix", "VandermondeMixTriton"))
+        for entry in (
+            Backend(op, "torch", f"attention.mixers.functional:{op}"),
+            Backend(
+                op,
+                "triton",
+                f"attention.kernels.mixers_triton:{kernel}",
+                "triton",
+                devices=("cuda",),
+                limits={"D": MIX_TRITON_MAX_HEAD_DIM, "Dv": MIX_TRITON_MAX_HEAD_DIM},
+                prefer=_not_float64,
+                interpreted=True,
+            ),
+        )
     ),
     # FSAT's edge products (attention.mixers.fsat.sparse_edge_attention branches on the name)
     Backend("fsat_edges", "csr"),
