@@ -1,9 +1,16 @@
-"""Helpers shared by the point-cloud tests (like ``torch_geometric.testing``, a module of the package). Nothing in the
-library imports this module."""
+"""Helpers shared by the point-cloud tests (like ``torch_geometric.testing``, a module of the package): a tiny run's
+``--set`` values, the registry sweep's checks and a model small enough to count by hand. Nothing in the library
+imports this module."""
 
 from __future__ import annotations
 
-__all__ = ["TINY_MODELNET_SETS"]
+import torch
+from torch import nn
+from torch.testing import assert_close
+
+from .model import create_model
+
+__all__ = ["TINY_MODELNET_SETS", "TinyPeer", "check_registered_model"]
 
 # A 32-point centroid transformer (16 then 8 centroids, K = 4) on 4 synthetic classes x 4 shapes: the ``--set``
 # values of the train_modelnet tests. Peer models take the same items without num_centroids and fuse_dim.
@@ -18,3 +25,35 @@ TINY_MODELNET_SETS = (
     "batch_size=8",
     "eval_batch_size=8",
 )
+
+
+class TinyPeer(nn.Module):
+    """A per-point linear layer and a max pool: 3 * 40 + 40 = 160 params, N * 3 * 40 MACs.
+
+    Shapes:
+        points: ``(B, N, 3)``; output: ``(B, num_classes)``.
+    """
+
+    def __init__(self, num_classes: int = 40) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, num_classes)
+
+    def forward(self, points: torch.Tensor) -> torch.Tensor:
+        return self.fc(points).amax(1)
+
+
+def check_registered_model(name: str, **kwargs: object) -> None:
+    """The registry sweep for one model built by ``create_model(name, **kwargs)``: finite ``(2, 40)`` logits from two
+    clouds of 128 points, a non-zero gradient for every parameter, and the same eval output from a second model that
+    loads its state dict."""
+    model = create_model(name, **kwargs)
+    points = torch.rand(2, 128, 3)
+    logits = model(points)
+    assert logits.shape == (2, 40) and bool(torch.isfinite(logits).all())
+    logits.logsumexp(-1).sum().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not bool(p.grad.abs().sum() > 0)]
+    assert not missing, f"{name}: no gradient for {missing}"
+    model.eval()
+    clone = create_model(name, **kwargs).eval()
+    clone.load_state_dict(model.state_dict())
+    assert_close(clone(points), model(points))

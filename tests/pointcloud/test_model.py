@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.testing import assert_close
 
 from pointcloud.model import create_model, list_models
+from pointcloud.testing import check_registered_model
 
 SMALL = {"num_centroids": (64, 32), "num_neighbors": 8}
 # Peer models take only the knobs that mean something to them (DGCNN has no centroids).
@@ -15,18 +15,7 @@ SMALL_BY_MODEL = {"dgcnn_modelnet40": {"k": 8}}
 
 @pytest.mark.parametrize("name", list_models())
 def test_registered_model_sweep(name: str) -> None:
-    small = SMALL_BY_MODEL.get(name, SMALL)
-    model = create_model(name, **small)
-    points = torch.rand(2, 128, 3)
-    logits = model(points)
-    assert logits.shape == (2, 40) and bool(torch.isfinite(logits).all())
-    logits.logsumexp(-1).sum().backward()
-    missing = [n for n, p in model.named_parameters() if p.grad is None or not bool(p.grad.abs().sum() > 0)]
-    assert not missing, f"{name}: no gradient for {missing}"
-    model.eval()
-    clone = create_model(name, **small).eval()
-    clone.load_state_dict(model.state_dict())
-    assert_close(clone(points), model(points))
+    check_registered_model(name, **SMALL_BY_MODEL.get(name, SMALL))
 
 
 @pytest.mark.parametrize("steps", [1, 2, 3])

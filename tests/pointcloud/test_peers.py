@@ -9,6 +9,7 @@ from torch.testing import assert_close
 from attention import farthest_point_sample, gather, knn
 from pointcloud import create_model, list_models
 from pointcloud.peers import DGCNN, PointNet2SSG, SetAbstraction, knn_edge_index
+from pointcloud.testing import check_registered_model
 
 # Small enough for a 2-core CPU: every test below runs in well under a second.
 SMALL = {
@@ -80,17 +81,7 @@ def test_peers_registered() -> None:
 
 @pytest.mark.parametrize("name", PEERS)
 def test_peer_sweep(name: str) -> None:
-    model = create_model(name, **SMALL[name])
-    points = torch.rand(2, 128, 3)
-    logits = model(points)
-    assert logits.shape == (2, 40) and bool(torch.isfinite(logits).all())
-    logits.logsumexp(-1).sum().backward()
-    missing = [n for n, p in model.named_parameters() if p.grad is None or not bool(p.grad.abs().sum() > 0)]
-    assert not missing, f"{name}: no gradient for {missing}"
-    model.eval()
-    clone = create_model(name, **SMALL[name]).eval()
-    clone.load_state_dict(model.state_dict())
-    assert_close(clone(points), model(points))
+    check_registered_model(name, **SMALL[name])
 
 
 @pytest.mark.parametrize("name", PEERS)
