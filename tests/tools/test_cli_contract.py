@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import engine
-import lra.recipe
+import lra
 from capsules.recipe import CapsulesRecipe
 from capsules.testing import TINY_CAPSULES_SETS
 from engine import Recipe
@@ -77,12 +77,12 @@ CLIS = {
     ),
     "lra_listops": CLI(
         "lra_listops",
-        lra.recipe.ListOpsRecipe,
+        lra.ListOpsRecipe,
         (*COMMON, *TINY_LISTOPS_SETS),
         "test_acc",
         ("test_acc", "majority_acc", "mixer", "params"),
         epochs_to_kill=8,
-        report=lra.recipe.report,
+        report=lra.report,
     ),
 }
 PARAMS = [pytest.param(cli, id=name) for name, cli in CLIS.items()]
