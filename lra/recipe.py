@@ -16,12 +16,16 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import engine
-from engine import Recipe, UsageError, count_params
+from engine import Recipe, check_config, collect_model_kwargs, count_params
 
 from .data import encode, generate_listops
 from .model import ListOpsClassifier
 
 __all__ = ["ListOpsConfig", "ListOpsRecipe", "build_data", "evaluate", "report"]
+
+
+# the config fields that are ListOpsClassifier keywords (model_kwargs passes any other)
+MODEL_KNOBS = ("mixer", "seq_len", "width", "depth", "num_heads", "mlp_ratio", "drop", "mixer_kwargs")
 
 
 @dataclass
@@ -98,24 +102,19 @@ class ListOpsRecipe(Recipe):
 
     @classmethod
     def validate(cls, cfg: ListOpsConfig) -> None:
-        problems = []
-        if not 1 <= cfg.min_length <= cfg.max_length <= cfg.seq_len:
-            problems.append(
-                f"need 1 <= min_length <= max_length <= seq_len, got {cfg.min_length}, {cfg.max_length}, {cfg.seq_len}"
-            )
-        if cfg.train_size < 1 or cfg.test_size < 1:
-            problems.append(f"train_size and test_size must be >= 1, got {cfg.train_size} and {cfg.test_size}")
-        if problems:
-            raise UsageError("ListOpsConfig: " + "; ".join(problems))
+        check_config(cfg, [
+            (1 <= cfg.min_length <= cfg.max_length <= cfg.seq_len, "need 1 <= min_length <= max_length <= seq_len, "
+             f"got {cfg.min_length}, {cfg.max_length}, {cfg.seq_len}"),
+            (cfg.train_size >= 1 and cfg.test_size >= 1,
+             f"train_size and test_size must be >= 1, got {cfg.train_size} and {cfg.test_size}"),
+        ])  # fmt: skip
 
     def build_datasets(self):
         return build_data(self.cfg)
 
     def build_model(self) -> nn.Module:
-        cfg = self.cfg
-        kwargs = dict(mixer=cfg.mixer, seq_len=cfg.seq_len, width=cfg.width, depth=cfg.depth, num_heads=cfg.num_heads,
-                      mlp_ratio=cfg.mlp_ratio, drop=cfg.drop, mixer_kwargs=cfg.mixer_kwargs)  # fmt: skip
-        return engine.create_with_kwargs(ListOpsClassifier, "ListOpsClassifier", {**kwargs, **cfg.model_kwargs})
+        kwargs = collect_model_kwargs(self.cfg, MODEL_KNOBS)
+        return engine.create_with_kwargs(ListOpsClassifier, "ListOpsClassifier", kwargs)
 
     def summary(self, model: nn.Module) -> dict[str, Any]:
         train_labels, test_labels = self.train_set.tensors[1], self.eval_set.tensors[1]

@@ -86,3 +86,22 @@ def test_other_mixers_run(tmp_path: Path, mixer: str) -> None:
         lra.report(out)
         == f"test_acc={out['test_acc']:.2f}% (majority class: {out['majority_acc']:.2f}%), {mixer} mixer"
     )
+
+
+def test_lengths_and_sizes_are_checked_before_the_data_is_drawn(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        engine.main(lra.ListOpsRecipe, [*TINY, "--set", "max_length=100", "test_size=0", "--output-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert "need 1 <= min_length <= max_length <= seq_len, got 10, 100, 24" in err
+    assert "train_size and test_size must be >= 1, got 64 and 0" in err
+    assert not (tmp_path / "log.jsonl").exists()
+
+
+def test_model_knobs_and_model_kwargs_reach_the_classifier() -> None:
+    """The config's model fields reach ListOpsClassifier; model_kwargs adds any other keyword and wins."""
+    cfg = lra.ListOpsConfig(width=24, depth=3, seq_len=32, model_kwargs={"num_classes": 7, "depth": 1})
+    model = lra.ListOpsRecipe(cfg, ctx=None).build_model()
+    assert len(model.blocks) == 1 and model.pos.shape == (1, 32, 24) and model.head.out_features == 7
+    with pytest.raises(ValueError, match="no_such_knob"):
+        lra.ListOpsRecipe(lra.ListOpsConfig(model_kwargs={"no_such_knob": 1}), ctx=None).build_model()
