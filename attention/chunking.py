@@ -6,10 +6,9 @@ rows in chunks whose scratch fits a byte budget. The defaults live in one table,
 an op runs (so a bench or a test may set an entry); each op's ``chunk_bytes`` (or ``chunk``) argument overrides it
 per call.
 
-On CUDA the KNN budgets are larger: there a chunk costs its kernel launches (microseconds each), not its bytes
-(16 MiB take an H100 about 5 us to move). A forward + backward of the centroid transformer runs 4,331 aten ops at
-batch 32 with the CPU budgets and 1,255 with the CUDA ones (13,965 and 2,079 at batch 128; ``tools/bench_modelnet.py``
-ops/step, docs/benchmarks.md "GPU"), and its H100 step time had followed the op count.
+On CUDA the KNN budgets are larger: there a chunk costs its kernel launches (microseconds each), not its bytes, so
+fewer, larger chunks make a faster step (``tools/bench_modelnet.py`` counts the ops of a step, ``--chunk-mb`` times
+other budgets).
 """
 
 from __future__ import annotations
