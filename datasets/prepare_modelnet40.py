@@ -42,7 +42,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from pointcloud.data import DATA_ROOT_ENV, data_root, save_sampled_split
+from engine.data import DATA_ROOT_ENV, data_root
+from pointcloud.data import save_sampled_split
 from pointcloud.meshes import sample_off
 
 __all__ = ["FORMAT_VERSION", "MODELNET10_CLASSES", "main", "prepare"]

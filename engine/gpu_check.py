@@ -26,10 +26,10 @@ the targets the benches declared (:func:`engine.bench.target`), each a ratio aga
 run. The exit status is 1 if a section failed; a section whose optional package is missing (e.g. trimesh for the
 synthetic shapes) is "skipped" with the reason.
 
-Carried wheels: a machine without internet can get missing packages as wheel files. If ``--wheels`` (default: the
-repo's ``.whl`` folder, when it exists) holds ``*.whl`` files, they are installed with ``pip install --no-index
---no-deps --target`` into a folder under the output folder and put on every section's ``PYTHONPATH`` (see the README,
-"Checking on a GPU").
+Extra wheels: a machine without internet access can install missing packages from wheel files. If ``--wheels``
+(default: the repo's ``.whl`` folder, when it exists) holds ``*.whl`` files, they are installed with ``pip install
+--no-index --no-deps --target`` into a folder under the output folder and put on every section's ``PYTHONPATH`` (see
+the README, "Checking on a GPU").
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ SECTIONS = (
     "train_capsules",
     "train_deit",
 )
-# The full check in two calls of under 10 minutes each (the device tool's per-call limit): ``--part 1``, then
+# The full check in two shorter runs, for machines that limit a job's length: ``--part 1``, then
 # ``--part 2`` into the same ``--out``; part 2 keeps part 1's sections and the summary covers both.
 PARTS = {
     1: ("env", "tests", "kernels", "bench_points", "bench_centroid", "bench_modelnet"),
@@ -524,17 +524,17 @@ def wheel_fits(path: Path) -> bool:
     try:
         tags = parse_wheel_filename(path.name)[3]
     except ValueError as e:  # packaging's InvalidWheelFilename
-        log.warning("carried wheel %s has no valid wheel name (%s): left out", path.name, e)
+        log.warning("extra wheel %s has no valid wheel name (%s): left out", path.name, e)
         return False
     if tags & set(sys_tags()):
         return True
-    log.warning("carried wheel %s is not for this interpreter (Python %s): left out", path.name,
+    log.warning("extra wheel %s is not for this interpreter (Python %s): left out", path.name,
                 platform.python_version())  # fmt: skip
     return False
 
 
 def install_wheels(wheels: Path, site: Path) -> list[str]:
-    """Installs the carried ``*.whl`` files of ``wheels`` into ``site`` (no index, no dependencies)."""
+    """Installs the ``*.whl`` files of ``wheels`` into ``site`` (no index, no dependencies)."""
     files = [str(p) for p in sorted(wheels.glob("*.whl")) if wheel_fits(p)]
     if not files:
         return []
@@ -614,7 +614,7 @@ def check(
         names.insert(0, "env")  # the GPU's memory sizes bench_capsules' budget; the summary names the machine
     results: dict[str, Result] = dict(earlier)
     t_start = time.perf_counter()
-    # the scratch folder holds the carried wheels' site-packages and the training runs (checkpoints stay out of --out)
+    # the scratch folder holds the extra wheels' site-packages and the training runs (checkpoints stay out of --out)
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as scratch:
         ctx = Ctx(device, quick, out, section_env_vars(device, wheels, Path(scratch)), Path(scratch) / "runs")
         for name in names:
@@ -637,13 +637,13 @@ def check(
 
 
 def section_env_vars(device: str, wheels: Path, scratch: Path) -> dict:
-    """The sections' environment: this checkout and the carried wheels (installed into ``scratch``) first on
+    """The sections' environment: this checkout and the extra wheels (installed into ``scratch``) first on
     ``PYTHONPATH``, unbuffered output, two threads on CPU unless ``OMP_NUM_THREADS`` says otherwise."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     paths = [str(REPO)]
     installed = install_wheels(wheels, scratch / "site") if wheels.is_dir() else []
     if installed:
-        log.info("installed carried wheels from %s: %s", wheels, ", ".join(installed))
+        log.info("installed extra wheels from %s: %s", wheels, ", ".join(installed))
         paths.insert(0, str(scratch / "site"))
     env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])])
     if device == "cpu":

@@ -257,7 +257,7 @@ class Trainer:
 
         Returns:
             The final metrics (:meth:`final_metrics`): the last epoch's eval metrics, ``best_<monitor>``, ``epochs``
-            (completed) and ``train_time_s`` (summed over all sessions of the run).
+            (completed) and ``train_time_s`` (summed over the run and every resume of it).
         """
         try:
             if state is not None:

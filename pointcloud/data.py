@@ -50,8 +50,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-# DATA_ROOT_ENV and data_root stay importable from here for scripts written against this module.
-from engine.data import DATA_ROOT_ENV, data_root, locate  # noqa: F401
+from engine.data import locate
 
 from .synthetic import SHAPE_CLASSES, generate_shape
 from .transforms import augmentation_rng

@@ -131,7 +131,7 @@ def test_the_cli_turns_bad_arguments_into_usage_errors(tmp_path: Path) -> None:
     assert run.returncode == 2 and "holds no earlier gpu_check output" in run.stderr
 
 
-def test_carried_wheels_for_another_python_or_misnamed_are_left_out(tmp_path: Path) -> None:
+def test_extra_wheels_for_another_python_or_misnamed_are_left_out(tmp_path: Path) -> None:
     assert not gpu_check.wheel_fits(tmp_path / "pkg-1.0-cp27-cp27mu-manylinux1_x86_64.whl")  # CPython 2.7
     assert gpu_check.wheel_fits(tmp_path / "pure-1.0-py3-none-any.whl")
     assert not gpu_check.wheel_fits(tmp_path / "not-a-wheel-name.whl")
