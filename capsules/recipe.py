@@ -31,7 +31,7 @@ from .data import build_dataset
 from .metrics import capsule_purity, random_patches
 from .model import create_model, list_models
 
-__all__ = ["CapsulesConfig", "CapsulesRecipe", "build_datasets", "build_model", "evaluate"]
+__all__ = ["CapsulesConfig", "CapsulesRecipe", "build_datasets", "build_model", "evaluate", "model_spec"]
 
 _logger = logging.getLogger(__name__)
 
@@ -79,9 +79,15 @@ class CapsulesConfig:
 MODEL_KNOBS = ("num_iterations", "num_heads", "mlp_ratio", "lift_rank", "decoder", "decoder_width", "decoder_grid")
 
 
+def model_spec(cfg: CapsulesConfig) -> tuple[str, dict[str, Any]]:
+    """``(cfg.model, constructor keywords)``: the point count, the config's knobs and ``model_kwargs``."""
+    return cfg.model, {"num_points": cfg.num_points, **collect_model_kwargs(cfg, MODEL_KNOBS)}
+
+
 def build_model(cfg: CapsulesConfig) -> nn.Module:
     """``create_model(cfg.model, ...)`` with the config's knobs and ``model_kwargs``; a keyword it lacks is named."""
-    return create_model(cfg.model, num_points=cfg.num_points, **collect_model_kwargs(cfg, MODEL_KNOBS))
+    name, kwargs = model_spec(cfg)
+    return create_model(name, **kwargs)
 
 
 def build_datasets(cfg: CapsulesConfig, data_root: str | None = None):
@@ -159,8 +165,8 @@ class CapsulesRecipe(Recipe):
     def build_datasets(self):
         return build_datasets(self.cfg, self.data_root)
 
-    def build_model(self) -> nn.Module:
-        return build_model(self.cfg)
+    def model_spec(self) -> tuple[str, dict[str, Any]]:
+        return model_spec(self.cfg)
 
     def summary(self, model: nn.Module) -> dict[str, Any]:
         cfg = self.cfg

@@ -12,12 +12,16 @@ Output: a coloured ``.ply`` (:func:`write_ply`), a PNG rendered headless (:func:
 ``OffscreenRenderer``, which needs Debian's ``libvulkan1 mesa-vulkan-drivers`` or a GPU driver; else the legacy
 ``Visualizer`` with a hidden window, which needs an X display such as ``xvfb-run``), or an interactive Open3D window
 (:func:`show`). Open3D is imported only inside these functions.
+
+:func:`visualize_checkpoint` does all of it for a trained run (``tools/visualize_capsules.py``): the model and the
+data are rebuilt from the config saved in the checkpoint, as every command that opens a run does.
 """
 
 from __future__ import annotations
 
 import colorsys
 import logging
+import os
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
@@ -26,6 +30,10 @@ import numpy as np
 import torch
 
 from attention import knn
+from engine import UsageError, load_checkpoint, load_config, saved_config
+
+from .metrics import capsule_parts
+from .recipe import CapsulesConfig, build_datasets, build_model
 
 __all__ = [
     "GREY",
@@ -35,6 +43,7 @@ __all__ = [
     "legend_entries",
     "render_png",
     "show",
+    "visualize_checkpoint",
     "write_ply",
 ]
 
@@ -291,3 +300,74 @@ def show(xyz: np.ndarray, rgb: np.ndarray, title: str = "capsule decomposition",
     vis.get_render_option().point_size = point_size
     vis.run()
     vis.destroy_window()
+
+
+def visualize_checkpoint(
+    checkpoint: str | PathLike,
+    indices: Sequence[int] = (0, 1, 2, 3),
+    split: str = "test",
+    highlight: Sequence[int] | None = None,
+    output_dir: str | PathLike | None = None,
+    data_root: str | None = None,
+    headless: bool = False,
+    width: int = 960,
+    height: int = 480,
+    point_size: float = 6.0,
+    allow_pickle: bool = False,
+) -> list[dict]:
+    """Shows (or renders) the part decomposition of shapes ``indices`` of ``split`` by a trained capsule autoencoder.
+
+    Per shape: ``<output_dir>/<split>_<index>.ply`` (input and reconstruction side by side, see :func:`decomposition`)
+    and, without a display or with ``headless``, ``<split>_<index>.png`` with a legend (:func:`render_png`); with a
+    display an Open3D window (:func:`show`). The model, data and point count come from the checkpoint's config;
+    ``data_root`` only says where the data lies.
+
+    Returns:
+        One dict per shape: ``index``, ``name``, ``part_purity`` (mean over the capsules with labelled points),
+        ``ply`` and ``png`` (when rendered).
+
+    Raises:
+        UsageError: The checkpoint holds no config, or an index is outside the split.
+    """
+    checkpoint = Path(checkpoint)
+    state = load_checkpoint(checkpoint, allow_pickle=allow_pickle)
+    saved = saved_config(state, checkpoint)
+    if not saved:
+        raise UsageError(f"{checkpoint} holds no config: expected a checkpoint written by tools/train_capsules.py")
+    cfg = load_config(CapsulesConfig, defaults=saved, defaults_source=f"checkpoint {checkpoint}")
+    train_set, test_set = build_datasets(cfg, data_root)
+    dataset = test_set if split == "test" else train_set
+    bad = [i for i in indices if not 0 <= i < len(dataset)]
+    if bad:
+        raise UsageError(f"shape indices {bad} are outside the {split} split's {len(dataset)} shapes")
+    model = build_model(cfg)
+    model.load_state_dict(state["model"])
+    model.eval()
+    out_dir = Path(output_dir) if output_dir is not None else checkpoint.parent / "viz"
+    interactive = bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and not headless
+    up = "z" if cfg.dataset == "synthetic_parts" else "y"
+    labels = getattr(dataset, "part_labels", None)  # synthetic parts: (class, part name) per label
+    part_names = [part for _, part in labels] if labels is not None else None
+    results = []
+    for index in indices:
+        points, parts = dataset[index]
+        with torch.no_grad():
+            recon = model(points[None])
+        label, cap_purity = capsule_parts(recon, model.point_capsule, points[None], parts[None], model.num_latent)
+        keep = ~torch.isnan(cap_purity[0])
+        purity = float(cap_purity[0][keep].mean()) if bool(keep.any()) else float("nan")
+        xyz, rgb = decomposition(points.numpy(), recon[0].numpy(), model.point_capsule.numpy(), model.num_latent,
+                                 highlight=highlight, up=up)  # fmt: skip
+        stem, name = f"{split}_{index}", dataset.names[index]
+        ply = write_ply(out_dir / f"{stem}.ply", xyz, rgb)
+        row = {"index": index, "name": name, "part_purity": purity, "ply": str(ply)}
+        if interactive:
+            show(xyz, rgb, title=f"{name}: input | reconstruction", point_size=point_size)
+        else:
+            legend = legend_entries(label[0].tolist(), cap_purity[0].tolist(), part_names, highlight)
+            title = f"{name}: input | reconstruction, part purity {purity:.2f}"
+            png = render_png(out_dir / f"{stem}.png", xyz, rgb, width, height, up, point_size, legend, title)
+            row["png"] = str(png)
+        _logger.info("%s (%s): part purity %.3f -> %s", stem, name, purity, row.get("png", row["ply"]))
+        results.append(row)
+    return results

@@ -35,14 +35,23 @@ from engine.errors import UsageError
 from engine.interrupt import Interrupted
 from engine.logger import RunLogger, TqdmHandler, dumps_json, setup_logging, to_jsonable, write_json
 from engine.recipe import Recipe, check_config, collect_model_kwargs, split_batch, validate_common
-from engine.registry import ModelRegistry, create_with_kwargs, find_registry
-from engine.resume import RESUME_MUTABLE, check_config_change, config_diff, load_resume
-from engine.run import RunOptions, main, run, write_metrics
+from engine.registry import ModelRegistry, create_by_name, create_with_kwargs, find_registry
+from engine.resume import (
+    EVAL_MUTABLE,
+    RESUME_MUTABLE,
+    check_config_change,
+    config_diff,
+    load_evaluated,
+    load_resume,
+    saved_config,
+)
+from engine.run import RunOptions, load_run_config, main, run, user_errors, write_metrics
 from engine.stats import count_gmacs, count_params
 from engine.trainer import TIMING_KEYS, NonFiniteLossError, Trainer, derive_seed, epoch_lr_schedule, to_device
 
 __all__ = [
     "DATA_ROOT_ENV",
+    "EVAL_MUTABLE",
     "RESUME_MUTABLE",
     "TIMING_KEYS",
     "CheckpointError",
@@ -69,6 +78,7 @@ __all__ = [
     "config_to_dict",
     "count_gmacs",
     "count_params",
+    "create_by_name",
     "create_with_kwargs",
     "data_root",
     "derive_seed",
@@ -79,7 +89,9 @@ __all__ = [
     "init_distributed",
     "load_checkpoint",
     "load_config",
+    "load_evaluated",
     "load_resume",
+    "load_run_config",
     "load_yaml_with_base",
     "locate",
     "main",
@@ -89,6 +101,7 @@ __all__ = [
     "run",
     "save_checkpoint",
     "save_config",
+    "saved_config",
     "set_rng_state",
     "setup_logging",
     "split_batch",
@@ -96,6 +109,7 @@ __all__ = [
     "to_jsonable",
     "unwrap",
     "unwrap_state_dict",
+    "user_errors",
     "validate_common",
     "wrap_ddp",
     "write_json",

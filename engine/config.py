@@ -1,11 +1,12 @@
 """Configuration: a flat dataclass filled from defaults, a YAML file and ``key=value`` overrides.
 
-Precedence, lowest first: the dataclass defaults < the YAML file (and its ``base:`` chain) < ``--set key=value``
-overrides. Every value is checked against the field's annotation, and an unknown key is an error that names the
-file, lists the valid keys and suggests the closest one. A YAML file may name one ``base: other.yaml`` (a path
-relative to the including file); the base may have a base of its own, the including file's keys win, and a cycle
-is an error. ``base`` is therefore a reserved key, not a config field. An override may set one entry of a ``dict``
-field with a dotted key: ``--set model_kwargs.mixer=hydra`` (the rest of the dict is kept).
+Precedence, lowest first: the dataclass defaults (or a saved run's config, ``load_config(..., defaults=saved)``) < the
+YAML file (and its ``base:`` chain) < ``--set key=value`` overrides. Every value is checked against the field's
+annotation, and an unknown key is an error that names the file, lists the valid keys and suggests the closest one. A
+YAML file may name one ``base: other.yaml`` (a path relative to the including file); the base may have a base of its
+own, the including file's keys win, and a cycle is an error. ``base`` is therefore a reserved key, not a config
+field. An override may set one entry of a ``dict`` field with a dotted key: ``--set model_kwargs.mixer=hydra`` (the
+rest of the dict is kept).
 
 Supported annotations: ``int``, ``float``, ``str``, ``bool``, ``pathlib.Path``, ``Literal[...]``, ``X | None``,
 ``list[X]``, ``tuple[X, ...]``, ``tuple[X, Y]``, ``dict`` and ``Any``. Coercions are deliberately few: an int is
@@ -135,13 +136,23 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, tuple[Any, str]]:
     return parsed
 
 
-def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
+def load_config(
+    cls: type[T],
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    defaults: dict[str, Any] | None = None,
+    defaults_source: str = "the saved config",
+) -> T:
     """Builds a config dataclass from its defaults, a YAML file and ``key=value`` overrides.
 
     Args:
         cls: A dataclass whose fields are flat (see the module docstring for the supported annotations).
         path: Optional YAML file; may name a ``base:`` file.
         overrides: ``key=value`` strings applied last.
+        defaults: Values that replace the dataclass defaults before the file and the overrides apply: the config a run
+            was trained with (its checkpoint's ``config``), so that a command that opens the run rebuilds that run.
+            A key ``cls`` no longer has is skipped with a warning.
+        defaults_source: Names ``defaults`` in messages (e.g. the checkpoint's path).
 
     Returns:
         An instance of ``cls``.
@@ -154,6 +165,11 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
     hints = get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.init]
     values: dict[str, Any] = {}
+    for key, value in (defaults or {}).items():
+        if key not in names:
+            logger.warning("%s sets %r, which %s does not have: ignored", defaults_source, key, cls.__name__)
+            continue
+        values[key] = _coerce_field(value, hints[key], key, defaults_source, raw=None)
     if path is not None:
         data, origin = load_yaml_with_base(path)
         for key, value in data.items():

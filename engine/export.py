@@ -1,14 +1,19 @@
 """Export a run's checkpoint as ``model.safetensors`` plus a timm-style ``config.json``, for use in other projects.
 
 :func:`export_weights` reads the checkpoint with :func:`engine.checkpoint.load_checkpoint` (the harness's one loader)
-and loads its ``model`` weights (or ``ema``) strictly into a freshly built model, so a wrong name or wrong model
-arguments fail here, not in the user's project. The model name defaults to the run config's ``model``; it is looked up
-in the model registries of the domain packages imported so far (:func:`engine.registry.find_registry`: import
-``pointcloud`` / ``capsules`` first), then in timm's (import ``vision`` to register the DeiT models).
-``tools/export_weights.py`` is the command line; its ``--set key=value`` model arguments use the training CLIs'
-grammar (:func:`engine.config.parse_overrides`: each value read as YAML).
+and rebuilds the trained model from the ``model_spec`` the checkpoint records (its registered name and constructor
+keywords, :meth:`engine.Recipe.model_spec`), so a run started with ``--set`` or ``--config`` exports as it was trained
+without repeating its options. The weights (``model``, or ``ema``) are loaded strictly, so an export that does not
+fit fails here, not in the user's project. Keywords given on top (``--set`` on the command line, read as YAML like
+the training CLIs' :func:`engine.config.parse_overrides`) may add constructor keywords; one that changes a recorded
+keyword is refused with the difference, since the weights were trained with the recorded value. A checkpoint without
+a ``model_spec`` (written by other code) is rebuilt from its config's ``model`` and the given keywords only.
 
-``config.json`` holds ``architecture``, ``num_classes``, ``model_args`` (which must be passed again to
+Models are looked up by name in the registries of the domain packages imported so far (import ``pointcloud``,
+``capsules``, ``lra``), then in timm's (import ``vision`` to register the DeiT models):
+:func:`engine.registry.create_by_name`. :func:`load_exported` builds a model back from an export folder.
+
+``config.json`` holds ``architecture``, ``num_classes``, ``model_args`` (the constructor keywords, to pass again to
 ``create_model``) and ``pretrained_cfg`` (timm's default cfg of the model, with ``num_classes`` and ``file``), as
 timm's Hugging Face exports do.
 """
@@ -25,9 +30,9 @@ from torch import nn
 
 from engine.checkpoint import load_checkpoint, unwrap_state_dict
 from engine.config import parse_overrides
-from engine.registry import ModelRegistry, find_registry
+from engine.registry import create_by_name
 
-__all__ = ["build_by_name", "export_weights", "model_args_from_overrides"]
+__all__ = ["export_weights", "load_exported", "model_args_from_overrides"]
 
 
 def model_args_from_overrides(overrides: Sequence[str]) -> dict[str, Any]:
@@ -36,22 +41,34 @@ def model_args_from_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     return {key: value for key, (value, _) in parse_overrides(overrides).items()}
 
 
-def build_by_name(name: str, model_args: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
-    """The model ``name`` built with ``model_args``, and its timm pretrained cfg (empty for registry models).
+def _pretrained_cfg(model: nn.Module) -> dict[str, Any]:
+    """timm's pretrained cfg of ``model`` as plain JSON values (empty for registry models)."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    return {k: v for k, v in dict(cfg).items() if isinstance(v, (str, int, float, bool, list, tuple, type(None)))}
 
-    Raises:
-        ValueError: ``name`` is in no imported registry and not a timm model, or the model rejects a keyword.
-    """
-    registry = find_registry(name)
-    if registry is not None:
-        return registry.create_model(name, **model_args), {}
-    import timm
 
-    if timm.is_model(name):
-        model = timm.create_model(name, pretrained=False, **model_args)
-        return model, dict(model.pretrained_cfg)
-    known = "; ".join(f"{r.domain}: {r.list_models()}" for r in ModelRegistry.instances)
-    raise ValueError(f"unknown model {name!r}: neither a timm model nor a registered one ({known or 'none imported'})")
+def _recorded_model(
+    state: dict[str, Any], path: Path, name: str | None, model_args: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """The model name and keywords to build: the checkpoint's ``model_spec`` with ``model_args`` added on top."""
+    spec = state.get("model_spec")
+    if not isinstance(spec, dict):  # a checkpoint written without a recipe: name from the config, keywords as given
+        config = state.get("config") if isinstance(state.get("config"), dict) else {}
+        name = name or config.get("model")
+        if not isinstance(name, str):
+            raise ValueError(f"checkpoint {path} records no model (no model_spec or config 'model'): pass --model NAME")
+        return name, dict(model_args)
+    if name is not None and name != spec["name"]:
+        raise ValueError(f"checkpoint {path} holds a {spec['name']}, not a {name}: drop --model")
+    recorded = dict(spec.get("kwargs") or {})
+    changed = {k: (recorded[k], v) for k, v in model_args.items() if k in recorded and recorded[k] != v}
+    if changed:
+        lines = "; ".join(f"{k}: {a!r} in the run, {b!r} now" for k, (a, b) in changed.items())
+        raise ValueError(
+            f"refusing to export {path} as another model ({lines}): the weights were trained with the recorded "
+            "keywords, which the export uses without --set; drop these from --set"
+        )
+    return spec["name"], {**recorded, **model_args}
 
 
 def _weights(state: dict[str, Any], ema: bool, path: Path) -> dict[str, torch.Tensor]:
@@ -68,37 +85,41 @@ def export_weights(
     name: str | None = None,
     model_args: dict[str, Any] | None = None,
     ema: bool = False,
+    allow_pickle: bool = False,
 ) -> Path:
-    """Writes ``out_dir/model.safetensors`` and ``out_dir/config.json``; returns the safetensors path.
+    """Writes ``out_dir/model.safetensors`` and ``out_dir/config.json``, checks that they load back
+    (:func:`load_exported`) to the same weights, and returns the safetensors path.
 
     Args:
         checkpoint: A run's ``best.pt`` / ``last.pt``.
         out_dir: The output folder (created).
-        name: The registered model name (default: the run config's ``model``).
-        model_args: Constructor keywords of the model (the run's model options).
+        name: The registered model name: only for a checkpoint that records no ``model_spec`` (default: its config's
+            ``model``); otherwise it must equal the recorded one.
+        model_args: Constructor keywords added to the recorded ones (a changed recorded keyword is refused).
         ema: Export the EMA weights instead of the model's.
+        allow_pickle: Read a checkpoint that needs the full unpickler (trusted files only).
 
     Raises:
-        ValueError: No model name, no such weights in the checkpoint, or weights that do not fit the model built.
+        ValueError: No model name, a changed recorded keyword, no such weights in the checkpoint, or weights that do
+            not fit the model built.
     """
     from safetensors.torch import save_file
 
     checkpoint = Path(checkpoint)
-    state = load_checkpoint(checkpoint)
-    config = state.get("config") or {}
-    if name is None:
-        name = config.get("model") if isinstance(config, dict) else None
-        if not isinstance(name, str):
-            raise ValueError(f"checkpoint {checkpoint} names no model in its config: pass --model NAME")
-    model_args = dict(model_args or {})
-    model, pretrained_cfg = build_by_name(name, model_args)
+    state = load_checkpoint(checkpoint, allow_pickle=allow_pickle)
+    name, model_args = _recorded_model(state, checkpoint, name, dict(model_args or {}))
+    model = create_by_name(name, model_args)
+    pretrained_cfg = _pretrained_cfg(model)
     try:
         model.load_state_dict(_weights(state, ema, checkpoint))
     except RuntimeError as e:
-        raise ValueError(
-            f"the weights in {checkpoint} do not fit {name} built with {model_args}: pass the run's model options "
-            f"with --set (e.g. img_size=..., num_classes=...); {e}"
-        ) from e
+        if "model_spec" not in state:
+            hint = "pass the model's keywords with --set"
+        elif model_args != state["model_spec"].get("kwargs"):
+            hint = "a keyword added with --set changes the model: drop it"
+        else:
+            hint = "the checkpoint's weights and its model_spec disagree"
+        raise ValueError(f"the weights in {checkpoint} do not fit {name} built with {model_args}: {hint}; {e}") from e
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "model.safetensors"
@@ -107,7 +128,7 @@ def export_weights(
     tensors = {k: v.detach().clone().contiguous().cpu() for k, v in model.state_dict().items()}
     save_file(tensors, str(path), metadata={"format": "pt", "architecture": name})
     num_classes = getattr(model, "num_classes", None)
-    cfg = {k: v for k, v in pretrained_cfg.items() if isinstance(v, (str, int, float, bool, list, tuple, type(None)))}
+    cfg = pretrained_cfg
     if cfg:
         cfg.update(num_classes=num_classes, file="model.safetensors")
     meta = {
@@ -120,4 +141,27 @@ def export_weights(
         "weights": "ema" if ema else "model",
     }
     (out_dir / "config.json").write_text(json.dumps(meta, indent=2, default=list) + "\n")
+    back = load_exported(out_dir).state_dict()  # what a user's create_model + load gets
+    if back.keys() != tensors.keys() or not all(torch.equal(back[k], tensors[k]) for k in tensors):
+        raise RuntimeError(f"the export in {out_dir} does not load back to the exported weights")
     return path
+
+
+def load_exported(folder: str | Path) -> nn.Module:
+    """The model an export folder holds (``config.json`` + ``model.safetensors``), built by name with its
+    ``model_args`` and its weights loaded strictly, in eval mode. Import the package that registers the model first
+    (``pointcloud``, ``capsules``, ``lra``; ``vision`` for the DeiT models).
+
+    Raises:
+        FileNotFoundError: ``folder`` lacks one of the two files.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    for name in ("config.json", "model.safetensors"):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder / name} not found: expected a folder written by tools/export_weights.py")
+    meta = json.loads((folder / "config.json").read_text())
+    model = create_by_name(meta["architecture"], meta.get("model_args") or {})
+    model.load_state_dict(load_file(str(folder / "model.safetensors")))
+    return model.eval()

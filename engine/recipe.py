@@ -6,10 +6,11 @@ Seeding, DDP set-up and teardown, the run folder and its lock, resume and its ch
 the final metrics are the engine's (:mod:`engine.run`), written once for every CLI.
 
 The engine calls, in order: :meth:`Recipe.validate` (class method, on the loaded config), ``Recipe(cfg, ctx,
-data_root)``, :meth:`~Recipe.build_datasets`, :meth:`~Recipe.build_loaders`, :meth:`~Recipe.build_model`,
-:meth:`~Recipe.summary`; then for training :meth:`~Recipe.build_optimizer`, :meth:`~Recipe.build_scheduler`,
-:meth:`~Recipe.trainer_kwargs` and per step :meth:`~Recipe.loss`, per epoch :meth:`~Recipe.evaluate`, and at the end
-:meth:`~Recipe.finalize`; for ``--eval-only`` :meth:`~Recipe.evaluate_checkpoint`.
+data_root)``, :meth:`~Recipe.build_datasets`, :meth:`~Recipe.build_loaders`, :meth:`~Recipe.build_model` (by default
+:meth:`~Recipe.model_spec` built by name), :meth:`~Recipe.summary`; then for training
+:meth:`~Recipe.build_optimizer`, :meth:`~Recipe.build_scheduler`, :meth:`~Recipe.trainer_kwargs` and per step
+:meth:`~Recipe.loss`, per epoch :meth:`~Recipe.evaluate`, and at the end :meth:`~Recipe.finalize`; for
+``--eval-only`` :meth:`~Recipe.evaluate_checkpoint`.
 
 Config conventions shared by every recipe config (checked by :func:`validate_common`): ``name``, ``seed``, ``epochs``,
 ``batch_size`` (global, split evenly over the ranks), ``eval_batch_size``, ``lr``, ``workers``, ``amp``, ``grad_clip``
@@ -32,6 +33,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from engine.distributed import DistributedContext
 from engine.errors import UsageError
 from engine.logger import read_records
+from engine.registry import create_by_name
 from engine.stats import count_params
 
 __all__ = ["Recipe", "check_config", "collect_model_kwargs", "split_batch", "validate_common"]
@@ -123,6 +125,8 @@ class Recipe:
         config_cls: The flat config dataclass.
         monitor / monitor_mode: The record key that decides ``best.pt``, and ``"min"`` or ``"max"``.
         resume_mutable: Config keys (beyond :data:`engine.resume.RESUME_MUTABLE`) that may change on resume.
+        eval_mutable: Config keys (beyond :data:`engine.resume.EVAL_MUTABLE`) that may change for ``--eval-only``:
+            how to evaluate (e.g. test-time votes) and what only training reads (e.g. augmentation).
 
     Instance attributes set by the engine: ``cfg``, ``ctx`` (the :class:`DistributedContext`), ``data_root``,
     ``run_dir``; after :meth:`build_loaders`, ``train_set``, ``eval_set``, ``train_loader``, ``eval_loader``.
@@ -133,6 +137,7 @@ class Recipe:
     monitor: ClassVar[str] = "val_loss"
     monitor_mode: ClassVar[str] = "min"
     resume_mutable: ClassVar[tuple[str, ...]] = ()
+    eval_mutable: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: Any, ctx: DistributedContext, data_root: str | None = None) -> None:
         self.cfg = cfg
@@ -174,9 +179,21 @@ class Recipe:
         """``batch_size`` (global) split over the ranks (:func:`split_batch`)."""
         return split_batch(self.cfg.batch_size, self.ctx.world_size, train_size)
 
+    def model_spec(self) -> tuple[str, dict[str, Any]] | None:
+        """The model as ``(registered name, constructor keywords)``, or ``None`` if it has no registered name.
+
+        The default :meth:`build_model` builds it with :func:`engine.registry.create_by_name`, and the engine saves it
+        in every checkpoint (``model_spec``), so that ``tools/export_weights.py`` rebuilds exactly the trained model
+        without the config's data. ``cfg.model_kwargs`` should reach the keywords (:func:`collect_model_kwargs`).
+        """
+        return None
+
     def build_model(self) -> nn.Module:
-        """The model (the engine moves it to the device); ``cfg.model_kwargs`` should reach its constructor."""
-        raise NotImplementedError
+        """The model (the engine moves it to the device): :meth:`model_spec` built by name, unless overridden."""
+        spec = self.model_spec()
+        if spec is None:
+            raise NotImplementedError(f"{type(self).__name__} defines neither model_spec() nor build_model()")
+        return create_by_name(*spec)
 
     def summary(self, model: nn.Module) -> dict[str, Any]:
         """Facts about the run logged at the start and added to the final and eval metrics (params, GMACs, ...)."""

@@ -9,13 +9,14 @@ that names the choices.
 from __future__ import annotations
 
 import fnmatch
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 from torch import nn
 
-__all__ = ["ModelRegistry", "create_with_kwargs", "find_registry"]
+__all__ = ["ModelRegistry", "create_by_name", "create_with_kwargs", "find_registry"]
 
 
 class ModelRegistry:
@@ -90,3 +91,26 @@ def create_with_kwargs(factory: Callable[..., nn.Module], name: str, kwargs: dic
 def find_registry(name: str) -> ModelRegistry | None:
     """The :class:`ModelRegistry` that holds model ``name`` (among the domain packages imported so far), or ``None``."""
     return next((registry for registry in ModelRegistry.instances if name in registry), None)
+
+
+def create_by_name(name: str, kwargs: dict[str, Any]) -> nn.Module:
+    """Model ``name`` built with the constructor keywords ``kwargs``: from the registry that holds it (among the domain
+    packages imported so far), else from timm's (import ``vision`` to register the DeiT variants).
+
+    This is how the recipes build their models and how :mod:`engine.export` rebuilds one from the ``model_spec`` a
+    checkpoint records, so both build the same model from the same ``(name, kwargs)``.
+
+    Raises:
+        ValueError: ``name`` is in no imported registry and not a timm model, or the model rejects a keyword.
+    """
+    registry = find_registry(name)
+    if registry is not None:
+        return registry.create_model(name, **kwargs)
+    import timm
+
+    if timm.is_model(name):
+        return create_with_kwargs(functools.partial(timm.create_model, name, pretrained=False), name, kwargs)
+    known = "; ".join(f"{r.domain}: {r.list_models()}" for r in ModelRegistry.instances)
+    raise ValueError(
+        f"unknown model {name!r}: neither a timm model nor a registered one ({known or 'no registry imported'})"
+    )

@@ -1,4 +1,5 @@
-"""Resume: the one way a run continues from its checkpoint (``--resume auto|PATH``).
+"""Resume and eval-only: the one way a run is opened again from its checkpoint (``--resume auto|PATH``,
+``--eval-only``).
 
 :func:`load_resume` finds the checkpoint (:func:`~engine.checkpoint.resolve_resume`), loads it safely
 (:func:`~engine.checkpoint.load_checkpoint`, ``weights_only``), refuses a config that differs from the saved one in a
@@ -9,7 +10,11 @@ checkpoint ``last.pt`` calls the best. :meth:`engine.Trainer.fit` then restores 
     state = load_resume("auto", run_dir, config=cfg, mutable=("votes",))
     trainer.fit(state=state)  # None: a fresh start
 
-:func:`engine.run` does exactly this for every CLI.
+:func:`engine.run` does exactly this for every CLI, and :func:`load_evaluated` the same for ``--eval-only`` (with
+:data:`EVAL_MUTABLE`). The command line (:func:`engine.main`) builds the config of a command that opens a run from the
+checkpoint's own config (:func:`saved_config`, then :func:`engine.config.load_config` with ``defaults=``): ``--config``
+and ``--set`` apply on top, so ``--resume auto`` and ``--eval-only`` rebuild the trained model and data without
+repeating how the run was started, and a changed key is checked as above.
 """
 
 from __future__ import annotations
@@ -19,16 +24,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.checkpoint import check_best_agrees, load_checkpoint, resolve_resume
+from engine.checkpoint import CheckpointError, check_best_agrees, load_checkpoint, resolve_resume
 from engine.config import config_to_dict
 from engine.errors import UsageError
 
-__all__ = ["RESUME_MUTABLE", "check_config_change", "config_diff", "load_resume"]
+__all__ = [
+    "EVAL_MUTABLE",
+    "RESUME_MUTABLE",
+    "check_config_change",
+    "config_diff",
+    "load_evaluated",
+    "load_resume",
+    "saved_config",
+]
 
 logger = logging.getLogger(__name__)
 
-#: Config keys that may differ between a checkpoint and the run that resumes it (more epochs, workers, logging).
-RESUME_MUTABLE = ("name", "epochs", "workers", "log_every", "eval_batch_size")
+#: Config keys that may differ between a checkpoint and the run that resumes it (more epochs, workers, logging, where
+#: the data lies).
+RESUME_MUTABLE = ("name", "epochs", "workers", "log_every", "eval_batch_size", "data_root")
+#: Config keys that may differ between a checkpoint and an ``--eval-only`` of it: those of resume, and those only
+#: training reads (the optimization). A recipe adds its own (``Recipe.eval_mutable``, e.g. test-time votes).
+EVAL_MUTABLE = (*RESUME_MUTABLE, "batch_size", "lr", "weight_decay", "warmup_epochs", "grad_clip", "amp")
 _MISSING = "<unset>"
 
 
@@ -43,15 +60,16 @@ def config_diff(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tup
 
 
 def check_config_change(
-    saved: dict[str, Any], current: dict[str, Any], allowed: Sequence[str], path: str | Path
+    saved: dict[str, Any], current: dict[str, Any], allowed: Sequence[str], path: str | Path, verb: str = "resume"
 ) -> dict[str, tuple[Any, Any]]:
-    """Refuses to continue the run saved in ``path`` with a config that differs in a key outside ``allowed``.
+    """Refuses to open the run saved in ``path`` with a config that differs in a key outside ``allowed``.
 
     Args:
         saved: The config stored in the checkpoint.
         current: The config of this invocation (both as plain dicts, :func:`engine.config.config_to_dict`).
         allowed: Keys that may change.
-        path: The checkpoint (named in the message, which also gives the run's ``config.yaml``).
+        path: The checkpoint (named in the message).
+        verb: What is done with the run, for the messages: ``"resume"``, ``"evaluate"``.
 
     Returns:
         The allowed changes, ``{key: (saved, current)}`` (each is logged).
@@ -65,13 +83,46 @@ def check_config_change(
     if refused:
         lines = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, (a, b) in refused.items())
         raise UsageError(
-            f"refusing to resume {path} with a different config ({lines}). These keys define the model, the "
-            f"data or the optimization; only {', '.join(sorted(set(allowed)))} may change on resume. Start a new run, "
-            f"or resume with the run's own config: --config {path.parent / 'config.yaml'}"
+            f"refusing to {verb} {path} with a different config ({lines}). These keys define the model, the data or "
+            f"the optimization; only {', '.join(sorted(set(allowed)))} may change when you {verb} a run. The CLIs "
+            "start from the run's own config: drop these keys from --set / --config, or start a new run to change them"
         )
     for k, (a, b) in diff.items():
-        logger.info("resume: %s changed from %r to %r (allowed)", k, a, b)
+        logger.info("%s: %s changed from %r to %r (allowed)", verb, k, a, b)
     return diff
+
+
+def saved_config(state: dict[str, Any], path: str | Path) -> dict[str, Any] | None:
+    """The config a checkpoint was written with (``state["config"]``), or ``None`` (with a warning) if it holds none.
+
+    Raises:
+        CheckpointError: ``config`` is there but is not a mapping.
+    """
+    saved = state.get("config")
+    if saved is None:
+        logger.warning("%s holds no config: cannot check that this run's config matches it", path)
+        return None
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"checkpoint {path} is corrupt: its config is a {type(saved).__name__}, not a mapping")
+    return saved
+
+
+def load_evaluated(
+    path: str | Path, config: Any = None, mutable: Sequence[str] = (), allow_pickle: bool = False
+) -> dict[str, Any]:
+    """The checkpoint ``--eval-only`` evaluates, loaded safely, its config checked against ``config`` as resume does
+    (the keys in :data:`EVAL_MUTABLE` and ``mutable`` may differ and are logged).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        CheckpointError: The file cannot be read safely.
+        UsageError: The config differs in a key that defines the model or the data (the message has the diff).
+    """
+    state = load_checkpoint(path, allow_pickle=allow_pickle)
+    saved = saved_config(state, path)
+    if config is not None and saved is not None:
+        check_config_change(saved, config_to_dict(config), (*EVAL_MUTABLE, *mutable), path, verb="evaluate")
+    return state
 
 
 def load_resume(
@@ -99,12 +150,9 @@ def load_resume(
     if path is None:
         return None
     state = load_checkpoint(path, allow_pickle=allow_pickle)
-    if config is not None:
-        saved = state.get("config")
-        if saved is None:
-            logger.warning("%s holds no config: cannot check that this run's config matches it", path)
-        else:
-            check_config_change(saved, config_to_dict(config), (*RESUME_MUTABLE, *mutable), path)
+    saved = saved_config(state, path)
+    if config is not None and saved is not None:
+        check_config_change(saved, config_to_dict(config), (*RESUME_MUTABLE, *mutable), path)
     if path.name == "last.pt":
         check_best_agrees(state, path.parent / "best.pt", allow_pickle=allow_pickle)
     return state

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -36,17 +36,17 @@ from typing import Any
 import torch
 
 from engine import rundir
-from engine.checkpoint import CheckpointError, load_checkpoint
+from engine.checkpoint import CheckpointError, load_checkpoint, resolve_resume
 from engine.config import add_config_args, config_to_dict, load_config
 from engine.distributed import DistributedContext, init_distributed
 from engine.errors import UsageError
 from engine.interrupt import Interrupted, handle_signals
 from engine.logger import setup_logging, write_json
 from engine.recipe import Recipe, validate_common
-from engine.resume import load_resume
+from engine.resume import load_evaluated, load_resume, saved_config
 from engine.trainer import NonFiniteLossError, Trainer
 
-__all__ = ["RunOptions", "main", "run", "write_metrics"]
+__all__ = ["RunOptions", "load_run_config", "main", "run", "user_errors", "write_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,9 +117,11 @@ def run(recipe: type[Recipe], cfg: Any, options: RunOptions | None = None, **kwa
         torch.manual_seed(cfg.seed)
         r = recipe(cfg, ctx, opts.data_root)
         r.run_dir = out_dir
-        # A refused resume (changed config, best/last disagreeing) fails here, before the data is read.
-        state = None
-        if not opts.eval_only:
+        # A refused resume or evaluation (changed config, best/last disagreeing) fails here, before the data is read.
+        if opts.eval_only:
+            evaluated = _eval_checkpoint(opts, out_dir)
+            state = load_evaluated(evaluated, cfg, recipe.eval_mutable, allow_pickle=opts.trust_checkpoint)
+        else:
             state = load_resume(opts.resume, out_dir, cfg, r.resume_mutable, allow_pickle=opts.trust_checkpoint)
         train_set, eval_set = r.build_datasets()
         _check_dataset(train_set, "train")
@@ -136,7 +138,7 @@ def run(recipe: type[Recipe], cfg: Any, options: RunOptions | None = None, **kwa
             len(eval_set),
         )
         if opts.eval_only:
-            metrics = _eval_only(r, model, info, out_dir, opts)
+            metrics = _eval_only(r, model, info, out_dir, evaluated, state)
         else:
             trainer = _trainer(r, model, out_dir, opts)
             metrics = trainer.fit(state=state)
@@ -255,15 +257,27 @@ def _trainer(r: Recipe, model: torch.nn.Module, out_dir: Path, opts: RunOptions)
         monitor=r.monitor,
         monitor_mode=r.monitor_mode,
         config=config_to_dict(cfg),
+        model_spec=_model_spec(r),
         progress=opts.progress,
         max_steps_per_epoch=opts.max_steps_per_epoch,
         **kwargs,
     )
 
 
-def _eval_only(r: Recipe, model: torch.nn.Module, info: dict[str, Any], out_dir: Path, opts: RunOptions) -> dict:
-    path = Path(opts.checkpoint) if opts.checkpoint else out_dir / "best.pt"
-    state = load_checkpoint(path, allow_pickle=opts.trust_checkpoint)
+def _model_spec(r: Recipe) -> dict[str, Any] | None:
+    """The recipe's ``(name, kwargs)`` as the checkpoint stores it (``engine.export`` rebuilds the model from it)."""
+    spec = r.model_spec()
+    return None if spec is None else {"name": spec[0], "kwargs": dict(spec[1])}
+
+
+def _eval_checkpoint(opts: RunOptions, folder: Path) -> Path:
+    """The checkpoint ``--eval-only`` evaluates: ``--checkpoint``, else the run folder's ``best.pt``."""
+    return Path(opts.checkpoint) if opts.checkpoint else folder / "best.pt"
+
+
+def _eval_only(
+    r: Recipe, model: torch.nn.Module, info: dict[str, Any], out_dir: Path, path: Path, state: dict[str, Any]
+) -> dict:
     weights = state["model"] if "model" in state else state
     try:
         model.load_state_dict(weights)
@@ -300,6 +314,19 @@ def _user_error(e: BaseException) -> bool:
         return True
     early = getattr(e, "_engine_before_training", True)
     return early and isinstance(e, (ValueError, FileNotFoundError, CheckpointError))
+
+
+@contextlib.contextmanager
+def user_errors(debug: bool = False) -> Iterator[None]:
+    """For a command line: a user error (see :func:`_user_error`) ends with ``error: <message>`` on stderr and exit
+    status 2, without a traceback; with ``debug`` (``--debug``) it propagates, traceback and all."""
+    try:
+        yield
+    except Exception as e:
+        if debug or not _user_error(e):
+            raise
+        sys.stderr.write(f"error: {e}\n")
+        raise SystemExit(2) from None
 
 
 def build_parser(recipe: type[Recipe], description: str | None) -> argparse.ArgumentParser:
@@ -353,13 +380,11 @@ def main(
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(None, rank=rank, level=logging.DEBUG if args.debug else logging.INFO)  # console until the folder
     try:
-        with handle_signals():
-            cfg = load_config(recipe.config_cls, args.config, args.overrides)
-            if args.epochs is not None:
-                cfg = replace(cfg, epochs=args.epochs)
+        with user_errors(args.debug), handle_signals():
             # the shared flags are named as RunOptions' fields
             flags = {f.name: getattr(args, f.name) for f in fields(RunOptions) if hasattr(args, f.name)}
             opts = RunOptions(**flags, progress=not args.no_progress, setup_logging=True)
+            cfg = load_run_config(recipe, opts, args.config, args.overrides, args.epochs)
             metrics = run(recipe, cfg, opts)
     except KeyboardInterrupt as stop:
         e = stop if isinstance(stop, Interrupted) else Interrupted(2)
@@ -368,15 +393,52 @@ def main(
         hint = f"resume with --resume auto --output-dir {folder}" if folder else "nothing was trained"
         sys.stderr.write(f"interrupted at {where} ({e}): {hint}\n")
         raise SystemExit(e.exit_code) from None
-    except Exception as e:
-        if args.debug or not _user_error(e):
-            raise
-        sys.stderr.write(f"error: {e}\n")
-        raise SystemExit(2) from None
     if rank == 0:
         text = report(metrics) if report is not None else _summary(metrics)
         logger.info("final: %s", text)
     return metrics
+
+
+def load_run_config(
+    recipe: type[Recipe],
+    opts: RunOptions,
+    config: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    epochs: int | None = None,
+) -> Any:
+    """The config of a command line: defaults < ``config`` < ``overrides`` (< ``epochs``); for a command that opens a
+    run (``opts.resume``, ``opts.eval_only``), that run's checkpoint config takes the defaults' place.
+
+    So ``--resume auto`` and ``--eval-only`` rebuild the model and data the run was trained with, however it was
+    started (``--set``, ``--config``); what the command line sets on top is then checked by :func:`run` against the
+    checkpoint (a key that defines the model or the data is refused with the diff).
+    """
+    cls = recipe.config_cls
+    cfg = _with_epochs(load_config(cls, config, overrides), epochs)
+    source = _opened_checkpoint(recipe, cfg, opts)
+    if source is None:
+        return cfg
+    saved = saved_config(load_checkpoint(source, allow_pickle=opts.trust_checkpoint), source)
+    if saved is None:
+        return cfg
+    logger.info("starting from the config saved in %s", source)
+    cfg = load_config(cls, config, overrides, defaults=saved, defaults_source=f"checkpoint {source}")
+    return _with_epochs(cfg, epochs)
+
+
+def _with_epochs(cfg: Any, epochs: int | None) -> Any:
+    return cfg if epochs is None else replace(cfg, epochs=epochs)
+
+
+def _opened_checkpoint(recipe: type[Recipe], cfg: Any, opts: RunOptions) -> Path | None:
+    """The checkpoint a resume or an evaluation opens, if it exists (a missing one is reported by :func:`run`)."""
+    if not (opts.resume or opts.eval_only):
+        return None
+    folder, _ = _resolve_folder(recipe, cfg, opts)
+    if opts.eval_only:
+        path = _eval_checkpoint(opts, folder)
+        return path if path.is_file() else None
+    return resolve_resume(opts.resume, folder)
 
 
 def _summary(metrics: dict[str, Any]) -> str:

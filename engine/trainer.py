@@ -149,6 +149,8 @@ class Trainer:
         monitor: Record key that decides ``best.pt`` (an eval metric or e.g. ``"train_loss"``).
         monitor_mode: ``"min"`` or ``"max"``.
         config: The resolved config (dict or dataclass), saved in every checkpoint and as ``config.yaml``.
+        model_spec: ``{"name": ..., "kwargs": {...}}`` that rebuilds the model by name
+            (:func:`engine.registry.create_by_name`), saved in every checkpoint for :mod:`engine.export`.
         logger: A :class:`RunLogger`; by default one for ``run_dir``, enabled on rank 0 and closed by ``fit``.
         extra_state: Anything else to checkpoint. Values with ``state_dict``/``load_state_dict`` are saved and
             restored through them; other values are saved as they are and replaced in this dict on resume.
@@ -179,6 +181,7 @@ class Trainer:
         monitor: str = "val_loss",
         monitor_mode: Literal["min", "max"] = "min",
         config: Any = None,
+        model_spec: dict[str, Any] | None = None,
         logger: RunLogger | None = None,
         extra_state: dict[str, Any] | None = None,
         progress: bool = True,
@@ -230,6 +233,7 @@ class Trainer:
         self.monitor = monitor
         self.monitor_mode = monitor_mode
         self.config = config_to_dict(config) if config is not None else None
+        self.model_spec = model_spec
         self._owns_logger = logger is None
         self.logger = logger if logger is not None else RunLogger(self.run_dir, enabled=self.ctx.is_main)
         self.extra_state = extra_state if extra_state is not None else {}
@@ -308,6 +312,7 @@ class Trainer:
             "metrics": self.last_metrics,
             "train_time_s": self.train_time_s,
             "config": self.config,
+            "model_spec": self.model_spec,
             "rng": get_rng_state(),
             "extra_state": {
                 k: v.state_dict() if hasattr(v, "state_dict") and hasattr(v, "load_state_dict") else v

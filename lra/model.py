@@ -11,10 +11,11 @@ import torch
 from torch import Tensor, nn
 
 from attention import MixerBlock, build_mixer
+from engine.registry import ModelRegistry
 
 from .data import VOCAB
 
-__all__ = ["ListOpsClassifier"]
+__all__ = ["MODELS", "ListOpsClassifier", "create_model", "list_models", "listops_classifier", "register_model"]
 
 
 class ListOpsClassifier(nn.Module):
@@ -61,3 +62,16 @@ class ListOpsClassifier(nn.Module):
         x = self.norm(x)
         keep = (tokens != 0).unsqueeze(-1).to(x.dtype)  # (B, L, 1)
         return self.head((x * keep).sum(1) / keep.sum(1).clamp_min(1))
+
+
+_registry = ModelRegistry("sequence")
+MODELS = _registry.models
+register_model = _registry.register_model
+list_models = _registry.list_models
+create_model = _registry.create_model
+
+
+@register_model
+def listops_classifier(**kwargs) -> ListOpsClassifier:
+    """:class:`ListOpsClassifier` (``mixer=`` any name of :data:`attention.MIXERS`)."""
+    return ListOpsClassifier(**kwargs)

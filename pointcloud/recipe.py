@@ -36,7 +36,7 @@ from .transforms import (
     vote_logits,
 )
 
-__all__ = ["ModelNetConfig", "ModelNetRecipe", "build_datasets", "build_model", "evaluate"]
+__all__ = ["ModelNetConfig", "ModelNetRecipe", "build_datasets", "build_model", "evaluate", "model_spec"]
 
 _logger = logging.getLogger(__name__)
 
@@ -96,12 +96,17 @@ class ModelNetConfig:
 MODEL_KNOBS = ("num_centroids", "num_neighbors", "num_heads", "num_steps", "mlp_ratio", "fuse_dim", "drop")
 
 
+def model_spec(cfg: ModelNetConfig, num_classes: int) -> tuple[str, dict[str, Any]]:
+    """``(cfg.model, constructor keywords)``: the classes and input channels of the data, the config's knobs and
+    ``model_kwargs``."""
+    kwargs = dict(num_classes=num_classes, in_channels=6 if cfg.use_normals else 3)
+    return cfg.model, {**kwargs, **collect_model_kwargs(cfg, MODEL_KNOBS)}
+
+
 def build_model(cfg: ModelNetConfig, num_classes: int) -> nn.Module:
     """``create_model(cfg.model, ...)`` with the config's knobs and ``model_kwargs``; a keyword it lacks is named."""
-    in_channels = 6 if cfg.use_normals else 3
-    return create_model(
-        cfg.model, num_classes=num_classes, in_channels=in_channels, **collect_model_kwargs(cfg, MODEL_KNOBS)
-    )
+    name, kwargs = model_spec(cfg, num_classes)
+    return create_model(name, **kwargs)
 
 
 def _train_transform(cfg: ModelNetConfig) -> Compose:
@@ -180,6 +185,9 @@ class ModelNetRecipe(Recipe):
     monitor = "test_oa"
     monitor_mode = "max"
     resume_mutable = ("votes",)
+    # how to evaluate, and what only training reads (augmentation, schedule, loss)
+    eval_mutable = ("votes", "scale_lo", "scale_hi", "translate", "jitter", "rotate_up", "point_dropout",
+                    "shuffle_points", "lr_step", "lr_gamma", "cosine", "label_smoothing")  # fmt: skip
 
     @classmethod
     def validate(cls, cfg: ModelNetConfig) -> None:
@@ -211,8 +219,8 @@ class ModelNetRecipe(Recipe):
     def build_datasets(self):
         return build_datasets(self.cfg, self.data_root)
 
-    def build_model(self) -> nn.Module:
-        return build_model(self.cfg, self.train_set.num_classes)
+    def model_spec(self) -> tuple[str, dict[str, Any]]:
+        return model_spec(self.cfg, self.train_set.num_classes)
 
     def summary(self, model: nn.Module) -> dict[str, Any]:
         cfg = self.cfg

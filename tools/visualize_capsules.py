@@ -17,19 +17,9 @@ each shape is logged.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import logging
-import os
-from pathlib import Path
 
-import torch
-
-from capsules.metrics import capsule_parts
-from capsules.recipe import CapsulesConfig, build_datasets, build_model
-from capsules.visualize import decomposition, legend_entries, render_png, show, write_ply
-from engine import load_checkpoint, setup_logging
-
-_logger = logging.getLogger("visualize_capsules")
+from capsules.visualize import visualize_checkpoint
+from engine import setup_logging, user_errors
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -49,50 +39,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         action="store_true",
         help="load a checkpoint that needs pickle (can run arbitrary code: only files you trust)",
     )
+    parser.add_argument("--debug", action="store_true", help="errors show their traceback")
     args = parser.parse_args(argv)
     setup_logging(None)
-
-    state = load_checkpoint(args.checkpoint, allow_pickle=args.trust_checkpoint)
-    if not state.get("config"):
-        raise ValueError(f"{args.checkpoint} holds no config: expected a checkpoint written by tools/train_capsules.py")
-    known = {f.name for f in dataclasses.fields(CapsulesConfig)}
-    cfg = CapsulesConfig(**{k: v for k, v in state["config"].items() if k in known})
-    model = build_model(cfg)
-    model.load_state_dict(state["model"])
-    model.eval()
-    train_set, test_set = build_datasets(cfg, args.data_root)
-    dataset = test_set if args.split == "test" else train_set
-    out_dir = Path(args.output_dir) if args.output_dir else Path(args.checkpoint).parent / "viz"
-    interactive = bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and not args.headless
-    up = "z" if cfg.dataset == "synthetic_parts" else "y"
-    labels = getattr(dataset, "part_labels", None)  # synthetic parts: (class, part name) per label
-    part_names = [part for _, part in labels] if labels is not None else None
-    results = []
-    for index in args.index:
-        if not 0 <= index < len(dataset):
-            raise ValueError(f"--index {index} is outside the {args.split} split's {len(dataset)} shapes")
-        points, parts = dataset[index]
-        with torch.no_grad():
-            recon = model(points[None])
-        label, cap_purity = capsule_parts(recon, model.point_capsule, points[None], parts[None], model.num_latent)
-        keep = ~torch.isnan(cap_purity[0])
-        purity = float(cap_purity[0][keep].mean()) if bool(keep.any()) else float("nan")
-        xyz, rgb = decomposition(points.numpy(), recon[0].numpy(), model.point_capsule.numpy(), model.num_latent,
-                                 highlight=args.highlight, up=up)  # fmt: skip
-        stem = f"{args.split}_{index}"
-        row = {"index": index, "name": dataset.names[index], "part_purity": purity,
-               "ply": str(write_ply(out_dir / f"{stem}.ply", xyz, rgb))}  # fmt: skip
-        if interactive:
-            show(xyz, rgb, title=f"{dataset.names[index]}: input | reconstruction", point_size=args.point_size)
-        else:
-            legend = legend_entries(label[0].tolist(), cap_purity[0].tolist(), part_names, args.highlight)
-            title = f"{dataset.names[index]}: input | reconstruction, part purity {purity:.2f}"
-            png = render_png(out_dir / f"{stem}.png", xyz, rgb, args.width, args.height, up, args.point_size,
-                             legend=legend, title=title)  # fmt: skip
-            row["png"] = str(png)
-        _logger.info("%s (%s): part purity %.3f -> %s", stem, dataset.names[index], purity, row.get("png", row["ply"]))
-        results.append(row)
-    return results
+    with user_errors(args.debug):
+        return visualize_checkpoint(
+            args.checkpoint, args.index, args.split, args.highlight, args.output_dir, args.data_root, args.headless,
+            args.width, args.height, args.point_size, allow_pickle=args.trust_checkpoint,
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

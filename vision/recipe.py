@@ -70,7 +70,7 @@ from engine import (
 
 from .data import build_dataset, patch_posterize  # importing vision (this package) registered the models in timm
 
-__all__ = ["DeiTConfig", "DeiTRecipe", "build_loaders", "build_model", "build_transforms", "evaluate"]
+__all__ = ["DeiTConfig", "DeiTRecipe", "build_loaders", "build_model", "build_transforms", "evaluate", "model_spec"]
 
 _logger = logging.getLogger(__name__)
 
@@ -154,12 +154,18 @@ class DeiTConfig:
 MODEL_KNOBS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "centroid_index")
 
 
+def model_spec(cfg: DeiTConfig, num_classes: int) -> tuple[str, dict[str, Any]]:
+    """``(cfg.model, timm.create_model keywords)``: the classes of the data, image size, dropout rates, the config's
+    knobs and ``model_kwargs``."""
+    fixed = dict(num_classes=num_classes, img_size=cfg.img_size, drop_rate=cfg.drop_rate, drop_path_rate=cfg.drop_path)
+    return cfg.model, {**fixed, **collect_model_kwargs(cfg, MODEL_KNOBS)}
+
+
 def build_model(cfg: DeiTConfig, num_classes: int) -> nn.Module:
     """``timm.create_model(cfg.model, ...)`` with the config's knobs and ``model_kwargs`` (a foreign one is named)."""
-    kwargs = collect_model_kwargs(cfg, MODEL_KNOBS)
-    fixed = dict(num_classes=num_classes, img_size=cfg.img_size, drop_rate=cfg.drop_rate, drop_path_rate=cfg.drop_path)
+    name, kwargs = model_spec(cfg, num_classes)
     try:
-        return create_with_kwargs(functools.partial(timm.create_model, cfg.model, **fixed), cfg.model, kwargs)
+        return create_with_kwargs(functools.partial(timm.create_model, name), name, kwargs)
     except RuntimeError as err:
         if "Unknown model" not in str(err):
             raise
@@ -355,6 +361,9 @@ class DeiTRecipe(Recipe):
 
     def build_loaders(self, train_set: Any, eval_set: Any):
         return _loaders(self.cfg, self.ctx, train_set, eval_set)
+
+    def model_spec(self) -> tuple[str, dict[str, Any]]:
+        return model_spec(self.cfg, self.train_set.num_classes)
 
     def build_model(self) -> nn.Module:
         return build_model(self.cfg, self.train_set.num_classes)

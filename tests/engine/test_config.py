@@ -52,6 +52,18 @@ def test_precedence_defaults_yaml_overrides(tmp_path):
     assert cfg.name == "run"  # default
 
 
+def test_saved_defaults_sit_below_yaml_and_overrides(tmp_path, caplog):
+    """A command that opens a run starts from the run's saved config: YAML and --set still win over it."""
+    saved = config_to_dict(Cfg(name="trained", lr=0.02, epochs=7, dims=[8]))
+    saved["dropped_key"] = 1  # a key the class no longer has: skipped with a warning
+    path = write(tmp_path / "exp.yaml", {"epochs": 9})
+    cfg = load_config(Cfg, path, ["lr=0.5"], defaults=saved, defaults_source="checkpoint x/last.pt")
+    assert (cfg.name, cfg.lr, cfg.epochs, cfg.dims, cfg.scales) == ("trained", 0.5, 9, [8], (1.0, 2.0))
+    assert "checkpoint x/last.pt sets 'dropped_key', which Cfg does not have" in caplog.text
+    with pytest.raises(ValueError, match=r"checkpoint x/last.pt: key 'lr' expects float"):
+        load_config(Cfg, defaults={"lr": "fast"}, defaults_source="checkpoint x/last.pt")
+
+
 def test_base_chain_relative_to_including_file(tmp_path):
     write(tmp_path / "base.yaml", {"name": "base", "lr": 0.5, "epochs": 3})
     write(tmp_path / "mid.yaml", {"base": "base.yaml", "lr": 0.2})

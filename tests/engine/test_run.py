@@ -22,6 +22,7 @@ from engine import (
     collect_model_kwargs,
     create_with_kwargs,
     load_checkpoint,
+    main,
     run,
     split_batch,
 )
@@ -155,3 +156,27 @@ def test_split_batch():
         split_batch(32, 3)
     with pytest.raises(UsageError, match="batch_size=32 exceeds the 31 samples"):
         split_batch(32, 1, train_size=31)
+
+
+def test_eval_only_refuses_a_config_that_changes_the_model(tmp_path):
+    _run(BlobsConfig(hidden=16), tmp_path)
+    with pytest.raises(UsageError, match=r"refusing to evaluate .*best\.pt .*hidden: 16 in the checkpoint, None now"):
+        _run(BlobsConfig(), tmp_path, eval_only=True)
+    evaluated = _run(BlobsConfig(hidden=16, lr=0.5, eval_batch_size=5), tmp_path, eval_only=True)  # training-only
+    assert evaluated["val_acc"] == load_checkpoint(tmp_path / "best.pt")["metrics"]["val_acc"]
+
+
+def test_the_command_line_opens_a_run_with_its_saved_config(tmp_path, caplog):
+    """eval-only and --resume auto need none of the --set the run was started with (engine.load_run_config)."""
+    flags = ["--no-progress", "--device", "cpu", "--output-dir", str(tmp_path)]
+    main(BlobsRecipe, [*flags, "--epochs", "2", "--set", "hidden=16", "lr=0.02", "seed=3"])
+    best = load_checkpoint(tmp_path / "best.pt")
+    evaluated = main(BlobsRecipe, [*flags, "--eval-only"])
+    assert evaluated["val_acc"] == best["metrics"]["val_acc"]
+    assert f"starting from the config saved in {tmp_path / 'best.pt'}" in caplog.text
+    resumed = main(BlobsRecipe, [*flags, "--resume", "auto", "--epochs", "3"])
+    assert resumed["epochs"] == 3
+    assert load_checkpoint(tmp_path / "last.pt")["config"] | {"epochs": 2} == best["config"]
+    # the reference: the same three epochs in one go give the same result
+    full = _run(BlobsConfig(hidden=16, lr=0.02, seed=3), tmp_path / "full")
+    assert _untimed(resumed) == _untimed(full)

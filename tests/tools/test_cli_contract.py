@@ -20,13 +20,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.data import default_collate
 
 import engine
 import lra
 from capsules.recipe import CapsulesRecipe
 from capsules.testing import TINY_CAPSULES_SETS
 from engine import Recipe
-from engine.testing import read_log, start_tool, stop_after_first_checkpoint, strip_timing, torchrun
+from engine.export import load_exported
+from engine.testing import read_log, run_tool, start_tool, stop_after_first_checkpoint, strip_timing, torchrun
 from lra.testing import TINY_LISTOPS_SETS
 from pointcloud.recipe import ModelNetRecipe
 from pointcloud.testing import TINY_MODELNET_SETS
@@ -162,6 +164,50 @@ def test_smoke_run_folder_eval_only_and_resume_with_more_epochs(cli: CLI, tmp_pa
     after = _snapshot(run)
     after.pop("eval_metrics.json")
     assert after == before
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Commands that open a run read its config: eval-only, resume, export
+# --------------------------------------------------------------------------------------------------------------------
+
+BARE = ("--no-progress", "--device", "cpu")  # no --set: everything the run needs comes from its checkpoint
+
+
+@pytest.mark.parametrize("cli", PARAMS)
+def test_eval_only_resume_and_export_rebuild_a_set_run_without_its_sets(cli: CLI, tmp_path: Path, capsys) -> None:
+    """The run is started entirely with --set (the tiny config); the commands that open it repeat none of it."""
+    run = tmp_path / "run"
+    cli.main("--epochs", "1", "--output-dir", str(run))
+    best = torch.load(run / "best.pt", weights_only=True)
+    trained = read_log(run)[best["epoch"] - 1][cli.monitor]
+    ev = engine.main(cli.recipe, [*BARE, "--eval-only", "--output-dir", str(run)], report=cli.report)
+    assert ev[cli.monitor] == pytest.approx(trained, rel=1e-5, abs=1e-6)  # the trained model on its own test set
+    # a key that defines the model or the data is refused with the diff; an evaluation-only key is applied
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        engine.main(cli.recipe, [*BARE, "--eval-only", "--output-dir", str(run), "--set", "seed=5"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "refusing to evaluate" in err and "seed: 0 in the checkpoint, 5 now" in err
+    engine.main(cli.recipe, [*BARE, "--eval-only", "--output-dir", str(run), "--set", "eval_batch_size=3"])
+    # --resume auto continues the run with its own config (more epochs is the allowed change)
+    resumed = engine.main(cli.recipe, [*BARE, "--epochs", "2", "--resume", "auto", "--output-dir", str(run)])
+    assert resumed["epochs"] == 2 and [r["epoch"] for r in read_log(run)] == [0, 1]
+    # export without flags: the trained model, its recorded constructor keywords, identical outputs
+    done = run_tool("export_weights", [str(run / "best.pt"), "--out", str(tmp_path / "export")])
+    assert done.returncode == 0, done.stderr[-3000:]
+    exported = load_exported(tmp_path / "export")
+    state = torch.load(run / "best.pt", weights_only=True)
+    cfg = engine.load_config(cli.recipe.config_cls, defaults=state["config"])
+    recipe = cli.recipe(cfg, engine.DistributedContext())
+    recipe.train_set, recipe.eval_set = recipe.build_datasets()
+    model = recipe.build_model().eval()
+    model.load_state_dict(state["model"])
+    x = default_collate([recipe.eval_set[i] for i in range(2)])[0]
+    with torch.no_grad():
+        assert torch.equal(exported(x), model(x))
+    meta = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert meta["model_args"] == recipe.model_spec()[1] == state["model_spec"]["kwargs"]
 
 
 # --------------------------------------------------------------------------------------------------------------------

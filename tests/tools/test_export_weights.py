@@ -16,7 +16,7 @@ from torch.testing import assert_close
 import pointcloud
 import vision  # noqa: F401
 from engine.checkpoint import save_checkpoint
-from engine.export import export_weights, model_args_from_overrides
+from engine.export import export_weights, load_exported, model_args_from_overrides
 from engine.testing import REPO, tool_env
 
 OURS_1 = "centroid_deit_tiny_c6_patch16_224"
@@ -84,3 +84,31 @@ def test_errors_name_the_fix(tmp_path: Path) -> None:
         export_weights(tmp_path / "best.pt", tmp_path / "out", "no_such_model")
     with pytest.raises(ValueError, match=r"\.safetensors"):
         pointcloud.create_model("centroid_transformer_modelnet40", checkpoint=tmp_path / "best.pt")
+
+
+def test_a_recorded_model_spec_is_used_and_a_changed_keyword_refused(tmp_path: Path) -> None:
+    name, kwargs = "centroid_transformer_modelnet40", {"num_neighbors": 4, "num_classes": 5}
+    torch.manual_seed(0)
+    model = _perturbed(pointcloud.create_model(name, **kwargs))
+    state = {"model": model.state_dict(), "config": {"model": name}, "model_spec": {"name": name, "kwargs": kwargs}}
+    save_checkpoint(state, tmp_path / "best.pt")
+    export_weights(tmp_path / "best.pt", tmp_path / "out")  # no name, no keywords: the recorded ones
+    loaded = load_exported(tmp_path / "out")
+    x = torch.rand(2, 64, 3)
+    with torch.no_grad():
+        assert_close(loaded(x), model(x), rtol=0, atol=0)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_args"] == kwargs
+    with pytest.raises(ValueError, match=r"refusing to export .*num_neighbors: 4 in the run, 8 now"):
+        export_weights(tmp_path / "best.pt", tmp_path / "bad", model_args={"num_neighbors": 8})
+    with pytest.raises(ValueError, match="holds a centroid_transformer_modelnet40, not a dgcnn"):
+        export_weights(tmp_path / "best.pt", tmp_path / "bad", name="dgcnn")
+    export_weights(tmp_path / "best.pt", tmp_path / "torch", model_args={"attn_backend": "gather"})  # an added keyword
+
+
+def test_cli_user_errors_are_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "export_weights.py"), str(tmp_path / "missing.pt"), "--out", "x"],
+        env=tool_env(), capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == f"error: checkpoint not found: {tmp_path / 'missing.pt'}"
