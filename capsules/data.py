@@ -1,4 +1,5 @@
-"""Point clouds with part labels for the capsule autoencoder: ShapeNet Part, ShapeNet Core13, embedded synthetic parts.
+"""Point clouds for the capsule autoencoder: ShapeNet Part, ShapeNet Core13, the ModelNet releases, a plain folder of
+clouds, embedded synthetic parts.
 
 Every dataset returns ``(points, parts)``: float32 ``(num_points, 3)`` centred at the centroid and scaled to max norm 1
 (unit sphere), and int64 ``(num_points,)`` part labels (``-1`` where the source has none, e.g. Core13). Shapes with a
@@ -13,14 +14,23 @@ name (:data:`DATASETS`)  source                                                 
 ``shapenet_part``        ``shapenetcore_partanno_segmentation_benchmark_v0``           per category, from 1
 ``shapenet_part_normal`` ``shapenetcore_partanno_segmentation_benchmark_v0_normal``    global, 0..49
 ``shapenet_core13``      ``shapenet_core13_points`` (sampled point files, see README)  none (-1)
+``modelnet40_normal``    the ModelNet releases, read by :mod:`pointcloud.data`         none (-1)
+(and every other name    (:class:`PointCloudShapes`: ``modelnet40_h5``,
+of its ``DATASETS``)     ``modelnet{40,10}_normal``, ``modelnet{40,10}_sampled``)
+``cloud_folder``         any folder of clouds, one ``.npy`` / ``.txt`` / ``.ply`` file   none (-1)
+                         per shape (:class:`CloudFolder`, :data:`CLOUD_FOLDER_TREE`)
 ======================== ============================================================ =====================
 
 Part labels are kept as the files store them: part purity (:mod:`capsules.metrics`) only compares labels within a
-shape. Expected trees are in ``datasets/README.md`` and in the errors a missing or corrupt file raises.
+shape; on data without labels the label-free patch spread measures the decomposition instead. Each dataset has an
+``up_axis`` (``"z"`` for the synthetic shapes, ``"y"`` for the ShapeNet and ModelNet releases), which the viewer uses
+unless the config sets one. Expected trees are in ``datasets/README.md`` and in the errors a missing or corrupt file
+raises.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -34,17 +44,22 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from engine.data import locate
+from engine.data import data_root, locate
+from pointcloud.data import DATASETS as CLASSIFICATION_DATASETS
+from pointcloud.data import build_dataset as build_classification_dataset
 from pointcloud.synthetic import SHAPE_BUILDERS
 from pointcloud.transforms import normalize_unit_sphere
 
 __all__ = [
+    "CLOUD_FOLDER_TREE",
     "CORE13_TREE",
     "DATASETS",
     "PART_NAMES",
     "SHAPENET_PART_NORMAL_TREE",
     "SHAPENET_PART_TREE",
+    "CloudFolder",
     "PartDataset",
+    "PointCloudShapes",
     "ShapeNetCore13",
     "ShapeNetPart",
     "SyntheticParts",
@@ -129,6 +144,8 @@ class PartDataset(Dataset):
     Subclasses fill ``self.names`` (one id per shape) and ``self.categories`` (category index per shape) and
     implement ``load(index) -> (xyz (n, 3), parts (n,))``.
     """
+
+    up_axis: ClassVar[str] = "y"  # ShapeNet and ModelNet store their shapes y up
 
     def __init__(self, split: str, num_points: int, seed: int, splits: Sequence[str]) -> None:
         if split not in splits:
@@ -352,6 +369,8 @@ class SyntheticParts(PartDataset):
         seed: Generation seed.
     """
 
+    up_axis: ClassVar[str] = "z"
+
     def __init__(
         self,
         split: str = "train",
@@ -401,11 +420,162 @@ class SyntheticParts(PartDataset):
         return self._cache[index]
 
 
+class PointCloudShapes(PartDataset):
+    """A classification dataset of :mod:`pointcloud.data` (the ModelNet releases) as shapes for the autoencoder.
+
+    The clouds are read by the classifier's loaders (one implementation of each release), as they read them: the first
+    ``num_points`` stored points (see :mod:`pointcloud.data`). The class is the shape's category; there are no part
+    labels (all ``-1``). Names are the release's shape ids (``table_0053``) where it has them, else
+    ``<class>_<index>``.
+
+    Args:
+        dataset: A name of :data:`pointcloud.data.DATASETS` other than ``synthetic``, e.g. ``"modelnet40_normal"``.
+        root: Data root or the release folder itself.
+        split: ``"train"`` or ``"test"``.
+        num_points: Points per cloud.
+        seed: Seed of the resampling (not used by the releases, which hold enough points).
+    """
+
+    def __init__(
+        self,
+        dataset: str,
+        root: str | PathLike | None = None,
+        split: str = "train",
+        num_points: int = 2048,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(split, num_points, seed, ("train", "test"))
+        self.source = build_classification_dataset(dataset, split, root, num_points=num_points, seed=seed)
+        labels = [int(label) for label in self.source.labels]
+        self.category_names = list(self.source.classes)
+        self.categories = labels
+        ids = getattr(self.source, "ids", None)
+        self.names = list(ids) if ids is not None else [f"{self.category_names[c]}_{i}" for i, c in enumerate(labels)]
+        self.root = getattr(self.source, "root", None)
+
+    def check_files(self) -> None:
+        """The release loader's own checks of every file (:mod:`pointcloud.data`)."""
+        check = getattr(self.source, "check_files", None)
+        if callable(check):
+            check()
+
+    def load(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        xyz = np.asarray(self.source.load_points(index)[:, :3], dtype=np.float64)
+        return xyz, np.full(len(xyz), -1, dtype=np.int64)
+
+
+CLOUD_FOLDER_TREE = """\
+<data root: the folder itself>/
+  train/ ... <shape>.npy | .txt | .ply    one shape per file, at any depth; the first subfolder is its category
+  test/  ...
+or, with split files:
+  <any files as above>
+  train.txt, test.txt                    one path per line, relative to the folder (the extension may be left out)
+.npy: float array (n, >= 3); .txt / .xyz / .pts: rows of >= 3 numbers (space or comma separated), x y z first;
+.ply: a point cloud (its vertices) or a mesh (area-weighted surface samples)."""
+
+CLOUD_SUFFIXES = (".npy", ".txt", ".xyz", ".pts", ".ply")
+
+
+def _read_cloud(path: Path, num_points: int, seed: tuple[int, ...]) -> np.ndarray:
+    """The ``(n, 3)`` float64 cloud stored in ``path`` (one of :data:`CLOUD_SUFFIXES`), checked finite and non-empty."""
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".npy":
+            array = np.load(path, allow_pickle=False)
+        elif suffix == ".ply":
+            import trimesh
+
+            shape = trimesh.load(path, process=False)
+            if isinstance(shape, trimesh.Trimesh) and len(shape.faces):
+                array, _ = trimesh.sample.sample_surface(shape, num_points, seed=np.random.default_rng(seed))
+            else:
+                array = np.asarray(getattr(shape, "vertices", np.zeros((0, 3))))
+        else:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                comma = "," in f.readline()
+            array = np.loadtxt(path, dtype=np.float64, delimiter="," if comma else None, ndmin=2)
+    except (ValueError, OSError) as err:
+        raise ValueError(f"{path}: not a readable point cloud ({err}). Expected:\n{CLOUD_FOLDER_TREE}") from err
+    array = np.asarray(array, dtype=np.float64)
+    if array.ndim != 2 or array.shape[1] < 3 or len(array) == 0:
+        raise ValueError(
+            f"{path}: expected an (n, >= 3) cloud, got shape {array.shape}. Expected:\n{CLOUD_FOLDER_TREE}"
+        )
+    if not np.isfinite(array[:, :3]).all():
+        raise ValueError(f"{path}: contains NaN or Inf coordinates")
+    return array[:, :3]
+
+
+class CloudFolder(PartDataset):
+    """Any unlabelled point clouds: a folder with one file per shape (:data:`CLOUD_FOLDER_TREE`).
+
+    The split is a subfolder (``train/``, ``test/``) or a split file (``train.txt``, ``test.txt``); a shape's category
+    is its first subfolder below the split folder (or in its listed path), ``"all"`` if it has none. Clouds are
+    resampled to ``num_points`` like every dataset here; meshes in ``.ply`` files are sampled on their surface. No part
+    labels (all ``-1``): the autoencoder's label-free patch spread measures the decomposition.
+
+    Args:
+        root: The folder (default: the data root, ``$CENTROID_DATA`` or ``./datasets``).
+        split: ``"train"`` or ``"test"``.
+        num_points: Points per returned cloud.
+        seed: Seed of the resampling and of the surface samples of meshes.
+    """
+
+    def __init__(
+        self, root: str | PathLike | None = None, split: str = "train", num_points: int = 2048, seed: int = 0
+    ) -> None:
+        super().__init__(split, num_points, seed, ("train", "test"))
+        self.root = data_root(root)
+        listing, folder = self.root / f"{split}.txt", self.root / split
+        if listing.is_file():
+            self.files = [
+                self._listed(listing, line.strip()) for line in listing.read_text().splitlines() if line.strip()
+            ]
+            base = self.root
+        elif folder.is_dir():
+            self.files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in CLOUD_SUFFIXES and p.is_file())
+            base = folder
+        else:
+            raise FileNotFoundError(
+                f"no {split} split in {self.root}: expected a folder {folder} or a file {listing}. Expected tree:\n"
+                f"{CLOUD_FOLDER_TREE}"
+            )
+        if not self.files:
+            raise ValueError(f"the {split} split of {self.root} holds no cloud ({', '.join(CLOUD_SUFFIXES)} files)")
+        relative = [f.relative_to(base) for f in self.files]
+        self.names = [r.with_suffix("").as_posix() for r in relative]
+        category = [r.parts[0] if len(r.parts) > 1 else "all" for r in relative]
+        self.category_names = sorted(set(category))
+        self.categories = [self.category_names.index(c) for c in category]
+        _logger.info("cloud folder %s: %d shapes in %s", split, len(self), self.root)
+
+    def _listed(self, listing: Path, entry: str) -> Path:
+        path = self.root / entry
+        if path.is_file():
+            return path
+        found = [path.with_suffix(s) for s in CLOUD_SUFFIXES if path.with_suffix(s).is_file()]
+        if not found:
+            raise FileNotFoundError(f"{listing} lists {entry!r}, but no such cloud file exists under {self.root}")
+        return found[0]
+
+    def check_files(self) -> None:
+        """Reads every cloud once before training: a file that cannot be read fails now, naming itself."""
+        for index, path in enumerate(self.files):
+            _read_cloud(path, self.num_points, (self.seed, index))
+
+    def load(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        xyz = _read_cloud(self.files[index], self.num_points, (self.seed, index))
+        return xyz, np.full(len(xyz), -1, dtype=np.int64)
+
+
 DATASETS: dict[str, Callable[..., PartDataset]] = {
     "synthetic_parts": SyntheticParts,
     "shapenet_part": ShapeNetPart,
     "shapenet_part_normal": lambda **kw: ShapeNetPart(layout="normal", **kw),
     "shapenet_core13": ShapeNetCore13,
+    **{name: functools.partial(PointCloudShapes, name) for name in CLASSIFICATION_DATASETS if name != "synthetic"},
+    "cloud_folder": CloudFolder,
 }
 """Dataset name -> constructor, for configs and CLIs (:func:`build_dataset`)."""
 

@@ -20,6 +20,7 @@ data are rebuilt from the config saved in the checkpoint, as every command that 
 from __future__ import annotations
 
 import colorsys
+import difflib
 import logging
 import os
 from collections.abc import Sequence
@@ -32,7 +33,7 @@ import torch
 from attention import knn
 from engine import UsageError, load_checkpoint, load_config, saved_config
 
-from .metrics import capsule_parts
+from .metrics import capsule_parts, patch_spread, random_patches
 from .recipe import CapsulesConfig, build_datasets, build_model
 
 __all__ = [
@@ -51,7 +52,9 @@ _logger = logging.getLogger(__name__)
 
 GREY = (0.72, 0.72, 0.72)
 
-# Camera placement per up axis: eye offset from the centre, and the axis along which the two clouds sit side by side.
+#: Vertical field of view of the rendered pictures, in degrees.
+FIELD_OF_VIEW = 40.0
+# Camera direction per up axis (eye offset from the centre) and the up vector; the distance is fitted (_camera).
 _VIEWS = {
     "z": (np.array([1.6, -4.2, 2.4]), np.array([0.0, 0.0, 1.0])),
     "y": (np.array([1.6, 2.0, 4.2]), np.array([0.0, 1.0, 0.0])),
@@ -120,7 +123,8 @@ def legend_entries(
     part_names: Sequence[str] | None = None,
     highlight: Sequence[int] | None = None,
 ) -> list[tuple[tuple[float, float, float], str]]:
-    """One ``(colour, text)`` per coloured capsule: ``"capsule m: <part> 0.97"``, ordered by part label.
+    """One ``(colour, text)`` per coloured capsule: ``"capsule m: <part> 0.97"``, ordered by part label (just
+    ``"capsule m"`` when no capsule has a labelled point, i.e. data without part labels).
 
     Args:
         part_label: each capsule's majority part label (:func:`capsules.metrics.capsule_parts`; ``< 0``: none).
@@ -132,6 +136,8 @@ def legend_entries(
     palette = capsule_palette(M)
     keep = range(M) if highlight is None else sorted(set(highlight))
 
+    unlabelled = all(int(label) < 0 for label in part_label)  # data without part labels: just the capsules
+
     def name(label: int) -> str:
         if label < 0:
             return "no labelled point"
@@ -141,7 +147,11 @@ def legend_entries(
     entries = []
     for m in order:
         p = float(purity[m])
-        text = f"capsule {m}: {name(int(part_label[m]))}" + ("" if np.isnan(p) else f" {p:.2f}")
+        text = (
+            f"capsule {m}"
+            if unlabelled
+            else f"capsule {m}: {name(int(part_label[m]))}" + ("" if np.isnan(p) else f" {p:.2f}")
+        )
         entries.append((tuple(float(c) for c in palette[m]), text))
     if highlight is not None and len(keep) < M:
         entries.append((GREY, "other capsules"))
@@ -198,11 +208,28 @@ def write_ply(path: str | PathLike, xyz: np.ndarray, rgb: np.ndarray) -> Path:
     return path
 
 
-def _camera(xyz: np.ndarray, up: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _camera(
+    xyz: np.ndarray, up: str, aspect: float = 2.0, fov: float = FIELD_OF_VIEW, margin: float = 0.05
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Look-at centre, eye and up vector of a pinhole camera (vertical field of view ``fov`` degrees, width / height
+    ``aspect``) that sees every point of ``xyz`` with ``margin`` of the picture left free on each side.
+
+    The view direction is fixed per up axis (:data:`_VIEWS`); the distance is the smallest at which every point
+    projects inside the picture, so shapes long along any axis (tables, cars, sofas) are framed whole.
+    """
     offset, up_vec = _VIEWS[up]
     centre = (xyz.min(0) + xyz.max(0)) / 2
-    extent = float(np.linalg.norm(xyz.max(0) - xyz.min(0)))
-    return centre, centre + offset / np.linalg.norm(offset) * extent * 0.95, up_vec
+    back = offset / np.linalg.norm(offset)  # from the centre towards the eye
+    right = np.cross(up_vec, back)
+    right /= np.linalg.norm(right)
+    true_up = np.cross(back, right)
+    rel = xyz - centre
+    depth = rel @ back  # towards the eye: a point closer to the camera needs more distance
+    half_v = np.tan(np.radians(fov) / 2) * (1 - 2 * margin)
+    half_h = half_v * aspect
+    need = np.maximum(np.abs(rel @ right) / half_h, np.abs(rel @ true_up) / half_v) + depth
+    distance = max(float(need.max()), 1e-6)
+    return centre, centre + back * distance, up_vec
 
 
 def _render_offscreen(xyz: np.ndarray, rgb: np.ndarray, width: int, height: int, up: str, point_size: float):
@@ -216,8 +243,8 @@ def _render_offscreen(xyz: np.ndarray, rgb: np.ndarray, width: int, height: int,
     renderer.scene.set_background([1.0, 1.0, 1.0, 1.0])
     renderer.scene.view.set_post_processing(False)  # no tone mapping: the palette's colours as they are
     renderer.scene.add_geometry("capsules", _point_cloud(xyz, rgb), material)
-    centre, eye, up_vec = _camera(xyz, up)
-    renderer.setup_camera(40.0, centre, eye, up_vec)
+    centre, eye, up_vec = _camera(xyz, up, aspect=width / height)
+    renderer.setup_camera(FIELD_OF_VIEW, centre, eye, up_vec)
     return np.asarray(renderer.render_to_image())
 
 
@@ -230,7 +257,7 @@ def _render_legacy(xyz: np.ndarray, rgb: np.ndarray, width: int, height: int, up
     try:
         vis.add_geometry(_point_cloud(xyz, rgb))
         vis.get_render_option().point_size = point_size
-        centre, eye, up_vec = _camera(xyz, up)
+        centre, eye, up_vec = _camera(xyz, up, aspect=width / height)
         ctrl = vis.get_view_control()
         ctrl.set_lookat(centre)
         ctrl.set_front((eye - centre) / np.linalg.norm(eye - centre))
@@ -304,7 +331,7 @@ def show(xyz: np.ndarray, rgb: np.ndarray, title: str = "capsule decomposition",
 
 def visualize_checkpoint(
     checkpoint: str | PathLike,
-    indices: Sequence[int] = (0, 1, 2, 3),
+    indices: Sequence[int] = (),
     split: str = "test",
     highlight: Sequence[int] | None = None,
     output_dir: str | PathLike | None = None,
@@ -314,20 +341,27 @@ def visualize_checkpoint(
     height: int = 480,
     point_size: float = 6.0,
     allow_pickle: bool = False,
+    shapes: Sequence[str] = (),
 ) -> list[dict]:
-    """Shows (or renders) the part decomposition of shapes ``indices`` of ``split`` by a trained capsule autoencoder.
+    """Shows (or renders) the part decomposition of shapes of ``split`` by a trained capsule autoencoder.
 
     Per shape: ``<output_dir>/<split>_<index>.ply`` (input and reconstruction side by side, see :func:`decomposition`)
     and, without a display or with ``headless``, ``<split>_<index>.png`` with a legend (:func:`render_png`); with a
     display an Open3D window (:func:`show`). The model, data and point count come from the checkpoint's config;
-    ``data_root`` only says where the data lies.
+    ``data_root`` only says where the data lies. The picture's title gives the shape's part purity where the data has
+    part labels, else its patch spread beside that of random patches of the same sizes
+    (:func:`capsules.metrics.patch_spread`: capsules that decode regions score well below the random level).
+
+    Args:
+        indices: Shapes by index in the split; ``shapes``: by name (``dataset.names``, e.g. ``table_0053``). Neither:
+            the first four shapes.
 
     Returns:
-        One dict per shape: ``index``, ``name``, ``part_purity`` (mean over the capsules with labelled points),
-        ``ply`` and ``png`` (when rendered).
+        One dict per shape: ``index``, ``name``, ``part_purity`` (mean over the capsules with labelled points; NaN
+        without labels), ``patch_spread``, ``patch_spread_random``, ``ply`` and ``png`` (when rendered).
 
     Raises:
-        UsageError: The checkpoint holds no config, or an index is outside the split.
+        UsageError: The checkpoint holds no config, an index is outside the split, or a name is not in it.
     """
     checkpoint = Path(checkpoint)
     state = load_checkpoint(checkpoint, allow_pickle=allow_pickle)
@@ -337,37 +371,61 @@ def visualize_checkpoint(
     cfg = load_config(CapsulesConfig, defaults=saved, defaults_source=f"checkpoint {checkpoint}")
     train_set, test_set = build_datasets(cfg, data_root)
     dataset = test_set if split == "test" else train_set
-    bad = [i for i in indices if not 0 <= i < len(dataset)]
-    if bad:
-        raise UsageError(f"shape indices {bad} are outside the {split} split's {len(dataset)} shapes")
+    chosen = _chosen_shapes(dataset, split, list(indices), list(shapes))
     model = build_model(cfg)
     model.load_state_dict(state["model"])
     model.eval()
     out_dir = Path(output_dir) if output_dir is not None else checkpoint.parent / "viz"
     interactive = bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and not headless
-    up = "z" if cfg.dataset == "synthetic_parts" else "y"
+    up = cfg.up_axis or dataset.up_axis
     labels = getattr(dataset, "part_labels", None)  # synthetic parts: (class, part name) per label
     part_names = [part for _, part in labels] if labels is not None else None
+    random_capsule = random_patches(model.point_capsule)
     results = []
-    for index in indices:
+    for index in chosen:
         points, parts = dataset[index]
         with torch.no_grad():
             recon = model(points[None])
         label, cap_purity = capsule_parts(recon, model.point_capsule, points[None], parts[None], model.num_latent)
         keep = ~torch.isnan(cap_purity[0])
         purity = float(cap_purity[0][keep].mean()) if bool(keep.any()) else float("nan")
+        spread = patch_spread(recon, model.point_capsule)
+        spread_random = patch_spread(recon, random_capsule)
         xyz, rgb = decomposition(points.numpy(), recon[0].numpy(), model.point_capsule.numpy(), model.num_latent,
                                  highlight=highlight, up=up)  # fmt: skip
         stem, name = f"{split}_{index}", dataset.names[index]
         ply = write_ply(out_dir / f"{stem}.ply", xyz, rgb)
-        row = {"index": index, "name": name, "part_purity": purity, "ply": str(ply)}
+        row = {"index": index, "name": name, "part_purity": purity, "patch_spread": spread,
+               "patch_spread_random": spread_random, "ply": str(ply)}  # fmt: skip
+        score = (
+            f"part purity {purity:.2f}"
+            if bool(keep.any())
+            else f"patch spread {spread:.2f} (random patches {spread_random:.2f})"
+        )
         if interactive:
-            show(xyz, rgb, title=f"{name}: input | reconstruction", point_size=point_size)
+            show(xyz, rgb, title=f"{name}: input | reconstruction, {score}", point_size=point_size)
         else:
             legend = legend_entries(label[0].tolist(), cap_purity[0].tolist(), part_names, highlight)
-            title = f"{name}: input | reconstruction, part purity {purity:.2f}"
+            title = f"{name}: input | reconstruction, {score}"
             png = render_png(out_dir / f"{stem}.png", xyz, rgb, width, height, up, point_size, legend, title)
             row["png"] = str(png)
-        _logger.info("%s (%s): part purity %.3f -> %s", stem, name, purity, row.get("png", row["ply"]))
+        _logger.info("%s (%s): %s -> %s", stem, name, score, row.get("png", row["ply"]))
         results.append(row)
     return results
+
+
+def _chosen_shapes(dataset, split: str, indices: list[int], shapes: list[str]) -> list[int]:
+    """The indices of the shapes asked for by index or by name (default: the first four)."""
+    bad = [i for i in indices if not 0 <= i < len(dataset)]
+    if bad:
+        raise UsageError(f"shape indices {bad} are outside the {split} split's {len(dataset)} shapes")
+    position = {name: i for i, name in enumerate(dataset.names)}
+    missing = [name for name in shapes if name not in position]
+    if missing:
+        close = {name: difflib.get_close_matches(name, position, n=3) for name in missing}
+        hints = "; ".join(f"{name!r}: close names {found}" if found else repr(name) for name, found in close.items())
+        raise UsageError(
+            f"no shape named {hints} in the {split} split ({len(dataset)} shapes, e.g. {dataset.names[:3]})"
+        )
+    chosen = indices + [position[name] for name in shapes]
+    return chosen or list(range(min(4, len(dataset))))

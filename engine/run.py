@@ -62,7 +62,7 @@ class RunOptions:
         eval_only: Evaluate ``checkpoint`` (default: the folder's ``best.pt``), write ``eval_metrics.json``.
         checkpoint: Checkpoint for ``eval_only``.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
-        data_root: Overrides ``cfg.data_root``.
+        data_root: Overrides ``cfg.data_root`` (and is recorded there, as an absolute path, for the config's record).
         trust_checkpoint: Load checkpoints that need the full unpickler (may run code: trusted files only).
         progress: tqdm bars.
         max_steps_per_epoch: Cut epochs short (smoke tests).
@@ -102,6 +102,9 @@ def run(recipe: type[Recipe], cfg: Any, options: RunOptions | None = None, **kwa
     opts = options if options is not None else RunOptions(**kwargs)
     if not isinstance(cfg, recipe.config_cls):
         raise TypeError(f"{recipe.__name__} takes a {recipe.config_cls.__name__}, got {type(cfg).__name__}")
+    if opts.data_root is not None and "data_root" in {f.name for f in fields(cfg)}:
+        # recorded (absolute), so that the commands that open the run later find the data without the flag
+        cfg = replace(cfg, data_root=str(Path(opts.data_root).resolve()))
     validate_common(cfg)
     recipe.validate(cfg)
     ctx = init_distributed(opts.device)

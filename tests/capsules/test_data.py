@@ -155,3 +155,106 @@ def test_resample_is_a_subset_or_all_plus_repeats() -> None:
     assert len(set(idx.tolist())) == 4
     idx = resample(3, 7, rng)
     assert idx[:3].tolist() == [0, 1, 2] and len(idx) == 7 and idx.max() < 3
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# ModelNet releases (through pointcloud.data) and plain folders of clouds: unlabelled shapes for the autoencoder
+# --------------------------------------------------------------------------------------------------------------------
+
+SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "modelnet40_normal_resampled_sample"
+
+
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="the real ModelNet40 sample (../shared/data) is absent")
+def test_modelnet40_normal_through_the_classifier_loader() -> None:
+    from pointcloud.data import ModelNet40Normal
+
+    train = build_dataset("modelnet40_normal", "train", SAMPLE, num_points=512)
+    test = build_dataset("modelnet40_normal", "test", SAMPLE, num_points=512)
+    train.check_files()
+    assert (len(train), len(test)) == (32, 7) and train.up_axis == "y"
+    assert train.names[0] == "airplane_0126" and train.category_names[train.categories[0]] == "airplane"
+    points, parts = train[0]
+    reference = ModelNet40Normal(SAMPLE, "train", num_points=512).load_points(0)  # the classifier's reading
+    centred = reference - reference.mean(0)
+    np.testing.assert_allclose(points.numpy(), centred / np.linalg.norm(centred, axis=1).max(), atol=1e-6)
+    assert points.shape == (512, 3) and (parts == -1).all()
+
+
+def test_modelnet40_h5_as_capsule_shapes(tmp_path: Path) -> None:
+    h5py = pytest.importorskip("h5py")
+    folder = tmp_path / "modelnet40_ply_hdf5_2048"
+    folder.mkdir()
+    (folder / "shape_names.txt").write_text("".join(f"class{i}\n" for i in range(40)))
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        with h5py.File(folder / f"ply_data_{split}0.h5", "w") as f:
+            f["data"] = rng.normal(size=(3, 2048, 3)).astype(np.float32)
+            f["label"] = np.array([[1], [5], [5]], dtype=np.uint8)
+        (folder / f"{split}_files.txt").write_text(f"data/modelnet40_ply_hdf5_2048/ply_data_{split}0.h5\n")
+    shapes = build_dataset("modelnet40_h5", "test", tmp_path, num_points=64)
+    assert len(shapes) == 3 and shapes.names == ["class1_0", "class5_1", "class5_2"]
+    assert shapes[2][0].shape == (64, 3)
+
+
+def _write_clouds(folder: Path, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """One cloud per format, nested one level (the category) or not."""
+    import trimesh
+
+    clouds = {name: rng.normal(size=(50, 3)) for name in ("chair/a", "chair/b", "lamp/c", "d")}
+    (folder / "chair").mkdir(parents=True)
+    (folder / "lamp").mkdir()
+    np.save(folder / "chair" / "a.npy", clouds["chair/a"].astype(np.float32))
+    np.savetxt(folder / "chair" / "b.txt", np.hstack([clouds["chair/b"], np.ones((50, 3))]), delimiter=",")
+    trimesh.PointCloud(clouds["lamp/c"]).export(folder / "lamp" / "c.ply")
+    np.savetxt(folder / "d.xyz", clouds["d"])
+    return clouds
+
+
+@pytest.mark.parametrize("layout", ["split folders", "split files"])
+def test_cloud_folder_reads_every_format(tmp_path: Path, layout: str) -> None:
+    rng = np.random.default_rng(0)
+    if layout == "split folders":
+        clouds = _write_clouds(tmp_path / "train", rng)
+        _write_clouds(tmp_path / "test", rng)
+    else:
+        clouds = _write_clouds(tmp_path / "all", rng)
+        (tmp_path / "train.txt").write_text("all/chair/a\nall/chair/b.txt\nall/lamp/c.ply\nall/d\n")
+        (tmp_path / "test.txt").write_text("all/d.xyz\n")
+    train = build_dataset("cloud_folder", "train", tmp_path, num_points=50)
+    train.check_files()
+    prefix = "" if layout == "split folders" else "all/"
+    names = [name.removeprefix(prefix) for name in train.names]
+    assert sorted(names) == sorted(clouds)
+    for i, name in enumerate(names):
+        points, parts = train[i]
+        cloud = clouds[name] - clouds[name].mean(0)
+        expected = cloud / np.linalg.norm(cloud, axis=1).max()
+        got = points.numpy().astype(np.float64)
+        # same points up to the order of the resampling (50 of 50: a permutation)
+        np.testing.assert_allclose(np.sort(got, axis=0), np.sort(expected, axis=0), atol=1e-5)
+        assert (parts == -1).all()
+    if layout == "split folders":
+        assert train.category_names == ["all", "chair", "lamp"]
+    assert len(build_dataset("cloud_folder", "test", tmp_path, num_points=50)) == (4 if layout == "split folders" else 1)
+
+
+def test_cloud_folder_samples_meshes_and_names_bad_files(tmp_path: Path) -> None:
+    import trimesh
+
+    (tmp_path / "train").mkdir()
+    trimesh.creation.box().export(tmp_path / "train" / "box.ply")
+    shapes = build_dataset("cloud_folder", "train", tmp_path, num_points=300)
+    points, _ = shapes[0]
+    assert points.shape == (300, 3)
+    p = points.numpy()
+    centre, half = (p.max(0) + p.min(0)) / 2, (p.max(0) - p.min(0)) / 2
+    assert len(np.unique(p, axis=0)) > 8  # surface samples, not the mesh's 8 vertices
+    assert np.allclose(np.abs((p - centre) / half).max(1), 1.0, atol=1e-4)  # every point on a face of the cube
+    (tmp_path / "train" / "bad.txt").write_text("1 2 3\n4 five 6\n")
+    with pytest.raises(ValueError, match=r"bad\.txt: not a readable point cloud"):
+        build_dataset("cloud_folder", "train", tmp_path, num_points=8).check_files()
+    with pytest.raises(FileNotFoundError, match=r"no test split in .*expected a folder .*test or a file .*test\.txt"):
+        build_dataset("cloud_folder", "test", tmp_path)
+    (tmp_path / "test.txt").write_text("missing_shape\n")
+    with pytest.raises(FileNotFoundError, match="lists 'missing_shape'"):
+        build_dataset("cloud_folder", "test", tmp_path)

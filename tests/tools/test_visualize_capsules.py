@@ -7,12 +7,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import engine
 from capsules.recipe import CapsulesRecipe
 from capsules.testing import TINY_CAPSULES_SETS
-from capsules.visualize import GREY, add_legend, capsule_palette, decomposition, legend_entries
-from engine.testing import run_tool
+from capsules.visualize import (
+    GREY,
+    add_legend,
+    capsule_palette,
+    decomposition,
+    legend_entries,
+    render_png,
+    visualize_checkpoint,
+)
+from engine.testing import REPO, run_tool
 
 
 def _open3d():
@@ -85,3 +94,43 @@ def test_legend_names_each_capsules_part_and_purity() -> None:
     assert out.shape == (60, 120, 3) and (out[:, :50] == 0).mean() > 0.9  # the render is kept
     swatch = np.abs(out[:, 50:].reshape(-1, 3).astype(float) - 255 * palette[1]).max(-1) < 3
     assert swatch.sum() > 4
+    assert [t for _, t in legend_entries([-1, -1], [float("nan")] * 2)] == ["capsule 0", "capsule 1"]  # no labels
+
+
+SAMPLE = REPO.parent / "shared" / "data" / "modelnet40_normal_resampled_sample"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SAMPLE.is_dir(), reason="the real ModelNet40 sample (../shared/data) is absent")
+def test_every_modelnet40_sample_shape_is_framed_whole(tmp_path: Path) -> None:
+    """Tables, cars and sofas are long along one axis: the camera distance is fitted so no point leaves the picture."""
+    _open3d()
+    from capsules.data import build_dataset
+
+    width, height = 320, 160
+    shapes = [build_dataset("modelnet40_normal", split, SAMPLE, num_points=512) for split in ("train", "test")]
+    for dataset in shapes:
+        for i, name in enumerate(dataset.names):
+            points = dataset[i][0].numpy()
+            xyz, rgb = decomposition(points, points, np.arange(512) % 12, 12, up=dataset.up_axis)
+            png = render_png(tmp_path / f"{name}.png", xyz, rgb, width, height, dataset.up_axis, point_size=3.0)
+            image = np.asarray(Image.open(png).convert("RGB")).astype(np.int16)
+            ink = np.argwhere((image < 235).any(-1))  # non-white pixels
+            assert len(ink) > 100, f"{name}: almost nothing rendered"
+            (top, left), (bottom, right) = ink.min(0), ink.max(0)
+            assert top > 0 and left > 0 and bottom < height - 1 and right < width - 1, (
+                f"{name} touches the border: rows {top}..{bottom} of {height}, columns {left}..{right} of {width}"
+            )
+            assert right - left > width * 0.5 or bottom - top > height * 0.5, f"{name} is framed too small"
+
+
+def test_shapes_are_chosen_by_name(tmp_path: Path) -> None:
+    _open3d()
+    engine.main(CapsulesRecipe, ["--no-progress", "--device", "cpu", "--epochs", "1", "--output-dir",
+                                 str(tmp_path / "run"), "--set", *TINY_CAPSULES_SETS])  # fmt: skip
+    rows = visualize_checkpoint(tmp_path / "run" / "best.pt", shapes=["airplane_0001", "table_0000"], headless=True,
+                                width=200, height=100)  # fmt: skip
+    assert [(r["index"], r["name"]) for r in rows] == [(3, "airplane_0001"), (0, "table_0000")]
+    assert all(0 < r["part_purity"] <= 1 and 0 < r["patch_spread"] for r in rows)
+    with pytest.raises(engine.UsageError, match=r"no shape named 'airplane_01': close names \['airplane_0001'"):
+        visualize_checkpoint(tmp_path / "run" / "best.pt", shapes=["airplane_01"])
