@@ -138,7 +138,8 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, backend
         spread["test_patch_spread"] += patch_spread(recon, model.point_capsule) * len(points)
         spread["test_patch_spread_random"] += patch_spread(recon, chance_capsule) * len(points)
     purities = {k: s / n if n else math.nan for k, (s, n) in sums.items()}
-    return {"test_chamfer": chamfer_sum / max(count, 1), **purities, **{k: v / max(count, 1) for k, v in spread.items()}}
+    spreads = {k: v / max(count, 1) for k, v in spread.items()}
+    return {"test_chamfer": chamfer_sum / max(count, 1), **purities, **spreads}
 
 
 def _scheduler(cfg: CapsulesConfig, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:

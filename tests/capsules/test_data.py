@@ -235,7 +235,8 @@ def test_cloud_folder_reads_every_format(tmp_path: Path, layout: str) -> None:
         assert (parts == -1).all()
     if layout == "split folders":
         assert train.category_names == ["all", "chair", "lamp"]
-    assert len(build_dataset("cloud_folder", "test", tmp_path, num_points=50)) == (4 if layout == "split folders" else 1)
+    test = build_dataset("cloud_folder", "test", tmp_path, num_points=50)
+    assert len(test) == (4 if layout == "split folders" else 1)
 
 
 def test_cloud_folder_samples_meshes_and_names_bad_files(tmp_path: Path) -> None:
