@@ -5,8 +5,9 @@ procedurally rendered dataset that needs no download.
 name (:data:`DATASETS`)  what it reads
 =======================  ==========================================================================================
 ``synthetic``            :class:`SyntheticImages`, 10 shape and texture classes rendered on the fly (the default)
-``imagefolder``          an ImageNet-layout tree ``<root>/{train,val}/<class>/*.JPEG`` through
-                         ``timm.data.create_dataset`` (timm's ``ImageDataset`` and folder reader)
+``imagefolder``          an ImageNet-layout tree ``<root>/{train,val}/<class>/*.JPEG`` (or ``test/`` as the held-out
+                         split, or folder names of your own) through ``timm.data.create_dataset`` (timm's
+                         ``ImageDataset`` and folder reader)
 =======================  ==========================================================================================
 
 Both return PIL images before the transform, so the *same* timm transforms (``timm.data.create_transform``:
@@ -40,8 +41,9 @@ coarse texture patch.
 All classes are invariant to rotation and flips, so the standard augmentations never change the label.
 
 **Data root.** For ``imagefolder``: the ``root`` argument, else ``$CENTROID_DATA``, else ``./datasets``; either the
-ImageNet folder itself (holding ``train/`` and ``val/``) or a data root holding ``imagenet/``. A missing tree raises a
-``FileNotFoundError`` naming the searched folders and :data:`IMAGEFOLDER_TREE`.
+image folder itself (holding ``train/`` and ``val/`` or ``test/``) or a data root holding ``imagenet/``. The held-out
+split is the first of :data:`EVAL_FOLDERS` present, unless ``eval_folder`` names one (``train_folder`` likewise). A
+missing tree raises a ``FileNotFoundError`` naming the searched folders and :data:`IMAGEFOLDER_TREE`.
 """
 
 from __future__ import annotations
@@ -76,12 +78,14 @@ _logger = logging.getLogger(__name__)
 
 DATASETS = ("synthetic", "imagefolder")
 SPLITS = ("train", "val")
+#: Folder names tried, in order, for the held-out split of an ImageFolder tree (the ``val`` role).
+EVAL_FOLDERS = ("val", "test", "validation")
 
 IMAGEFOLDER_TREE = """\
 <data root>/imagenet/            (or pass this folder itself as the root)
   train/<class>/<image>          e.g. train/n01440764/n01440764_10026.JPEG (any PIL-readable image: JPEG, PNG, ...)
   val/<class>/<image>            the same class folders: ILSVRC2012 val sorted into class folders, as DeiT expects
-                                 (labels follow the sorted train class folder names)"""
+                                 (labels follow the sorted train class folder names); or test/ instead of val/"""
 
 SYNTHETIC_CLASSES = ("disk", "ring", "square", "triangle", "cross", "star", "stripes", "checker", "dots", "target")
 _SPLIT_IDS = {"train": 0, "val": 1}
@@ -310,55 +314,71 @@ def _class_folders(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
-def find_imagefolder(root: str | PathLike | None = None) -> Path:
-    """The folder holding ``train/`` and ``val/`` class folders: ``root`` itself or ``root/imagenet``.
+def find_imagefolder(
+    root: str | PathLike | None = None, train_folder: str = "train", eval_folder: str | None = None
+) -> tuple[Path, str]:
+    """The image folder and the name of its held-out split folder.
+
+    The image folder is ``root`` itself or ``root/imagenet``, whichever holds class folders in ``train_folder`` and
+    in the held-out folder: ``eval_folder``, or by default the first of :data:`EVAL_FOLDERS` that has class folders.
 
     Raises:
-        FileNotFoundError: Neither holds both splits with at least one class folder; the message names the searched
-            folders and :data:`IMAGEFOLDER_TREE`.
+        FileNotFoundError: Neither candidate holds both splits; the message lists the subfolders each one has and
+            :data:`IMAGEFOLDER_TREE`.
     """
     base = data_root(root)
     candidates = [base, base / "imagenet"]
+    held_out = (eval_folder,) if eval_folder else EVAL_FOLDERS
     problems = []
     for cand in candidates:
         if not cand.is_dir():
             problems.append(f"{cand}: no such folder")
             continue
-        missing = [s for s in SPLITS if not (cand / s).is_dir() or not _class_folders(cand / s)]
-        if not missing:
-            return cand
-        problems.append(f"{cand}: no class folders in {', '.join(f'{s}/' for s in missing)}")
+        has_classes = {s for s in (train_folder, *held_out) if (cand / s).is_dir() and _class_folders(cand / s)}
+        found = next((s for s in held_out if s in has_classes), None)
+        if train_folder in has_classes and found is not None:
+            return cand, found
+        subfolders = ", ".join(f"{p.name}/" for p in sorted(cand.iterdir()) if p.is_dir()) or "none"
+        wanted = f"{train_folder}/ and {' or '.join(f'{s}/' for s in held_out)}"
+        problems.append(f"{cand}: needs class folders in {wanted}; its subfolders: {subfolders}")
     raise FileNotFoundError(
         f"ImageFolder dataset not found. Searched {[str(c) for c in candidates]} ({'; '.join(problems)}). The data "
-        f"root is --data-root (the `root` argument), else ${DATA_ROOT_ENV}, else ./datasets. Expected tree:\n"
-        f"{IMAGEFOLDER_TREE}\nSee datasets/README.md."
+        f"root is --data-root (the `root` argument), else ${DATA_ROOT_ENV}, else ./datasets; other split folder names "
+        f"are the config keys train_folder / eval_folder. Expected tree:\n{IMAGEFOLDER_TREE}\nSee datasets/README.md."
     )
 
 
-def _imagefolder(root: str | PathLike | None, split: str, transform: Callable | None):
-    """timm's ``ImageDataset`` for one split; val uses train's class -> index map, so labels always agree."""
+def _imagefolder(
+    root: str | PathLike | None,
+    split: str,
+    transform: Callable | None,
+    train_folder: str = "train",
+    eval_folder: str | None = None,
+):
+    """timm's ``ImageDataset`` for one split; the held-out split uses train's class -> index map, so labels agree."""
     from timm.data import create_dataset
     from timm.utils.misc import natural_key
 
-    folder = find_imagefolder(root)
-    train_classes = _class_folders(folder / "train")
+    folder, held_out = find_imagefolder(root, train_folder, eval_folder)
+    name = train_folder if split == "train" else held_out
+    train_classes = _class_folders(folder / train_folder)
     if split == "val":
-        unknown = sorted(set(_class_folders(folder / "val")) - set(train_classes))
+        unknown = sorted(set(_class_folders(folder / held_out)) - set(train_classes))
         if unknown:
             raise ValueError(
-                f"{folder / 'val'} has class folders that {folder / 'train'} lacks: {unknown[:5]}"
-                f"{' ...' if len(unknown) > 5 else ''}; val must use the train class names (ImageNet: sort the "
-                "validation images into their synset folders)"
+                f"{folder / held_out} has class folders that {folder / train_folder} lacks: {unknown[:5]}"
+                f"{' ...' if len(unknown) > 5 else ''}; the held-out split must use the train class names (ImageNet: "
+                "sort the validation images into their synset folders)"
             )
     # One class -> index map for both splits: train's class folders in timm's natural sort order (what timm's folder
-    # reader would build for train alone), so a val split missing a class keeps the right labels.
-    class_map = {name: i for i, name in enumerate(sorted(train_classes, key=natural_key))}
-    ds = create_dataset("", root=str(folder), split=split, class_map=class_map, transform=transform)
+    # reader would build for train alone), so a held-out split missing a class keeps the right labels.
+    class_map = {c: i for i, c in enumerate(sorted(train_classes, key=natural_key))}
+    ds = create_dataset("", root=str(folder), split=name, class_map=class_map, transform=transform)
     class_to_idx = ds.reader.class_to_idx
     ds.classes = sorted(class_to_idx, key=class_to_idx.__getitem__)
     ds.num_classes = len(ds.classes)
     ds.check_files = functools.partial(check_image_files, [path for path, _ in ds.reader.samples])
-    _logger.info("%s: %d images in %d classes (%s)", folder / split, len(ds), ds.num_classes, split)
+    _logger.info("%s: %d images in %d classes (%s)", folder / name, len(ds), ds.num_classes, split)
     return ds
 
 
@@ -404,17 +424,19 @@ def build_dataset(
         split: ``"train"`` or ``"val"``.
         root: Data root for ``imagefolder`` (see :func:`find_imagefolder`); ignored by ``synthetic``.
         transform: Applied to the PIL image (e.g. ``timm.data.create_transform(...)``).
-        **kwargs: ``synthetic`` only: :class:`SyntheticImages` arguments (``num_classes``, ``samples_per_class``,
-            ``image_size``, ``seed``, ``cache``).
+        **kwargs: ``synthetic``: :class:`SyntheticImages` arguments (``num_classes``, ``samples_per_class``,
+            ``image_size``, ``seed``, ``cache``); ``imagefolder``: ``train_folder``, ``eval_folder`` (the folder
+            names of the two splits, see :func:`find_imagefolder`).
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if name == "synthetic":
         return SyntheticImages(split=split, transform=transform, **kwargs)
     if name == "imagefolder":
-        if kwargs:
-            raise ValueError(f"dataset 'imagefolder' takes no extra arguments, got {sorted(kwargs)}")
-        return _imagefolder(root, split, transform)
+        extra = sorted(set(kwargs) - {"train_folder", "eval_folder"})
+        if extra:
+            raise ValueError(f"dataset 'imagefolder' takes train_folder and eval_folder only, got {extra}")
+        return _imagefolder(root, split, transform, **kwargs)
     raise ValueError(f"unknown dataset {name!r}; choices: {', '.join(DATASETS)}")
 
 

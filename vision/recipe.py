@@ -95,6 +95,10 @@ class DeiTConfig:
     # data
     dataset: Literal["synthetic", "imagefolder"] = "synthetic"
     data_root: str | None = None
+    train_folder: str = "train"  # imagefolder: the training split's folder
+    eval_folder: str | None = (
+        None  # imagefolder: the held-out split's folder (None: val/, else test/, else validation/)
+    )
     synthetic_classes: int = 10
     synthetic_train_per_class: int = 750
     synthetic_val_per_class: int = 100
@@ -206,9 +210,37 @@ def build_datasets(cfg: DeiTConfig, data_root: str | None = None, splits: tuple[
                 image_size=cfg.synthetic_image_size,
                 seed=cfg.seed,
             )
+        elif cfg.dataset == "imagefolder":
+            kwargs = dict(train_folder=cfg.train_folder, eval_folder=cfg.eval_folder)
         tf = train_tf if split == "train" else eval_tf
         out[split] = build_dataset(cfg.dataset, split, root=data_root or cfg.data_root, transform=tf, **kwargs)
+    if cfg.dataset == "imagefolder":
+        _warn_small_images(cfg)
     return out
+
+
+#: At or below this resolution ImageNet's eval crop and flips change what the model sees (see _warn_small_images).
+SMALL_IMAGE_SIZE = 64
+
+
+def _warn_small_images(cfg: DeiTConfig) -> None:
+    """One line when ImageNet's flip or eval crop is used on small real images (the embedded synthetic classes are
+    flip invariant and drawn inside the crop, so they are left alone)."""
+    if cfg.img_size > SMALL_IMAGE_SIZE:
+        return
+    habits = []
+    if cfg.hflip > 0:
+        habits.append(f"hflip={cfg.hflip} (flips change digits, text and anything chiral)")
+    if cfg.crop_pct < 1:
+        resized = int(cfg.img_size / cfg.crop_pct)
+        habits.append(f"crop_pct={cfg.crop_pct} (resizes to {resized} px and cuts the border off)")
+    if habits:
+        _logger.warning(
+            "img_size=%d with ImageNet's %s: for small images use configs/vision/small_images.yaml (hflip 0, "
+            "crop_pct 1.0) unless your classes survive these",
+            cfg.img_size,
+            " and ".join(habits),
+        )
 
 
 def _per_rank_batch(cfg: DeiTConfig, ctx: DistributedContext, train_size: int | None = None) -> int:

@@ -36,7 +36,7 @@ def test_checkpoint_state_eval_only_and_another_architecture(tmp_path: Path, cap
     last = train_deit([*TINY, "--eval-only", "--checkpoint", str(tmp_path / "last.pt"), "--output-dir",
                             str(tmp_path / "ev")])  # fmt: skip
     assert last["top1"] == pytest.approx(final["top1"]) and last["ema_top1"] == pytest.approx(final["ema_top1"])
-    # a run folder's config.yaml rebuilds its model; another architecture is named with that hint
+    # a run folder's config.yaml rebuilds its model (as the checkpoint's config does); another architecture is refused
     same = train_deit(["--config", str(tmp_path / "config.yaml"), "--eval-only", "--checkpoint",
                             str(tmp_path / "last.pt"), "--no-progress", "--device", "cpu", "--output-dir",
                             str(tmp_path / "ev2")])  # fmt: skip
@@ -44,7 +44,9 @@ def test_checkpoint_state_eval_only_and_another_architecture(tmp_path: Path, cap
     capsys.readouterr()
     with pytest.raises(SystemExit):
         train_deit([*TINY, "embed_dim=48", "--eval-only", "--output-dir", str(tmp_path)])
-    assert "config.yaml" in capsys.readouterr().err
+    assert (
+        "refusing to evaluate" in (err := capsys.readouterr().err) and "embed_dim: 32 in the checkpoint, 48 now" in err
+    )
 
 
 def test_interrupted_run_resumes_to_the_same_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
@@ -85,6 +87,22 @@ def test_imagefolder_tree_of_jpeg_and_png(tmp_path: Path) -> None:
     assert json.loads((out / "final_metrics.json").read_text())["top1"] == metrics["top1"]
     assert (root / "train").is_dir()
     assert 0 <= metrics["top1"] <= 100 and metrics["top5"] == 100.0  # 3 classes: the top 5 always hit
+
+
+def test_small_images_config_on_a_train_test_imagefolder(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """train/ + test/, as most small real sets are split, with the small-image config: no ImageNet habits, no
+    warning; the same data with ImageNet's flip and eval crop at 32 px gets a one-line warning."""
+    root = write_imagefolder(tmp_path / "digits")
+    (root / "val").rename(root / "test")
+    config = str(REPO / "configs" / "vision" / "small_images.yaml")
+    small = ["embed_dim=32", "depth=2", "num_heads=2", "centroid_index=1", "batch_size=4", "eval_batch_size=4"]
+    flags = ["--no-progress", "--device", "cpu", "--epochs", "1", "--data-root", str(root)]
+    metrics = train_deit([*flags, "--config", config, "--output-dir", str(tmp_path / "a"), "--set", *small])
+    assert metrics["img_size"] == 32 and 0 <= metrics["top1"] <= 100
+    assert "ImageNet's" not in caplog.text
+    train_deit([*flags, "--output-dir", str(tmp_path / "b"), "--set", *small, "dataset=imagefolder", "img_size=32"])
+    warnings = [r.getMessage() for r in caplog.records if "ImageNet's" in r.getMessage()]
+    assert len(warnings) == 1 and "hflip=0.5" in warnings[0] and "crop_pct=0.875 (resizes to 36 px" in warnings[0]
 
 
 def test_bad_config_key_and_missing_data_root_are_named(tmp_path: Path) -> None:

@@ -112,8 +112,8 @@ def test_posterize_patch_survives_pillow_13_zero_bits():
 
 def test_imagefolder_layout(tmp_path: Path):
     root = write_imagefolder(tmp_path / "imagenet")
-    assert find_imagefolder(root) == root
-    assert find_imagefolder(tmp_path) == root  # a data root holding imagenet/
+    assert find_imagefolder(root) == (root, "val")
+    assert find_imagefolder(tmp_path) == (root, "val")  # a data root holding imagenet/
     _, eval_tf = build_transforms(DeiTConfig(img_size=32))
     train = build_dataset("imagefolder", "train", root=root, transform=eval_tf)
     val = build_dataset("imagefolder", "val", root=root, transform=eval_tf)
@@ -137,8 +137,23 @@ def test_imagefolder_val_uses_train_labels(tmp_path: Path):
 
 def test_missing_imagefolder_names_the_tree(tmp_path: Path):
     (tmp_path / "train" / "n01").mkdir(parents=True)
-    with pytest.raises(FileNotFoundError, match=r"(?s)no class folders in val/.*train/<class>/<image>"):
+    (tmp_path / "holdout").mkdir()
+    pattern = r"(?s)needs class folders in train/ and val/ or test/ or validation/; its subfolders: holdout/, train/"
+    with pytest.raises(FileNotFoundError, match=pattern + r".*train_folder / eval_folder.*train/<class>/<image>"):
         find_imagefolder(tmp_path)
+
+
+@pytest.mark.parametrize("held_out", ["test", "holdout"])
+def test_imagefolder_with_test_or_a_named_held_out_split(tmp_path: Path, held_out: str):
+    """train/ + test/ is found by itself; any other name is the config key eval_folder (train_folder likewise)."""
+    root = write_imagefolder(tmp_path / "data")
+    (root / "val").rename(root / held_out)
+    eval_folder = None if held_out == "test" else held_out
+    assert find_imagefolder(root, eval_folder=eval_folder) == (root, held_out)
+    held = build_dataset("imagefolder", "val", root=root, eval_folder=eval_folder)
+    assert len(held) == 6 and held.classes == ["n01", "n02", "n03"]
+    (root / "train").rename(root / "training")
+    assert len(build_dataset("imagefolder", "train", root=root, train_folder="training", eval_folder=eval_folder)) == 12
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -178,6 +193,10 @@ def test_every_config_loads_and_builds():
         cfg = load_config(DeiTConfig, path)
         if path.stem == "synthetic_centroid_tiny":
             assert cfg == DeiTConfig(), "the synthetic config must spell out the dataclass defaults (the main job)"
+            continue
+        if path.stem == "small_images":  # the main job at 32 px without ImageNet's flip and eval crop
+            assert (cfg.dataset, cfg.img_size, cfg.patch_size, cfg.hflip, cfg.crop_pct) == ("imagefolder", 32, 4, 0, 1)
+            assert build_model(cfg, num_classes=5)(torch.randn(1, 3, 32, 32)).shape == (1, 5)
             continue
         # DeiT's recipe
         assert (cfg.dataset, cfg.img_size, cfg.epochs, cfg.batch_size, cfg.lr, cfg.lr_base_size) == (
