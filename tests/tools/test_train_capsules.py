@@ -107,7 +107,10 @@ def test_trains_on_a_plain_folder_of_clouds(tmp_path: Path) -> None:
         for i in range(count):
             size = rng.uniform(0.5, 2.0, size=3)
             mesh = trimesh.creation.box(extents=size) if i % 2 else trimesh.creation.cylinder(0.4, size[0])
-            np.save(tmp_path / "clouds" / split / f"shape{i}.npy", mesh.sample(200, seed=i).astype(np.float32))
+            if i % 3:  # .npy clouds and .ply meshes (sampled on their surface) side by side
+                np.save(tmp_path / "clouds" / split / f"shape{i}.npy", mesh.sample(200, seed=i).astype(np.float32))
+            else:
+                mesh.export(tmp_path / "clouds" / split / f"shape{i}.ply")
     metrics = train_capsules(["--no-progress", "--device", "cpu", "--epochs", "1", "--output-dir",
                               str(tmp_path / "run"), "--data-root", str(tmp_path / "clouds"), "--set",
                               "dataset=cloud_folder", "num_points=64", "batch_size=4"])  # fmt: skip
