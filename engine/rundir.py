@@ -136,7 +136,8 @@ class RunLock:
 
     Where ``fcntl.flock`` works (Linux, macOS) the lock is a ``flock`` on the open file: the kernel gives it to one
     process only and frees it when that process dies, so a lock file whose holder is gone is simply taken over, by
-    exactly one of the processes that try at once. The owner is written while the ``flock`` is held, and a process
+    exactly one of the processes that try at once (a file that names a live process is still respected: its writer
+    may not use ``flock``). The owner is written while the ``flock`` is held, and a process
     that gets the ``flock`` of a file its holder has just deleted (on release) tries again on the new file. Without
     ``flock`` (Windows, or a file system that refuses it) the file is published complete with ``os.link``, which
     fails if it exists; a lock left by a process that no longer runs then has to be deleted by hand (the error says
@@ -204,6 +205,8 @@ class RunLock:
                 return False
             pid, host = _parse(os.pread(fd, 256, 0).decode(errors="replace"))
             if pid is not None and host not in (None, socket.gethostname()):
+                self._refuse((pid, host), alive=True)
+            if pid is not None and pid != os.getpid() and _alive(pid):  # a holder that does not use flock
                 self._refuse((pid, host), alive=True)
             if pid is not None and pid != os.getpid():
                 logger.warning("taking over the stale lock %s of process %s, which no longer runs", self.path, pid)

@@ -150,3 +150,15 @@ def test_a_file_system_without_flock_falls_back_to_the_lock_file(tmp_path, monke
         with pytest.raises(UsageError, match=f"in use by process {os.getpid()}"):
             RunLock(tmp_path).acquire()
     assert not lock.path.exists()
+
+
+def test_a_lock_file_naming_a_live_process_is_respected_without_its_flock(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "run.lock").write_text(f"{holder.pid} {socket.gethostname()}\n")
+        with pytest.raises(UsageError, match=f"in use by process {holder.pid}"):
+            RunLock(tmp_path).acquire()
+        assert (tmp_path / "run.lock").read_text().split()[0] == str(holder.pid)
+    finally:
+        holder.kill()
+        holder.wait()
