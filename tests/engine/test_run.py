@@ -4,6 +4,8 @@ resume path (engine.resume.load_resume), and the recipe helpers (check_config, c
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -13,8 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
+import engine
 import engine.logger as logger_module
 from engine import (
+    NONFINITE_OK,
     TIMING_KEYS,
     Recipe,
     UsageError,
@@ -24,6 +28,7 @@ from engine import (
     load_checkpoint,
     run,
     split_batch,
+    validate_common,
 )
 from engine.logger import read_records
 
@@ -155,3 +160,40 @@ def test_split_batch():
         split_batch(32, 3)
     with pytest.raises(UsageError, match="batch_size=32 exceeds the 31 samples"):
         split_batch(32, 1, train_size=31)
+
+
+@dataclass
+class KnobsConfig(BlobsConfig):
+    label_smoothing: float = 0.0
+    scales: tuple[float, ...] = (1.0, 2.0)
+    num_heads: int | None = None
+    bound: float = field(default=math.inf, metadata={NONFINITE_OK: True})  # a field that may be infinite
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("label_smoothing=nan", "label_smoothing must be finite, got nan"),
+        ("label_smoothing=.inf", "label_smoothing must be finite, got inf"),
+        ("scales=[1.0, .nan]", r"scales must be finite, got \(1\.0, nan\)"),
+        ("model_kwargs.dropout=.nan", r"model_kwargs must be finite, got \{'dropout': nan\}"),
+        ("seed=18446744073709551616", r"seed must be in \[0, 2\*\*63\), got 18446744073709551616"),
+        ("num_heads=0", "num_heads must be >= 1, got 0"),
+        ("model_kwargs.num_heads=0", "model_kwargs.num_heads must be >= 1, got 0"),
+        ("name=../../elsewhere", r"name must be a relative path inside runs/<group>/ \(no '\.\.', not absolute\)"),
+        ("name={tmp}/elsewhere", "name must be a relative path inside runs/<group>/"),
+        ("name=.", "name must name a folder"),
+    ],
+)
+def test_bad_config_values_are_one_line_user_errors(tmp_path, monkeypatch, capsys, override, message):
+    class KnobsRecipe(BlobsRecipe):
+        config_cls = KnobsConfig
+
+    monkeypatch.chdir(tmp_path)  # default run folders go to ./runs
+    with pytest.raises(SystemExit) as exc:
+        engine.main(KnobsRecipe, ["--no-progress", "--device", "cpu", "--set", override.format(tmp=tmp_path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err
+    assert re.search(message, err.strip().splitlines()[-1]), err
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+    validate_common(KnobsConfig(bound=-math.inf, scales=(0.5,)))  # what is finite or allowed passes
