@@ -156,7 +156,7 @@ def run(recipe: type[Recipe], cfg: Any, options: RunOptions | None = None, **kwa
             raise
         raise stop from e
     except Exception as e:
-        storage = _storage_error(e, out_dir)
+        storage = _storage_error(e, out_dir, opts.eval_only)
         if storage is not None:
             raise storage from e
         with contextlib.suppress(AttributeError):  # see main(): such an error is reported as a user error
@@ -190,7 +190,7 @@ _STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 _PERMISSION_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
 
 
-def _storage_error(e: BaseException, folder: Path | None) -> UsageError | None:
+def _storage_error(e: BaseException, folder: Path | None, eval_only: bool = False) -> UsageError | None:
     """A one-line :class:`UsageError` for a write into ``folder`` that the file system refused (``e`` or one of its
     causes is such an ``OSError``), naming the folder, the fix and what is on disk; ``None`` for anything else."""
     refused = _STORAGE_ERRNOS | _PERMISSION_ERRNOS
@@ -211,9 +211,10 @@ def _storage_error(e: BaseException, folder: Path | None) -> UsageError | None:
     fix = "free space on its disk" if full else "make it writable (or choose another --output-dir)"
     epochs = _saved_epochs(folder)
     saved = f"last.pt holds {epochs} epoch(s)" if epochs is not None else "no last.pt was saved"
+    again = "run --eval-only again" if eval_only else f"continue with --resume auto --output-dir {folder}"
     return UsageError(
         f"cannot write to the run folder {folder} ({os.strerror(cause.errno)}{f': {path}' if path else ''}; {saved}): "
-        f"{fix}, then continue with --resume auto --output-dir {folder}"
+        f"{fix}, then {again}"
     )
 
 
@@ -249,7 +250,7 @@ def _setup_folder(
         except Exception as e:
             if lock is not None:
                 lock.release()
-            storage = _storage_error(e, folder)
+            storage = _storage_error(e, folder, opts.eval_only)
             if ctx.is_distributed:
                 ctx.all_gather_object(("", str(storage or e)))
             if storage is not None:

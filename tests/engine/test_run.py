@@ -314,3 +314,19 @@ def test_a_refused_write_is_a_one_line_error_naming_the_folder(
     assert line.startswith(f"error: cannot write to the run folder {run_dir} ({os.strerror(error)}")
     assert f"{fix}" in line and f"--resume auto --output-dir {run_dir}" in line
     assert ("no last.pt was saved" if target == "lock" else "last.pt holds 1 epoch(s)") in line
+
+
+def test_eval_only_into_a_read_only_folder_says_to_run_it_again(tmp_path, monkeypatch, cli_logging, capsys):
+    _run(BlobsConfig(epochs=1), tmp_path)
+
+    def read_only(lock):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(lock.path))
+
+    monkeypatch.setattr(RunLock, "acquire", read_only)
+    with pytest.raises(SystemExit) as exc:
+        _main(tmp_path, "--eval-only")
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2
+    assert line.startswith(f"error: cannot write to the run folder {tmp_path} (Read-only file system")
+    fix = "make it writable (or choose another --output-dir), then run --eval-only again"
+    assert line.endswith(f"last.pt holds 1 epoch(s)): {fix}")
