@@ -340,8 +340,10 @@ class CentroidCapsules(nn.Module):
         lift_rank: int = 16,
     ) -> None:
         super().__init__()
-        if latent_dim % num_heads != 0:
-            raise ValueError(f"latent_dim={latent_dim} must be divisible by num_heads={num_heads}")
+        if num_heads < 1 or latent_dim % num_heads:
+            raise ValueError(
+                f"num_heads must be >= 1 and latent_dim={latent_dim} divisible by it, got num_heads={num_heads}"
+            )
         self.lift = CapsuleLift(num_inputs, input_dim, latent_dim, rank=lift_rank)
         self.block = CentroidBlock(
             latent_dim,
@@ -569,7 +571,7 @@ class PointCapsNet(nn.Module):
         if latent == "centroid":
             self.latent = CentroidCapsules(
                 **common,
-                num_heads=num_heads or 4,
+                num_heads=4 if num_heads is None else num_heads,
                 mlp_ratio=mlp_ratio or 4.0,
                 lift_rank=16 if lift_rank is None else lift_rank,
             )

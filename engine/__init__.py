@@ -34,7 +34,7 @@ from engine.distributed import DistributedContext, init_distributed, resolve_dev
 from engine.errors import UsageError
 from engine.interrupt import Interrupted
 from engine.logger import RunLogger, TqdmHandler, dumps_json, setup_logging, to_jsonable, write_json
-from engine.recipe import Recipe, check_config, collect_model_kwargs, split_batch, validate_common
+from engine.recipe import NONFINITE_OK, Recipe, check_config, collect_model_kwargs, split_batch, validate_common
 from engine.registry import ModelRegistry, create_by_name, create_with_kwargs, find_registry
 from engine.resume import (
     EVAL_MUTABLE,
@@ -52,6 +52,7 @@ from engine.trainer import TIMING_KEYS, NonFiniteLossError, Trainer, derive_seed
 __all__ = [
     "DATA_ROOT_ENV",
     "EVAL_MUTABLE",
+    "NONFINITE_OK",
     "RESUME_MUTABLE",
     "TIMING_KEYS",
     "CheckpointError",

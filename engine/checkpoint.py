@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import pickle
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -115,11 +116,9 @@ def load_checkpoint(
     except pickle.UnpicklingError as e:
         if allow_pickle:
             raise CheckpointError(f"checkpoint {path} is corrupt and cannot be unpickled ({e})") from e
-        detail = str(e).strip().splitlines()
-        reason = next((line for line in detail if "Unsupported global" in line), detail[0] if detail else "")
         raise CheckpointError(
             f"checkpoint {path} holds objects that only the full unpickler can load, which can run arbitrary code "
-            f"({reason.strip()}); refused. If you trust the file, load it with --trust-checkpoint "
+            f"({_blocked(str(e))}); refused. If you trust the file, load it with --trust-checkpoint "
             "(engine.load_checkpoint(..., allow_pickle=True))"
         ) from e
     except Exception as e:
@@ -132,12 +131,35 @@ def load_checkpoint(
     return state
 
 
+# What torch's weights-only unpickler names in its refusal, newest phrasing first (the rest of its text is advice).
+_BLOCKED_PATTERNS = (
+    r"GLOBAL (\S+) was not an allowed global",  # torch >= 2.4
+    r"unsupported GLOBAL (\S+) whose module \S+ is blocked",  # os, sys, posix, nt: torch >= 2.4
+    r"Unsupported class (\S+)",  # torch < 2.4
+    r"unrecognized function (.+?)(?: which belongs to|$)",  # a REDUCE of a function allowed as a global
+    r"but got (<class '[^']+'>)",  # NEWOBJ / BUILD of a class allowed as a global
+)
+
+
+def _blocked(message: str) -> str:
+    """The global that a weights-only load refused, as ``"needs <name>"``, else torch's most specific line."""
+    for pattern in _BLOCKED_PATTERNS:
+        found = re.search(pattern, message, flags=re.MULTILINE)
+        if found:
+            return f"it needs {found.group(1).rstrip('.')}, which a weights-only load does not allow"
+    lines = [line.strip() for line in message.splitlines() if line.strip() and "documentation" not in line]
+    return lines[-1] if lines else "weights-only load refused it"
+
+
 def check_best_agrees(last: dict[str, Any], best_path: str | Path, allow_pickle: bool = False) -> None:
     """Checks that ``best.pt`` is the checkpoint that ``last.pt`` (already loaded as ``last``) calls the best.
 
     ``best.pt`` is written before the ``last.pt`` that refers to it, so two states are consistent: ``best.pt`` holds
     ``last``'s ``best_epoch`` and ``best_metric``, or it holds the epoch right after ``last`` (a run stopped between
-    the two writes; resuming replays that epoch and rewrites both). Anything else means the files were mixed.
+    the two writes). In the second case ``best.pt`` is the best there is, so ``last``'s ``best_epoch`` and
+    ``best_metric`` are set to ``best.pt``'s, in place: the resumed run reports the best that ``best.pt`` holds and
+    replaces it only with a better epoch, whether or not it replays that epoch (a resume with fewer epochs does not).
+    Anything else means the files were mixed.
 
     Raises:
         CheckpointError: The two files disagree (the message names both).
@@ -152,7 +174,17 @@ def check_best_agrees(last: dict[str, Any], best_path: str | Path, allow_pickle:
         return
     best = load_checkpoint(best_path, allow_pickle=allow_pickle)
     same = best.get("epoch") == last.get("best_epoch") and best.get("best_metric") == last.get("best_metric")
-    if same or best.get("epoch") == int(last["epoch"]) + 1:
+    if same:
+        return
+    if best.get("epoch") == int(last["epoch"]) + 1 and best.get("best_epoch") == best.get("epoch"):
+        logger.info(
+            "%s holds epoch %s, one after last.pt (a stop between the two writes): its %s = %s is the run's best",
+            best_path,
+            best.get("epoch"),
+            best.get("monitor"),
+            best.get("best_metric"),
+        )
+        last["best_epoch"], last["best_metric"] = best["epoch"], best.get("best_metric")
         return
     raise CheckpointError(
         f"{best_path} (epoch {best.get('epoch')}, best {best.get('monitor')} = {best.get('best_metric')}) is not the "

@@ -6,7 +6,9 @@ annotation, and an unknown key is an error that names the file, lists the valid 
 YAML file may name one ``base: other.yaml`` (a path relative to the including file); the base may have a base of its
 own, the including file's keys win, and a cycle is an error. ``base`` is therefore a reserved key, not a config
 field. An override may set one entry of a ``dict`` field with a dotted key: ``--set model_kwargs.mixer=hydra`` (the
-rest of the dict is kept).
+rest of the dict is kept). YAML anchors and aliases (``&name`` / ``*name``, and so ``<<:`` merges) are refused in
+files and overrides: nested aliases expand exponentially. Error messages show at most :data:`MAX_SHOWN` characters of
+a value.
 
 Supported annotations: ``int``, ``float``, ``str``, ``bool``, ``pathlib.Path``, ``Literal[...]``, ``X | None``,
 ``list[X]``, ``tuple[X, ...]``, ``tuple[X, Y]``, ``dict`` and ``Any``. Coercions are deliberately few: an int is
@@ -30,6 +32,7 @@ import argparse
 import dataclasses
 import difflib
 import logging
+import reprlib
 import types
 from collections.abc import Sequence
 from pathlib import Path, PurePath
@@ -48,6 +51,7 @@ __all__ = [
     "load_yaml_with_base",
     "parse_overrides",
     "save_config",
+    "shorten",
 ]
 
 logger = logging.getLogger(__name__)
@@ -59,6 +63,48 @@ _NoneType = type(None)
 
 class _Mismatch(Exception):
     """Internal: a value does not fit an annotation."""
+
+
+#: Longest value shown in an error message; longer ones are cut (a config value can be a large list).
+MAX_SHOWN = 200
+ANCHORS_REFUSED = "config files may not use YAML anchors/aliases (&name / *name): write the value out"
+
+
+class _AnchorUsed(Exception):
+    """Internal: the YAML text uses an anchor or alias (at ``mark``)."""
+
+    def __init__(self, mark: Any) -> None:
+        super().__init__(f"line {mark.line + 1}, column {mark.column + 1}")
+
+
+class _PlainLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` without anchors and aliases: a few hundred bytes of nested aliases expand to gigabytes
+    (a "billion laughs"), and a config has no need to share nodes."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise _AnchorUsed(event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def _yaml_load(stream: Any) -> Any:
+    """``yaml.safe_load`` that raises ``_AnchorUsed`` on an anchor or alias."""
+    loader = _PlainLoader(stream)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def shorten(value: Any, limit: int = MAX_SHOWN) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, computed in bounded time (for error messages)."""
+    short = reprlib.Repr()
+    short.maxlevel, short.maxstring, short.maxother, short.maxlong = 3, limit, limit, limit
+    for name in ("maxtuple", "maxlist", "maxarray", "maxdict", "maxset", "maxfrozenset", "maxdeque"):
+        setattr(short, name, 20)
+    text = short.repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."
 
 
 def load_yaml_with_base(path: str | Path) -> tuple[dict[str, Any], dict[str, Path]]:
@@ -87,7 +133,9 @@ def _load_chain(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], di
         raise FileNotFoundError(f"config file not found: {path}{via}")
     with open(path, encoding="utf-8") as f:
         try:
-            data = yaml.safe_load(f)
+            data = _yaml_load(f)
+        except _AnchorUsed as e:
+            raise ValueError(f"config file {path} ({e}): {ANCHORS_REFUSED}") from None
         except yaml.YAMLError as e:
             raise ValueError(f"config file {path} is not valid YAML: {e}") from e
     if data is None:
@@ -100,7 +148,7 @@ def _load_chain(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], di
     base = data.pop(BASE_KEY, None)
     if base is not None:
         if not isinstance(base, str) or not base:
-            raise ValueError(f"config file {path}: 'base' must be a file name relative to it, got {base!r}")
+            raise ValueError(f"config file {path}: 'base' must be a file name relative to it, got {shorten(base)}")
         merged, origin = _load_chain(path.parent / base, (*chain, resolved))
     for key, value in data.items():
         merged[str(key)] = value
@@ -109,7 +157,7 @@ def _load_chain(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], di
 
 
 def parse_overrides(overrides: Sequence[str]) -> dict[str, tuple[Any, str]]:
-    """Parses ``key=value`` strings; each value with ``yaml.safe_load``.
+    """Parses ``key=value`` strings; each value as YAML (``yaml.safe_load`` without anchors and aliases).
 
     Args:
         overrides: Strings such as ``"lr=1e-3"``, ``"dims=[64,128]"``, ``"flag=true"``, ``"x=null"``.
@@ -127,11 +175,13 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, tuple[Any, str]]:
         key, sep, text = str(item).partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ValueError(f"malformed override {item!r}: expected KEY=VALUE, e.g. lr=1e-3 or dims=[64,128]")
+            raise ValueError(f"malformed override {shorten(item)}: expected KEY=VALUE, e.g. lr=1e-3 or dims=[64,128]")
         try:
-            value = yaml.safe_load(text)
+            value = _yaml_load(text)
+        except _AnchorUsed as e:
+            raise ValueError(f"override {shorten(item)} ({e}): {ANCHORS_REFUSED}") from None
         except yaml.YAMLError as e:
-            raise ValueError(f"override {item!r}: the value is not valid YAML ({e})") from e
+            raise ValueError(f"override {shorten(item)}: the value is not valid YAML ({e})") from e
         parsed[key] = (value, text.strip())
     return parsed
 
@@ -177,7 +227,8 @@ def load_config(
             _check_known(cls, key, names, source)
             values[key] = _coerce_field(value, hints[key], key, source, raw=None)
     for key, (value, raw) in parse_overrides(overrides).items():
-        source = f"override '{key}={raw}'"
+        shown = raw if len(raw) <= MAX_SHOWN else f"{raw[:MAX_SHOWN]}..."
+        source = f"override '{key}={shown}'"
         head, dot, rest = key.partition(".")
         if dot and head in names and _is_dict_type(hints[head]):  # model_kwargs.mixer=hydra: one entry of a dict
             current = values[head] if head in values else _default(cls, head)
@@ -217,7 +268,7 @@ def _set_path(target: dict[str, Any], path: list[str], value: Any, source: str) 
     for part in path[:-1]:
         nested = target.setdefault(part, {})
         if not isinstance(nested, dict):
-            raise ValueError(f"{source}: {part!r} holds {nested!r}, not a mapping")
+            raise ValueError(f"{source}: {part!r} holds {shorten(nested)}, not a mapping")
         target = nested
     if not path[-1]:
         raise ValueError(f"{source}: empty key after '.'")
@@ -229,7 +280,9 @@ def _check_known(cls: type, key: str, names: list[str], source: str) -> None:
         return
     close = difflib.get_close_matches(key, names, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(f"unknown config key {key!r} in {source}{hint}; valid keys of {cls.__name__}: {', '.join(names)}")
+    raise ValueError(
+        f"unknown config key {shorten(key)} in {source}{hint}; valid keys of {cls.__name__}: {', '.join(names)}"
+    )
 
 
 def _coerce_field(value: Any, tp: Any, key: str, source: str, raw: str | None) -> Any:
@@ -238,7 +291,7 @@ def _coerce_field(value: Any, tp: Any, key: str, source: str, raw: str | None) -
     except _Mismatch as e:
         detail = f" ({e})" if str(e) else ""
         raise ValueError(
-            f"{source}: key {key!r} expects {_type_name(tp)}, got {type(value).__name__} {value!r}{detail}"
+            f"{source}: key {key!r} expects {_type_name(tp)}, got {type(value).__name__} {shorten(value)}{detail}"
         ) from None
 
 

@@ -21,22 +21,24 @@ own config problems together, as :func:`validate_common` does.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from engine.config import shorten
 from engine.distributed import DistributedContext
 from engine.errors import UsageError
 from engine.logger import read_records
 from engine.registry import create_by_name
 from engine.stats import count_params
 
-__all__ = ["Recipe", "check_config", "collect_model_kwargs", "split_batch", "validate_common"]
+__all__ = ["NONFINITE_OK", "Recipe", "check_config", "collect_model_kwargs", "split_batch", "validate_common"]
 
 
 def check_config(cfg: Any, checks: Iterable[tuple[bool, str]]) -> None:
@@ -67,26 +69,80 @@ _COMMON_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("lr", lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
     ("weight_decay", lambda v: math.isfinite(v) and v >= 0, ">= 0"),
     ("workers", lambda v: v >= 0, ">= 0"),
-    ("seed", lambda v: v >= 0, ">= 0"),
+    ("seed", lambda v: 0 <= v < 2**63, "in [0, 2**63)"),  # torch seeds are 64-bit; samplers add the epoch
     ("grad_clip", lambda v: math.isfinite(v) and v > 0, "> 0 or null"),
     ("warmup_epochs", lambda v: v >= 0, ">= 0"),
+    ("num_heads", lambda v: v >= 1, ">= 1"),  # a model knob: also checked in model_kwargs
 )
+_MODEL_KNOBS = ("num_heads",)
+
+#: ``dataclasses.field(metadata={NONFINITE_OK: True})`` lets a float field hold ``inf`` / ``nan``.
+NONFINITE_OK = "nonfinite_ok"
+
+
+def _passes(check: Callable[[Any], bool], value: Any) -> bool:
+    try:
+        return bool(check(value))
+    except TypeError:  # e.g. a string in model_kwargs
+        return False
+
+
+def _nonfinite(value: Any) -> bool:
+    """Whether ``value`` is or holds (in a list, tuple or dict) a float ``inf`` / ``nan``."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return any(_nonfinite(v) for v in value)
+    if isinstance(value, dict):
+        return any(_nonfinite(v) for v in value.values())
+    return False
+
+
+def _name_problem(name: Any) -> str | None:
+    """Why ``name`` cannot name a folder inside ``runs/<group>/``, or ``None``."""
+    if not isinstance(name, str):
+        return None
+    path = PurePath(name)
+    if not name.strip() or not path.parts:
+        return f"name must name a folder, got {name!r}"
+    if path.is_absolute() or path.anchor or ".." in path.parts:
+        return (
+            f"name must be a relative path inside runs/<group>/ (no '..', not absolute), got {name!r}; to write "
+            "elsewhere use --output-dir"
+        )
+    return None
 
 
 def validate_common(cfg: Any) -> None:
     """Checks the config keys every recipe shares (those the config has); raises one :class:`UsageError` for all.
 
-    A ``batch_size`` of 0 or a non-positive ``lr`` or ``epochs`` would otherwise train nothing useful.
+    A ``batch_size`` of 0 or a non-positive ``lr`` or ``epochs`` would otherwise train nothing useful. Also checked:
+    every float value of the config (in lists and dicts too) is finite unless its field's metadata sets
+    :data:`NONFINITE_OK` (``label_smoothing=nan`` would silently act as 0); ``num_heads`` in ``model_kwargs`` too
+    (it overrides the field); ``name`` is a relative path that stays inside ``runs/<group>/``.
     """
     values = {key: getattr(cfg, key, None) for key, _, _ in _COMMON_CHECKS}
-    check_config(
-        cfg,
-        [
-            (ok(values[key]), f"{key} must be {expected}, got {values[key]!r}")
+    checks = [
+        (_passes(ok, values[key]), f"{key} must be {expected}, got {values[key]!r}")
+        for key, ok, expected in _COMMON_CHECKS
+        if values[key] is not None
+    ]
+    model_kwargs = getattr(cfg, "model_kwargs", None)
+    if isinstance(model_kwargs, dict):
+        checks += [
+            (_passes(ok, model_kwargs[key]), f"model_kwargs.{key} must be {expected}, got {model_kwargs[key]!r}")
             for key, ok, expected in _COMMON_CHECKS
-            if values[key] is not None
-        ],
-    )
+            if key in _MODEL_KNOBS and model_kwargs.get(key) is not None
+        ]
+    if dataclasses.is_dataclass(cfg):
+        checks += [
+            (False, f"{f.name} must be finite, got {shorten(getattr(cfg, f.name))}")
+            for f in dataclasses.fields(cfg)
+            if not f.metadata.get(NONFINITE_OK) and _nonfinite(getattr(cfg, f.name, None))
+        ]
+    name_problem = _name_problem(getattr(cfg, "name", None))
+    checks.append((name_problem is None, name_problem or ""))
+    check_config(cfg, checks)
 
 
 def collect_model_kwargs(cfg: Any, knobs: Sequence[str]) -> dict[str, Any]:

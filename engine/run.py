@@ -6,7 +6,9 @@ A recipe (:class:`engine.recipe.Recipe`) says what is domain-specific; this modu
   when the config is loaded; every data file of both splits checked cheaply (``check_files()``) and the batch size
   against the train split, all before the first step.
 * **The run folder** (:mod:`engine.rundir`): new per run by default, never reused without ``--resume`` or
-  ``--overwrite``, locked while a run writes it, temp files of a killed run removed.
+  ``--overwrite``, locked while a run writes it (``--eval-only`` too), temp files of a killed run removed. A write
+  that the file system refuses (full disk, read-only or not-writable folder) ends in one line that names the folder,
+  the fix and the epochs ``last.pt`` holds.
 * **Resume** (:func:`engine.resume.load_resume`): the checkpoint is loaded safely (``weights_only``,
   :mod:`engine.checkpoint`); config keys that define the model, the data or the optimization must equal the
   checkpoint's (the refusal prints the diff); the keys in :data:`~engine.resume.RESUME_MUTABLE` (and the recipe's
@@ -15,16 +17,19 @@ A recipe (:class:`engine.recipe.Recipe`) says what is domain-specific; this modu
 * **Seeding, DDP** set-up and teardown (barrier + destroy on success, plain destroy after an error), **eval-only**,
   **logging**, the **metrics files** (``final_metrics.json`` after training, ``eval_metrics.json`` after
   ``--eval-only``: each written once, in strict JSON, by :func:`write_metrics`), and **signals**: SIGINT / SIGTERM
-  end with one line ("interrupted at epoch E, step S: resume with --resume auto ...") and exit status 130 / 143.
+  end with one line ("interrupted at epoch E, step S (SIGTERM): DIR/last.pt holds N epoch(s): resume with --resume
+  auto ...") and exit status 130 / 143.
 
-CLI exit statuses: 0 success, 2 user error (bad config, missing data, refused resume, locked folder: one line on
-stderr, no traceback; ``--debug`` shows it), 130 / 143 interrupted, 1 anything else (with its traceback).
+CLI exit statuses: 0 success, 2 user error (bad config, missing data, refused resume, locked folder, refused write:
+one line on stderr, no traceback; ``--debug`` shows it), 130 / 143 interrupted (the line says which epoch ``last.pt``
+holds), 1 anything else (with its traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import os
 import sys
@@ -151,21 +156,82 @@ def run(recipe: type[Recipe], cfg: Any, options: RunOptions | None = None, **kwa
         ok = True
         return metrics
     except KeyboardInterrupt as e:
-        stop = e if isinstance(e, Interrupted) else Interrupted(2)
-        stop.run_dir = out_dir
-        stop.epoch = trainer.epoch if trainer is not None else None
-        stop.step = trainer.step_in_epoch if trainer is not None else None
+        stop = _interrupted(e, out_dir, trainer)
         if stop is e:
             raise
         raise stop from e
     except Exception as e:
+        storage = _storage_error(e, out_dir, opts.eval_only)
+        if storage is not None:
+            raise storage from e
         with contextlib.suppress(AttributeError):  # see main(): such an error is reported as a user error
             e._engine_before_training = trainer is None or trainer.global_step == 0
         raise
     finally:
         if lock is not None:
             lock.release()
-        ctx.destroy(barrier=ok)  # no barrier after an error: a peer may be stuck elsewhere
+        try:
+            ctx.destroy(barrier=ok)  # no barrier after an error: a peer may be stuck elsewhere
+        except KeyboardInterrupt as e:  # e.g. torchrun's SIGTERM after a peer died: still say where the run is
+            stop = _interrupted(e, out_dir, trainer)
+            if stop is e:
+                raise
+            raise stop from e
+
+
+def _interrupted(e: KeyboardInterrupt, out_dir: Path | None, trainer: Trainer | None) -> Interrupted:
+    """``e`` as an :class:`Interrupted` that knows the run folder and where training stopped."""
+    stop = e if isinstance(e, Interrupted) else Interrupted(2)
+    if getattr(stop, "run_dir", None) is None:
+        stop.run_dir = out_dir
+        stop.epoch = trainer.epoch if trainer is not None else None
+        stop.step = trainer.step_in_epoch if trainer is not None else None
+    return stop
+
+
+#: A write the user can fix: full disk or quota, read-only file system (these only come from writes), and a folder
+#: without write permission (only when the error names a file in the run folder: a data file can be unreadable too).
+_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+_PERMISSION_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
+
+
+def _storage_error(e: BaseException, folder: Path | None, eval_only: bool = False) -> UsageError | None:
+    """A one-line :class:`UsageError` for a write into ``folder`` that the file system refused (``e`` or one of its
+    causes is such an ``OSError``), naming the folder, the fix and what is on disk; ``None`` for anything else."""
+    refused = _STORAGE_ERRNOS | _PERMISSION_ERRNOS
+    seen: set[int] = set()
+    cause: BaseException | None = e
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, OSError) and cause.errno in refused:
+            break
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    if not isinstance(cause, OSError) or cause.errno not in refused or folder is None:
+        return None
+    path = Path(os.fsdecode(cause.filename)) if cause.filename else None
+    inside = path is not None and Path(folder).resolve() in (path.resolve(), *path.resolve().parents)
+    if not inside and (path is not None or cause.errno in _PERMISSION_ERRNOS):
+        return None  # not a write into the run folder (e.g. an unreadable data file)
+    full = cause.errno in (errno.ENOSPC, errno.EDQUOT)
+    fix = "free space on its disk" if full else "make it writable (or choose another --output-dir)"
+    epochs = _saved_epochs(folder)
+    saved = f"last.pt holds {epochs} epoch(s)" if epochs is not None else "no last.pt was saved"
+    again = "run --eval-only again" if eval_only else f"continue with --resume auto --output-dir {folder}"
+    return UsageError(
+        f"cannot write to the run folder {folder} ({os.strerror(cause.errno)}{f': {path}' if path else ''}; {saved}): "
+        f"{fix}, then {again}"
+    )
+
+
+def _saved_epochs(folder: Path | None) -> int | None:
+    """The completed epochs that ``folder/last.pt`` holds, or ``None`` (no such file, unreadable)."""
+    path = Path(folder) / "last.pt" if folder is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:  # mmap: only the small entries are read, not the weights
+        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["epoch"])
+    except Exception:  # only for a message: a damaged file is reported when it is loaded
+        return None
 
 
 def _setup_folder(
@@ -175,22 +241,25 @@ def _setup_folder(
     lock: rundir.RunLock | None = None
     result: tuple[str, str | None]
     if ctx.is_main:
+        folder: Path | None = None
         try:
             folder, is_new_default = _resolve_folder(recipe, cfg, opts)
+            # eval-only too: it writes eval_metrics.json and train.log, which a live run in the folder also writes
+            lock = rundir.RunLock(folder).acquire()
             if not opts.eval_only:
-                lock = rundir.RunLock(folder).acquire()
                 rundir.clean_temp_files(folder)
                 rundir.prepare_run_dir(folder, resume=bool(opts.resume), overwrite=opts.overwrite)
                 if is_new_default:
                     rundir.update_latest(folder)
-            else:
-                folder.mkdir(parents=True, exist_ok=True)
             result = (str(folder), None)
         except Exception as e:
             if lock is not None:
                 lock.release()
+            storage = _storage_error(e, folder, opts.eval_only)
             if ctx.is_distributed:
-                ctx.all_gather_object(("", str(e)))
+                ctx.all_gather_object(("", str(storage or e)))
+            if storage is not None:
+                raise storage from e
             raise
     else:
         result = ("", None)
@@ -393,7 +462,13 @@ def main(
         e = stop if isinstance(stop, Interrupted) else Interrupted(2)
         where = f"epoch {e.epoch}, step {e.step}" if getattr(e, "epoch", None) is not None else "start-up"
         folder = getattr(e, "run_dir", None)
-        hint = f"resume with --resume auto --output-dir {folder}" if folder else "nothing was trained"
+        epochs = _saved_epochs(folder)
+        if epochs is not None:
+            hint = f"{folder / 'last.pt'} holds {epochs} epoch(s): resume with --resume auto --output-dir {folder}"
+        elif folder:
+            hint = f"no epoch was saved in {folder} yet: rerun with --resume auto --output-dir {folder}"
+        else:
+            hint = "nothing was trained"
         sys.stderr.write(f"interrupted at {where} ({e}): {hint}\n")
         raise SystemExit(e.exit_code) from None
     if rank == 0:

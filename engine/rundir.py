@@ -7,8 +7,9 @@ Rules (enforced by :func:`engine.run` on rank 0, before anything is written):
   ``--output-dir`` use it).
 * A folder that holds a run (any of :data:`RUN_FILES`, finished or not) is only used again with ``--resume`` (continue
   it) or ``--overwrite`` (delete its run files first); otherwise the run stops before writing anything.
-* ``run.lock`` holds the PID and host of the process writing the folder. A second run into the same folder stops at
-  once and names that PID; a lock left by a process that no longer runs (same host) is stale and is taken over.
+* ``run.lock`` holds the PID and host of the process writing the folder (:class:`RunLock`). A second run into the same
+  folder, training or ``--eval-only``, stops at once and names that PID; a lock left by a process that no longer runs
+  (same host) is stale and is taken over, by one process only when several start at once.
 * Temporary files of atomic writes (``.<name>.*.tmp``) left by a killed run are removed when the next run starts.
 """
 
@@ -16,11 +17,19 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import logging
 import os
+import secrets
 import shutil
 import socket
+import time
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 from engine.errors import UsageError
 
@@ -123,59 +132,150 @@ def _alive(pid: int) -> bool:
 
 
 class RunLock:
-    """An exclusive lock on a run folder: the file ``run.lock`` with ``<pid> <host>``, created with ``O_EXCL``.
+    """An exclusive lock on a run folder: the file ``run.lock``, which names its holder as ``<pid> <host>``.
+
+    Where ``fcntl.flock`` works (Linux, macOS) the lock is a ``flock`` on the open file: the kernel gives it to one
+    process only and frees it when that process dies, so a lock file whose holder is gone is simply taken over, by
+    exactly one of the processes that try at once (a file that names a live process is still respected: its writer
+    may not use ``flock``). The owner is written while the ``flock`` is held, and a process
+    that gets the ``flock`` of a file its holder has just deleted (on release) tries again on the new file. Without
+    ``flock`` (Windows, or a file system that refuses it) the file is published complete with ``os.link``, which
+    fails if it exists; a lock left by a process that no longer runs then has to be deleted by hand (the error says
+    which file), since removing it safely needs what ``flock`` gives.
 
     Args:
         folder: The run folder (created if needed).
 
     Raises (from :meth:`acquire`):
-        UsageError: Another live process holds the lock (its PID is named), or a lock from another host exists.
+        UsageError: Another live process holds the lock (its PID is named), a lock from another host exists, or
+            (without ``flock``) a lock of a process that no longer runs is in the way.
     """
 
     def __init__(self, folder: Path) -> None:
         self.path = Path(folder) / LOCK_NAME
         self.held = False
+        self._fd: int | None = None
+        self._flock = fcntl is not None
 
     def acquire(self) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         me = f"{os.getpid()} {socket.gethostname()}\n"
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self._check_holder()
-                continue  # the stale lock was removed: try again
-            with os.fdopen(fd, "w") as f:
-                f.write(me)
-            self.held = True
-            return self
-        raise UsageError(f"could not take the lock {self.path}: another process keeps creating it")
+        for _ in range(100):  # each retry means another process released the lock between our open and flock
+            done = self._try_flock(me) if self._flock else None
+            if done is None:
+                done = self._try_link(me)
+            if done:
+                self.held = True
+                return self
+        raise UsageError(f"could not take the lock {self.path}: other processes keep taking and releasing it")
 
-    def _check_holder(self) -> None:
+    def _try_flock(self, me: str) -> bool | None:
+        """One attempt with ``flock``: True when held, False to try again, None when ``flock`` is not supported."""
         try:
-            text = self.path.read_text().split()
-        except FileNotFoundError:
-            return
-        pid = int(text[0]) if text and text[0].isdigit() else None
-        host = text[1] if len(text) > 1 else None
-        if pid is not None and host not in (None, socket.gethostname()):
+            fd, created = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            try:
+                fd, created = os.open(self.path, os.O_RDWR), False
+            except FileNotFoundError:  # released in between
+                return False
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = self._read_holder()
+                if holder is None:  # its holder is releasing it
+                    os.close(fd)
+                    return False
+                self._refuse(holder, alive=True)
+            except OSError as e:
+                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    raise
+                logger.warning("no flock for %s (%s): the lock falls back to an exclusive file", self.path, e)
+                if created:
+                    self.path.unlink()
+                os.close(fd)
+                self._flock = False
+                return None
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if not same:  # its holder deleted it on release after our open: lock the file now at the path
+                os.close(fd)
+                return False
+            pid, host = _parse(os.pread(fd, 256, 0).decode(errors="replace"))
+            if pid is not None and host not in (None, socket.gethostname()):
+                self._refuse((pid, host), alive=True)
+            if pid is not None and pid != os.getpid() and _alive(pid):  # a holder that does not use flock
+                self._refuse((pid, host), alive=True)
+            if pid is not None and pid != os.getpid():
+                logger.warning("taking over the stale lock %s of process %s, which no longer runs", self.path, pid)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, me.encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return True
+
+    def _try_link(self, me: str) -> bool:
+        """One attempt without ``flock``: the complete file is published with ``os.link`` (fails if it exists)."""
+        tmp = self.path.with_name(f".{LOCK_NAME}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        tmp.write_text(me)
+        try:
+            os.link(tmp, self.path)
+            return True
+        except FileExistsError:
+            holder = self._read_holder()
+            if holder is None:  # released between the link and the read
+                return False
+            self._refuse(holder, alive=holder[0] is not None and _alive(holder[0]))
+        except FileNotFoundError:  # the holder's clean_temp_files removed our temp file
+            return False
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        return False
+
+    def _read_holder(self) -> tuple[int | None, str | None] | None:
+        """``(pid, host)`` from the lock file, ``None`` if it is gone; a holder that has just taken the ``flock`` may
+        not have written its PID yet, hence the short wait."""
+        for _ in range(20):
+            try:
+                holder = _parse(self.path.read_text())
+            except FileNotFoundError:
+                return None
+            if holder[0] is not None:
+                break
+            time.sleep(0.005)
+        return holder
+
+    def _refuse(self, holder: tuple[int | None, str | None], alive: bool) -> None:
+        pid, host = holder
+        who = f"process {pid}" if pid is not None else "another process"
+        if host not in (None, socket.gethostname()):
             raise UsageError(
-                f"{self.path.parent} is locked by process {pid} on host {host} ({self.path}); if that run is over, "
+                f"{self.path.parent} is locked by {who} on host {host} ({self.path}); if that run is over, "
                 "delete the lock file"
             )
-        if pid is not None and _alive(pid):
+        if alive:
             raise UsageError(
-                f"{self.path.parent} is in use by process {pid} (lock {self.path}): wait for it to finish or stop it, "
+                f"{self.path.parent} is in use by {who} (lock {self.path}): wait for it to finish or stop it, "
                 "or choose another --output-dir"
             )
-        logger.warning("removing the stale lock %s of process %s, which no longer runs", self.path, pid)
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        state = "which no longer runs" if pid is not None else "whose PID it does not hold"
+        raise UsageError(
+            f"{self.path.parent} is locked by {who}, {state} ({self.path}); without flock a stale lock cannot be "
+            "taken over safely: if no run uses the folder, delete the lock file and start again"
+        )
 
     def release(self) -> None:
         if self.held:
             with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
+                self.path.unlink()  # before the flock is freed: a waiter then finds the file gone and retries
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
             self.held = False
 
     def __enter__(self) -> RunLock:
@@ -183,3 +283,10 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _parse(text: str) -> tuple[int | None, str | None]:
+    """``(pid, host)`` of a lock file's ``<pid> <host>`` (``None`` for what is missing)."""
+    parts = text.split()
+    pid = int(parts[0]) if parts and parts[0].isdigit() else None
+    return pid, parts[1] if len(parts) > 1 else None

@@ -40,8 +40,9 @@ Files (rank 0 only; every rank waits at a barrier): ``log.jsonl`` + ``tb/`` (via
 ``config.yaml`` (if ``config`` is given), ``best.pt`` when the monitored metric improves and then ``last.pt``, every
 epoch (both atomic; in this order, so ``last.pt``'s ``best_epoch`` / ``best_metric`` always describe a ``best.pt`` on
 disk). :meth:`Trainer.fit` returns the final metrics; :func:`engine.run` adds the recipe's entries and writes them to
-``final_metrics.json``. A non-finite loss raises :class:`NonFiniteLossError` before the bad step is applied, so
-``last.pt`` keeps the state of the last good epoch.
+``final_metrics.json``. A non-finite loss raises :class:`NonFiniteLossError` before the bad step is applied, and so
+does a parameter or floating buffer (BatchNorm statistics, EMA weights) that is non-finite after an epoch, before
+anything is saved: ``last.pt`` and ``best.pt`` only ever hold finite states, those of the last good epoch.
 """
 
 from __future__ import annotations
@@ -78,7 +79,9 @@ CHECKPOINT_VERSION = 1
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The loss (or, after an epoch, a parameter) became NaN or infinite; the run stops without saving it."""
+    """The loss, or after an epoch a parameter or floating buffer, became NaN or infinite; the run stops without
+    saving it. The message's advice is a new run with a lower ``lr`` (``--set lr=...``): ``lr`` is not among the keys
+    a resume may change, because the saved optimizer and scheduler states carry it."""
 
 
 def derive_seed(seed: int, epoch: int, rank: int = 0) -> int:
@@ -380,7 +383,7 @@ class Trainer:
         self._set_epoch(epoch)
         lr = self.optimizer.param_groups[0]["lr"]
         train_logs, samples, train_s = self._train_one_epoch(epoch)
-        self._check_parameters(epoch)
+        self._check_state(epoch)
         metrics = self._evaluate(epoch)
         epoch_s = time.perf_counter() - start
         record = {
@@ -416,7 +419,7 @@ class Trainer:
         if self.ctx.is_main:
             state = self.state_dict()
             # best.pt first: a last.pt on disk never names a best epoch whose weights are not in best.pt (a stop
-            # between the two writes leaves best.pt one epoch ahead, which resume replays; see check_best_agrees).
+            # between the two writes leaves best.pt one epoch ahead, which resume takes as the best; check_best_agrees).
             if improved:
                 save_checkpoint(state, self.run_dir / "best.pt")
             save_checkpoint(state, self.run_dir / "last.pt")
@@ -452,7 +455,7 @@ class Trainer:
                     raise NonFiniteLossError(
                         f"non-finite loss {loss_value} at epoch {epoch} step {step} (global step {self.global_step}); "
                         f"the step was not applied and {self.run_dir / 'last.pt'} still holds the state after "
-                        f"{self.epoch} epoch(s). Lower the learning rate, set grad_clip, or check the data"
+                        f"{self.epoch} epoch(s). {self._divergence_advice()}"
                     )
                 self._backward_step(loss)
                 self.global_step += 1
@@ -621,13 +624,33 @@ class Trainer:
             total = self.max_steps_per_epoch if total is None else min(total, self.max_steps_per_epoch)
         return total
 
-    def _check_parameters(self, epoch: int) -> None:
-        bad = [name for name, p in self.module.named_parameters() if not bool(torch.isfinite(p).all())]
+    def _check_state(self, epoch: int) -> None:
+        """Refuses to go on (and so to save) once a parameter or a floating buffer (BatchNorm's running statistics, an
+        EMA's weights) holds ``inf`` / ``nan``: the checkpoints on disk keep the last finite state."""
+        modules = {"": self.module}
+        if isinstance(self.ema, nn.Module):
+            modules["ema."] = self.ema
+        bad = [
+            prefix + name
+            for prefix, module in modules.items()
+            for name, t in (*module.named_parameters(), *module.named_buffers())
+            if t.is_floating_point() and not bool(torch.isfinite(t).all())
+        ]
         if bad:
             raise NonFiniteLossError(
-                f"after epoch {epoch} parameter(s) {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''} are "
-                f"non-finite; not saved. Lower the learning rate or set grad_clip"
+                f"after epoch {epoch} {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''} hold inf or nan; not saved, "
+                f"{self.run_dir / 'last.pt'} keeps the state after {self.epoch} epoch(s). {self._divergence_advice()}"
             )
+
+    def _divergence_advice(self) -> str:
+        """What to do about a diverged run, as a command that works: a resume keeps the config's lr and grad_clip (they
+        define the optimization, see :func:`engine.resume.check_config_change`), so the fix is a new run."""
+        lr = (self.config or {}).get("lr")
+        new_lr = f"--set lr={lr / 10:g}" if isinstance(lr, (int, float)) and not isinstance(lr, bool) else "a lower lr"
+        return (
+            f"Start a new run (not --resume: the lr of a run is fixed) with {new_lr} or --set grad_clip=1.0, "
+            "or check the data"
+        )
 
     def _warn_persistent_workers(self) -> None:
         loader = self.train_loader

@@ -91,8 +91,8 @@ class CentroidAttention(nn.Module):
         attn_backend: str = "auto",
     ) -> None:
         super().__init__()
-        if dim % num_heads != 0:
-            raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
+        if num_heads < 1 or dim % num_heads:
+            raise ValueError(f"num_heads must be >= 1 and dim={dim} divisible by it, got num_heads={num_heads}")
         if normalize not in NORMALIZATIONS:
             raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
         if num_neighbors is not None and num_neighbors < 1:

@@ -456,8 +456,8 @@ class FourierAttention(nn.Module):
         kernel_size: int = 3,
     ) -> None:
         super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
+        if num_heads < 1 or dim % num_heads:
+            raise ValueError(f"num_heads must be >= 1 and dim={dim} divisible by it, got num_heads={num_heads}")
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.cross = FourierCross(dim, feature_map, kernel_size)
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
@@ -511,8 +511,8 @@ class FourierSparseAttention(nn.Module):
         edge_backend: str = "auto",
     ) -> None:
         super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
+        if num_heads < 1 or dim % num_heads:
+            raise ValueError(f"num_heads must be >= 1 and dim={dim} divisible by it, got num_heads={num_heads}")
         if edge_backend not in ("auto", *EDGE_BACKENDS):
             raise ValueError(f"unknown edge_backend {edge_backend!r}; choose one of {('auto', *EDGE_BACKENDS)}")
         self.edge_backend = edge_backend

@@ -441,8 +441,8 @@ class MatrixMixer(nn.Module):
         super().__init__()
         if matrix not in MATRIX_MIXERS:
             raise ValueError(f"unknown matrix {matrix!r}; choose one of {sorted(MATRIX_MIXERS)}")
-        if dim % num_heads:
-            raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
+        if num_heads < 1 or dim % num_heads:
+            raise ValueError(f"num_heads must be >= 1 and dim={dim} divisible by it, got num_heads={num_heads}")
         if not data_dependent and (max_len is None or max_len < 1):
             raise ValueError(f"the non-data-dependent twin needs max_len >= 1 (its parameters' length), got {max_len}")
         H, D = num_heads, dim // num_heads

@@ -516,6 +516,7 @@ def test_kmeans_init_takes_separate_fps_and_knn_backends() -> None:
     "call,error,match",
     [
         (lambda: CentroidAttention(16, 3), ValueError, "divisible"),
+        (lambda: CentroidAttention(16, 0), ValueError, "num_heads must be >= 1"),
         (lambda: CentroidAttention(16, 4)(torch.randn(2, 10), torch.randn(2, 4, 16)), ValueError, r"\(B, N, 16\)"),
         (lambda: CentroidAttention(16, 4)(torch.randn(2, 10, 8), torch.randn(2, 4, 8)), ValueError, r"\(B, N, 16\)"),
         (lambda: CentroidAttention(16, 4)(torch.randn(2, 10, 16), torch.randn(2, 12, 16)), ValueError, "M <= N"),

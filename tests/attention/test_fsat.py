@@ -237,6 +237,10 @@ def test_bad_inputs_raise_clear_errors() -> None:
         FourierAttention(8, feature_map="fft")
     with pytest.raises(ValueError, match="divisible"):
         FourierAttention(10, num_heads=3)
+    with pytest.raises(ValueError, match="num_heads must be >= 1"):
+        FourierAttention(10, num_heads=0)
+    with pytest.raises(ValueError, match="num_heads must be >= 1"):
+        FourierSparseAttention(10, num_heads=0)
     with pytest.raises(ValueError, match="same shape"):
         pooled_cross(torch.randn(1, 4, 2), torch.randn(1, 5, 2))
     with pytest.raises(ValueError, match="query positions < L"):

@@ -182,6 +182,8 @@ def test_bad_inputs_raise_clear_errors() -> None:
         MatrixMixer(16, 2, matrix="hankel")
     with pytest.raises(ValueError, match="divisible"):
         MatrixMixer(15, 2)
+    with pytest.raises(ValueError, match="num_heads must be >= 1"):
+        MatrixMixer(16, 0)
 
 
 def _grads(out: torch.Tensor, w: torch.Tensor, x: torch.Tensor, module: torch.nn.Module) -> list:

@@ -362,6 +362,8 @@ def test_bad_inputs_name_what_was_expected() -> None:
         PointCapsNet(latent="routing", num_heads=2)
     with pytest.raises(ValueError, match="divisible"):
         PointCapsNet(latent_dim=30, num_heads=4)
+    with pytest.raises(ValueError, match="num_heads must be >= 1"):
+        PointCapsNet(num_heads=0)
     with pytest.raises(ValueError, match=r"grid must be"):
         model.decode(torch.rand(2, 5, 16), grid=torch.rand(2, 3, 2, 5))
     with pytest.raises(ValueError, match=r"caps must be"):

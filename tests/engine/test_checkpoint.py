@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import pickle
 import random
 from pathlib import Path
 
@@ -123,3 +125,43 @@ def test_a_failed_write_says_the_previous_file_is_intact(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 1
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+class _Shell:
+    """Unpickling this would run a shell command (os.system): the classic planted checkpoint."""
+
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
+class _Custom:
+    pass
+
+
+@pytest.mark.parametrize(
+    "payload,blocked",
+    [(_Shell(), f"{os.system.__module__}.system"), (_Custom(), f"{__name__}._Custom")],
+    ids=["blocked-module", "unlisted-class"],
+)
+def test_the_pickle_refusal_names_the_blocked_global(tmp_path, payload, blocked):
+    torch.save({"model": {}, "extra": payload}, tmp_path / "planted.pt")
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(tmp_path / "planted.pt")
+    assert f"it needs {blocked}, which a weights-only load does not allow" in str(info.value)
+    assert "--trust-checkpoint" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_pickle_refusal_reads_older_torch_phrasing(tmp_path, monkeypatch):
+    save_checkpoint({"epoch": 1}, tmp_path / "c.pt")
+    old = (
+        "Weights only load failed. Re-running `torch.load` with `weights_only` set to `False` will likely succeed, "
+        "but it can result in arbitrary code execution.Do it only if you get the file from a trusted source. "
+        "WeightsUnpickler error: Unsupported class mylib.Thing"
+    )
+
+    def refuse(*args, **kwargs):
+        raise pickle.UnpicklingError(old)
+
+    monkeypatch.setattr(torch, "load", refuse)
+    with pytest.raises(CheckpointError, match=r"it needs mylib\.Thing, which a weights-only load"):
+        load_checkpoint(tmp_path / "c.pt")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -218,3 +219,34 @@ def test_dotted_override_sets_one_entry_of_a_dict_field(tmp_path):
     assert load_config(WithKwargs, path, ["model_kwargs.mixer=fsat"]).model_kwargs == {"width": 8, "mixer": "fsat"}
     with pytest.raises(ValueError, match=r"unknown config key 'model\.x'"):
         load_config(WithKwargs, None, ["model.x=1"])  # not a dict field
+
+
+def _alias_bomb(levels: int) -> str:
+    """A "billion laughs": each level holds 9 aliases of the one before, so the value expands to 9**levels strings."""
+    items = ['&l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    items += [f"&l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return f"[{', '.join(items)}]"
+
+
+def test_yaml_anchors_and_aliases_are_refused_at_once(tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(f"dims: {_alias_bomb(7)}\n", encoding="utf-8")  # 382 bytes; 39 MB when printed in full
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"bomb\.yaml \(line 1, column \d+\): config files may not use YAML anchors"):
+        load_config(Cfg, path)
+    with pytest.raises(ValueError, match=r"override 'dims=.*' \(line 1, column \d+\): config files may not use YAML"):
+        load_config(Cfg, None, [f"dims={_alias_bomb(7)}"])
+    assert time.perf_counter() - start < 5.0
+    path.write_text("name: &n run\ntags: [*n]\n", encoding="utf-8")  # a plain anchor is refused too
+    with pytest.raises(ValueError, match=r"anchors/aliases \(&name / \*name\)"):
+        load_config(Cfg, path)
+
+
+def test_a_long_value_is_cut_in_the_error_message(tmp_path):
+    path = write(tmp_path / "exp.yaml", {"dims": ["x" * 1000] * 100})
+    with pytest.raises(ValueError, match=r"'dims' expects list\[int\], got list \['xxx") as info:
+        load_config(Cfg, path)
+    assert len(str(info.value)) < 500
+    with pytest.raises(ValueError, match=r"'dims' expects list\[int\]") as info:
+        load_config(Cfg, None, ["dims=[" + ", ".join(["abc"] * 1000) + "]"])
+    assert len(str(info.value)) < 700

@@ -3,7 +3,13 @@ resume path (engine.resume.load_resume), and the recipe helpers (check_config, c
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import math
+import os
+import re
+import signal
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -13,9 +19,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
+import engine
+import engine.checkpoint as checkpoint_module
 import engine.logger as logger_module
 from engine import (
+    NONFINITE_OK,
     TIMING_KEYS,
+    DistributedContext,
+    Interrupted,
     Recipe,
     UsageError,
     check_config,
@@ -25,8 +36,10 @@ from engine import (
     main,
     run,
     split_batch,
+    validate_common,
 )
 from engine.logger import read_records
+from engine.rundir import RunLock
 
 DIM, CLASSES = 8, 3
 
@@ -180,3 +193,165 @@ def test_the_command_line_opens_a_run_with_its_saved_config(tmp_path, caplog):
     # the reference: the same three epochs in one go give the same result
     full = _run(BlobsConfig(hidden=16, lr=0.02, seed=3), tmp_path / "full")
     assert _untimed(resumed) == _untimed(full)
+
+
+@dataclass
+class KnobsConfig(BlobsConfig):
+    label_smoothing: float = 0.0
+    scales: tuple[float, ...] = (1.0, 2.0)
+    num_heads: int | None = None
+    bound: float = field(default=math.inf, metadata={NONFINITE_OK: True})  # a field that may be infinite
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("label_smoothing=nan", "label_smoothing must be finite, got nan"),
+        ("label_smoothing=.inf", "label_smoothing must be finite, got inf"),
+        ("scales=[1.0, .nan]", r"scales must be finite, got \(1\.0, nan\)"),
+        ("model_kwargs.dropout=.nan", r"model_kwargs must be finite, got \{'dropout': nan\}"),
+        ("seed=18446744073709551616", r"seed must be in \[0, 2\*\*63\), got 18446744073709551616"),
+        ("num_heads=0", "num_heads must be >= 1, got 0"),
+        ("model_kwargs.num_heads=0", "model_kwargs.num_heads must be >= 1, got 0"),
+        ("name=../../elsewhere", r"name must be a relative path inside runs/<group>/ \(no '\.\.', not absolute\)"),
+        ("name={tmp}/elsewhere", "name must be a relative path inside runs/<group>/"),
+        ("name=.", "name must name a folder"),
+    ],
+)
+def test_bad_config_values_are_one_line_user_errors(tmp_path, monkeypatch, capsys, override, message):
+    class KnobsRecipe(BlobsRecipe):
+        config_cls = KnobsConfig
+
+    monkeypatch.chdir(tmp_path)  # default run folders go to ./runs
+    with pytest.raises(SystemExit) as exc:
+        engine.main(KnobsRecipe, ["--no-progress", "--device", "cpu", "--set", override.format(tmp=tmp_path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err
+    assert re.search(message, err.strip().splitlines()[-1]), err
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+    validate_common(KnobsConfig(bound=-math.inf, scales=(0.5,)))  # what is finite or allowed passes
+
+
+@pytest.fixture
+def cli_logging():
+    """engine.main sets up logging to the run folder's train.log: take its handlers down after the test."""
+    yield
+    logger_module.setup_logging(None)
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if getattr(h, "_engine_setup_logging", False)]:
+        root.removeHandler(handler)
+        handler.close()
+
+
+def _main(run_dir: Path, *args: str) -> None:
+    engine.main(BlobsRecipe, ["--no-progress", "--device", "cpu", "--output-dir", str(run_dir), *args])
+
+
+def test_eval_only_stops_at_the_lock_of_a_live_run(tmp_path, cli_logging, capsys):
+    _run(BlobsConfig(epochs=1), tmp_path)
+    (tmp_path / "train.log").write_text("the training run's log\n")
+    with RunLock(tmp_path):  # the training run still writes the folder
+        with pytest.raises(SystemExit) as exc:
+            _main(tmp_path, "--eval-only")
+    assert exc.value.code == 2
+    assert f"in use by process {os.getpid()}" in capsys.readouterr().err
+    assert (tmp_path / "train.log").read_text() == "the training run's log\n"
+    assert not (tmp_path / "eval_metrics.json").exists()
+    _main(tmp_path, "--eval-only")  # and runs once the folder is free
+    assert (tmp_path / "eval_metrics.json").exists() and not (tmp_path / "run.lock").exists()
+
+
+def test_an_interrupt_says_which_epoch_last_pt_holds(tmp_path, monkeypatch, cli_logging, capsys):
+    """torchrun stops rank 0 (SIGTERM) after a peer died: the collective fails, then the signal comes in teardown."""
+    calls = {"barrier": 0}
+
+    def barrier(ctx):
+        calls["barrier"] += 1
+        if calls["barrier"] == 2:  # after the second epoch's checkpoint
+            raise RuntimeError("Connection closed by peer")
+
+    def destroy(ctx, barrier=True):
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(DistributedContext, "barrier", barrier)
+    monkeypatch.setattr(DistributedContext, "destroy", destroy)
+    with pytest.raises(SystemExit) as exc:
+        _main(tmp_path)
+    assert exc.value.code == 143
+    hint = f"{tmp_path / 'last.pt'} holds 2 epoch(s): resume with --resume auto --output-dir {tmp_path}"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"interrupted at epoch 2, step 3 (SIGTERM): {hint}"
+    monkeypatch.undo()
+
+    def interrupted(recipe):
+        raise Interrupted(signal.SIGINT)
+
+    monkeypatch.setattr(BlobsRecipe, "build_datasets", interrupted)  # before training: no epoch in this session
+    with pytest.raises(SystemExit) as exc:
+        _main(tmp_path, "--resume", "auto")
+    assert exc.value.code == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"interrupted at start-up (SIGINT): {hint}"
+
+
+@pytest.mark.parametrize(
+    "target,error,fix",
+    [
+        ("checkpoint", errno.ENOSPC, "free space on its disk"),
+        ("log", errno.EACCES, "make it writable"),
+        ("lock", errno.EROFS, "make it writable"),
+    ],
+)
+def test_a_refused_write_is_a_one_line_error_naming_the_folder(
+    tmp_path, monkeypatch, cli_logging, capsys, target, error, fix
+):
+    run_dir = tmp_path / "run"
+    writes = {"n": 0}
+
+    def refuse(path):
+        raise OSError(error, os.strerror(error), str(path))
+
+    if target == "checkpoint":
+        atomic_open = checkpoint_module.atomic_open
+
+        def full_disk(path, mode="wb", encoding=None):
+            writes["n"] += 1
+            if writes["n"] == 4:  # epoch 2's last.pt (every epoch improves here: best.pt, then last.pt)
+                refuse(path)
+            return atomic_open(path, mode, encoding)
+
+        monkeypatch.setattr(checkpoint_module, "atomic_open", full_disk)
+        monkeypatch.setattr(BlobsRecipe, "monitor", "epoch")  # an always improving monitor: 2 writes per epoch
+    elif target == "log":
+        log = logger_module.RunLogger.log
+
+        def no_permission(self, record, step=None):
+            if record["epoch"] == 1:
+                refuse(self.log_path)
+            return log(self, record, step)
+
+        monkeypatch.setattr(logger_module.RunLogger, "log", no_permission)
+    else:
+        monkeypatch.setattr(RunLock, "acquire", lambda self: refuse(self.path))
+    with pytest.raises(SystemExit) as exc:
+        _main(run_dir)
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and "Traceback" not in err, err
+    line = err.splitlines()[-1]
+    assert line.startswith(f"error: cannot write to the run folder {run_dir} ({os.strerror(error)}")
+    assert f"{fix}" in line and f"--resume auto --output-dir {run_dir}" in line
+    assert ("no last.pt was saved" if target == "lock" else "last.pt holds 1 epoch(s)") in line
+
+
+def test_eval_only_into_a_read_only_folder_says_to_run_it_again(tmp_path, monkeypatch, cli_logging, capsys):
+    _run(BlobsConfig(epochs=1), tmp_path)
+
+    def read_only(lock):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(lock.path))
+
+    monkeypatch.setattr(RunLock, "acquire", read_only)
+    with pytest.raises(SystemExit) as exc:
+        _main(tmp_path, "--eval-only")
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2
+    assert line.startswith(f"error: cannot write to the run folder {tmp_path} (Read-only file system")
+    fix = "make it writable (or choose another --output-dir), then run --eval-only again"
+    assert line.endswith(f"last.pt holds 1 epoch(s)): {fix}")

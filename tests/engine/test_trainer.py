@@ -296,3 +296,57 @@ def test_checkpoints_load_without_pickle(tmp_path):
     state = torch.load(tmp_path / "last.pt", weights_only=True)
     assert isinstance(state["rng"]["numpy"], dict) and state["rng"]["python"][0] == 3
     resume(make_trainer(tmp_path, 2))  # and resumes from it
+
+
+def test_resume_after_a_stop_between_the_best_and_last_writes_reports_the_best_that_best_pt_holds(
+    reference, tmp_path, monkeypatch
+):
+    """best.pt one epoch ahead of last.pt: a resume with fewer, equal or more epochs reports best.pt's metric."""
+    import engine.trainer as trainer_module
+
+    full, full_final, _ = reference
+    save = trainer_module.save_checkpoint
+
+    def save_then_stop(state, path):
+        save(state, path)
+        if state["epoch"] == 2:  # the second epoch improves val_loss: best.pt is written, then the run stops
+            raise Killed("stopped between the two writes")
+
+    monkeypatch.setattr(trainer_module, "save_checkpoint", save_then_stop)
+    with pytest.raises(Killed):
+        make_trainer(tmp_path, 4).fit()
+    monkeypatch.undo()
+    best = load_checkpoint(tmp_path / "best.pt")
+    assert (best["epoch"], load_checkpoint(tmp_path / "last.pt")["epoch"]) == (2, 1)
+    val = NoisyBlobs(48, split_seed=1)
+    best_loss = F.cross_entropy(_model_from(best).eval()(val.x), val.y).item()
+    assert best["best_metric"] == pytest.approx(best_loss, rel=1e-6)
+    for epochs in (1, 2):  # fewer epochs than best.pt holds (nothing to train), then exactly as many
+        final = resume(make_trainer(tmp_path, epochs))
+        assert final["best_val_loss"] == best["best_metric"]
+    assert load_checkpoint(tmp_path / "last.pt")["best_metric"] == best["best_metric"]  # epoch 2 replayed
+    assert_resumes_like(full, full_final, make_trainer(tmp_path, 4))
+    assert load_checkpoint(tmp_path / "best.pt")["best_metric"] == full_final["best_val_loss"]
+
+
+def test_a_non_finite_buffer_stops_the_run_before_it_is_saved(tmp_path):
+    """BatchNorm's running_var = inf with finite parameters: neither last.pt nor best.pt may hold it."""
+    trainer = make_trainer(tmp_path, 4)
+    trainer.module.append(nn.BatchNorm1d(CLASSES))
+    loss_fn, calls = trainer.loss_fn, {"n": 0}
+
+    def diverging(model, batch):
+        calls["n"] += 1
+        if calls["n"] == 6:  # epoch 1, step 1
+            with torch.no_grad():
+                trainer.module[4].running_var.fill_(float("inf"))
+        return loss_fn(model, batch)
+
+    trainer.loss_fn = diverging
+    with pytest.raises(NonFiniteLossError, match=r"after epoch 1 4\.running_var hold inf or nan; not saved") as info:
+        trainer.fit()
+    assert "Start a new run (not --resume" in str(info.value) and "--set lr=0.001" in str(info.value)
+    for name in ("last.pt", "best.pt"):
+        state = load_checkpoint(tmp_path / name)
+        assert state["epoch"] == 1
+        assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
