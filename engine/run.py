@@ -37,7 +37,7 @@ import torch
 
 from engine import rundir
 from engine.checkpoint import CheckpointError, load_checkpoint
-from engine.config import add_config_args, config_to_dict, load_config
+from engine.config import add_config_args, config_to_dict, describe_config, load_config
 from engine.distributed import DistributedContext, init_distributed
 from engine.errors import UsageError
 from engine.interrupt import Interrupted, handle_signals
@@ -303,9 +303,13 @@ def _user_error(e: BaseException) -> bool:
 
 
 def build_parser(recipe: type[Recipe], description: str | None) -> argparse.ArgumentParser:
-    """The flags every training CLI shares."""
+    """The flags every training CLI shares; the help ends with every config key, its default and meaning."""
     group = recipe.group
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=description,
+        epilog=describe_config(recipe.config_cls),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_config_args(parser)
     parser.add_argument("--data-root", default=None, help="dataset root (default: $CENTROID_DATA or ./datasets)")
     parser.add_argument(

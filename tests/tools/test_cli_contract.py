@@ -9,8 +9,10 @@ issue 14; each test named ``*_defect_N`` fails on the code before it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,12 +22,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import engine
 import lra
 from capsules.recipe import CapsulesRecipe
 from capsules.testing import TINY_CAPSULES_SETS
 from engine import Recipe
+from engine.config import config_help, config_to_dict
 from engine.testing import read_log, start_tool, stop_after_first_checkpoint, strip_timing, torchrun
 from lra.testing import TINY_LISTOPS_SETS
 from pointcloud.recipe import ModelNetRecipe
@@ -162,6 +166,25 @@ def test_smoke_run_folder_eval_only_and_resume_with_more_epochs(cli: CLI, tmp_pa
     after = _snapshot(run)
     after.pop("eval_metrics.json")
     assert after == before
+
+
+@pytest.mark.parametrize("cli", PARAMS)
+def test_help_lists_every_config_key_with_its_default_and_meaning(cli: CLI, capsys) -> None:
+    cls = cli.recipe.config_cls
+    entries = config_help(cls)
+    assert [e.name for e in entries] == [f.name for f in dataclasses.fields(cls)]
+    assert not [e.name for e in entries if not e.meaning], f"{cls.__name__}: keys without a meaning comment"
+    with pytest.raises(SystemExit) as exc:
+        engine.main(cli.recipe, ["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    shown = dict(re.findall(r"^    (\w+)=(.*?)(?:  |$)", text, flags=re.MULTILINE))
+    assert list(shown) == [e.name for e in entries]
+    # each default as --set would take it, e.g. scale=[0.5, 1.0]
+    assert {k: yaml.safe_load(v) for k, v in shown.items()} == config_to_dict(cls())
+    flat = " ".join(text.split())
+    for e in entries:
+        assert " ".join(e.meaning.split()) in flat, e.name
 
 
 # --------------------------------------------------------------------------------------------------------------------
