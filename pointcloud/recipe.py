@@ -28,6 +28,7 @@ from .model import create_model, list_models
 from .transforms import (
     Compose,
     Jitter,
+    NormalizeUnitSphere,
     RandomPointDropout,
     RandomRotateUp,
     RandomScale,
@@ -65,6 +66,8 @@ class ModelNetConfig:
     synthetic_train_per_class: int = 100  # synthetic training shapes per class
     synthetic_test_per_class: int = 30  # synthetic test shapes per class
     up_axis: str = "z"  # axis of rotate_up: z for synthetic and the .off meshes, y for the h5 and normal releases
+    normalize: bool = False  # centre each stored cloud and scale it to the unit sphere (synthetic clouds already are)
+    max_abs_coord: float | None = 10.0  # refuse stored clouds with a larger |x|, |y| or |z| (null: no limit)
     # augmentation (train split only)
     scale_lo: float = 0.8  # smallest random scale factor (one factor per axis)
     scale_hi: float = 1.25  # largest random scale factor
@@ -103,7 +106,8 @@ def build_model(cfg: ModelNetConfig, num_classes: int) -> nn.Module:
 
 
 def _train_transform(cfg: ModelNetConfig) -> Compose:
-    parts = [RandomScale(cfg.scale_lo, cfg.scale_hi, anisotropic=True)]
+    parts = [NormalizeUnitSphere()] if _normalize(cfg) else []
+    parts.append(RandomScale(cfg.scale_lo, cfg.scale_hi, anisotropic=True))
     if cfg.rotate_up:
         parts.append(RandomRotateUp(cfg.up_axis))
     if cfg.translate > 0:
@@ -117,15 +121,22 @@ def _train_transform(cfg: ModelNetConfig) -> Compose:
     return Compose(parts)
 
 
+def _normalize(cfg: ModelNetConfig) -> bool:
+    return cfg.normalize and cfg.dataset != "synthetic"  # synthetic clouds are generated normalized
+
+
 def build_datasets(cfg: ModelNetConfig, data_root: str | None = None):
+    """The train and test datasets of ``cfg``: augmentation on train only; ``normalize`` on both, before it."""
     root = data_root or cfg.data_root
     common: dict[str, Any] = {"num_points": cfg.num_points, "use_normals": cfg.use_normals, "seed": cfg.seed}
     train_kw: dict[str, Any] = {"transform": _train_transform(cfg)}
-    test_kw: dict[str, Any] = {}
+    test_kw: dict[str, Any] = {"transform": NormalizeUnitSphere()} if _normalize(cfg) else {}
     if cfg.dataset == "synthetic":
         common["num_classes"] = cfg.synthetic_classes
         train_kw["samples_per_class"] = cfg.synthetic_train_per_class
         test_kw["samples_per_class"] = cfg.synthetic_test_per_class
+    else:  # the check looks at the stored clouds, before normalize
+        common["max_abs_coord"] = None if cfg.normalize else cfg.max_abs_coord
     train_set = build_dataset(cfg.dataset, "train", root, **common, **train_kw)
     test_set = build_dataset(cfg.dataset, "test", root, **common, **test_kw)
     return train_set, test_set
@@ -199,6 +210,10 @@ class ModelNetRecipe(Recipe):
                     f"(0, 1), got {cfg.num_centroids}",
                 ),
                 (cfg.votes >= 1, f"votes must be >= 1, got {cfg.votes}"),
+                (
+                    cfg.max_abs_coord is None or cfg.max_abs_coord > 0,
+                    f"max_abs_coord must be > 0 or null, got {cfg.max_abs_coord}",
+                ),
                 (
                     0 < cfg.scale_lo <= cfg.scale_hi,
                     f"need 0 < scale_lo <= scale_hi, got {cfg.scale_lo} and {cfg.scale_hi}",
