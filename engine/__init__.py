@@ -38,8 +38,9 @@ from engine.recipe import Recipe, check_config, collect_model_kwargs, split_batc
 from engine.registry import ModelRegistry, create_with_kwargs, find_registry
 from engine.resume import RESUME_MUTABLE, check_config_change, config_diff, load_resume
 from engine.run import RunOptions, main, run, write_metrics
+from engine.schedule import EpochLR, StretchOnResume, epoch_lr_schedule
 from engine.stats import count_gmacs, count_params
-from engine.trainer import TIMING_KEYS, NonFiniteLossError, Trainer, derive_seed, epoch_lr_schedule, to_device
+from engine.trainer import TIMING_KEYS, NonFiniteLossError, Trainer, derive_seed, to_device
 
 __all__ = [
     "DATA_ROOT_ENV",
@@ -47,12 +48,14 @@ __all__ = [
     "TIMING_KEYS",
     "CheckpointError",
     "DistributedContext",
+    "EpochLR",
     "Interrupted",
     "ModelRegistry",
     "NonFiniteLossError",
     "Recipe",
     "RunLogger",
     "RunOptions",
+    "StretchOnResume",
     "TqdmHandler",
     "Trainer",
     "UsageError",

@@ -322,7 +322,14 @@ def build_parser(recipe: type[Recipe], description: str | None) -> argparse.Argu
     )
     parser.add_argument("--overwrite", action="store_true", help="reuse a folder holding a run: delete its run files")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    parser.add_argument("--epochs", type=int, default=None, help="override the config's epochs")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="override the config's epochs. With --resume, another value keeps the learning rate where the run "
+        "stopped and stretches what is left of the schedule over the epochs now left, so it ends at its final value "
+        "at the new last epoch without a jump (engine.schedule)",
+    )
     parser.add_argument("--eval-only", action="store_true", help="evaluate --checkpoint (default: best.pt)")
     parser.add_argument("--checkpoint", default=None, help="checkpoint for --eval-only")
     parser.add_argument(

@@ -129,13 +129,10 @@ class ListOpsRecipe(Recipe):
 
     def build_scheduler(self, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
         cfg = self.cfg
-
-        def factor(epoch: int) -> float:  # linear warm-up, then linear decay to 10%
-            if epoch < cfg.warmup_epochs:
-                return (epoch + 1) / (cfg.warmup_epochs + 1)
-            return 1.0 - 0.9 * (epoch - cfg.warmup_epochs) / max(1, cfg.epochs - cfg.warmup_epochs)
-
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor), cfg.epochs
+        linear = engine.EpochLR(  # linear warm-up, then linear decay to 10%
+            optimizer, lambda step, progress: 1.0 - 0.9 * progress, epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs
+        )
+        return linear, cfg.epochs
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]):
         tokens, labels = batch

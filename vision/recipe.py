@@ -59,6 +59,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from engine import (
     DistributedContext,
     Recipe,
+    StretchOnResume,
     UsageError,
     collect_model_kwargs,
     count_gmacs,
@@ -398,6 +399,10 @@ class DeiTRecipe(Recipe):
             step_on_epochs=not cfg.sched_on_updates,
             updates_per_epoch=steps_per_epoch,
         )
+        if hasattr(scheduler, "t_initial"):  # a schedule with an end: --resume with other epochs stretches the rest
+            scheduler = StretchOnResume(
+                scheduler, epochs=num_epochs, updates_per_epoch=steps_per_epoch, warmup_epochs=cfg.warmup_epochs
+            )
         _logger.info(
             "%s lr %.3g (= %.3g x global batch %d / %d), %s schedule over %d epochs, %s%s",
             cfg.opt, self.lr, cfg.lr, cfg.batch_size, cfg.lr_base_size, cfg.sched, num_epochs,
