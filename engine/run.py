@@ -3,8 +3,8 @@
 A recipe (:class:`engine.recipe.Recipe`) says what is domain-specific; this module owns the rest, once:
 
 * **Validation up front**: common config values (:func:`~engine.recipe.validate_common`) and the recipe's own checks
-  when the config is loaded; every data file of both splits checked by the dataset's ``check_files()`` and the batch
-  size against the train split, all before the first step.
+  when the config is loaded; every data file of both splits checked cheaply (``check_files()``) and the batch size
+  against the train split, all before the first step.
 * **The run folder** (:mod:`engine.rundir`): new per run by default, never reused without ``--resume`` or
   ``--overwrite``, locked while a run writes it, temp files of a killed run removed.
 * **Resume** (:func:`engine.resume.load_resume`): the checkpoint is loaded safely (``weights_only``,
@@ -221,7 +221,7 @@ def _resolve_folder(recipe: type[Recipe], cfg: Any, opts: RunOptions) -> tuple[P
 
 
 def _check_dataset(dataset: Any, split: str) -> None:
-    """Every file of ``dataset`` checked (its ``check_files()``, if it has one); an empty split is an error."""
+    """Every file of ``dataset`` checked cheaply (its ``check_files()``, if it has one); an empty split is an error."""
     check = getattr(dataset, "check_files", None)
     if callable(check):
         check()
