@@ -40,41 +40,43 @@ _logger = logging.getLogger(__name__)
 class CapsulesConfig:
     """Every knob of a capsule-autoencoder run (defaults: the CPU main job on the embedded synthetic parts)."""
 
-    name: str = "main"
+    name: str = "main"  # run name: runs go to runs/capsules/<name>/<timestamp>
     # model (None: the registered model's default)
-    model: str = "pointcaps_centroid_small"
-    num_iterations: int | None = None
-    num_heads: int | None = None
-    mlp_ratio: float | None = None
-    lift_rank: int | None = None
-    decoder: str | None = None
-    decoder_width: int | None = None
-    decoder_grid: str | None = None
+    model: str = "pointcaps_centroid_small"  # registered model (capsules.list_models())
+    num_iterations: int | None = None  # dynamic-routing iterations, or centroid-attention steps T
+    num_heads: int | None = None  # attention heads of the centroid block (centroid models only)
+    mlp_ratio: float | None = None  # MLP width of the centroid block, as a multiple of its width (centroid only)
+    lift_rank: int | None = None  # rank of the per-capsule lift (centroid only; 0: one shared lift)
+    decoder: str | None = None  # patch (each capsule decodes one continuous patch) or heads (the reference code's)
+    decoder_width: int | None = None  # hidden width of the patch decoder's MLP
+    decoder_grid: str | None = None  # random (fresh 2-D grid points every training step) or fixed (the eval grid)
     model_kwargs: dict = field(default_factory=dict)  # any other constructor keyword of the model
     # data: num_points is both the input cloud and the reconstruction size
-    dataset: str = "synthetic_parts"
-    data_root: str | None = None
-    num_points: int = 256
-    categories: list[str] | None = None
-    synthetic_classes: list[str] = field(default_factory=lambda: ["table", "chair", "airplane", "lamp", "mug"])
-    synthetic_train_per_class: int = 20
-    synthetic_test_per_class: int = 8
-    test_split: str = "test"
-    up_axis: str | None = None  # the shapes' up axis for the viewer: "y" or "z"; None: the dataset's own
+    dataset: str = "synthetic_parts"  # capsules.data.DATASETS: synthetic_parts, shapenet_part, modelnet40_normal, ...
+    data_root: str | None = None  # dataset root; --data-root wins (null: $CENTROID_DATA, else ./datasets)
+    num_points: int = 256  # points per input cloud and per reconstruction
+    categories: list[str] | None = None  # ShapeNet Part categories to keep, e.g. [Airplane] (null: all)
+    synthetic_classes: list[str] = field(  # classes of synthetic_parts (capsules.data.PART_NAMES)
+        default_factory=lambda: ["table", "chair", "airplane", "lamp", "mug"]
+    )
+    synthetic_train_per_class: int = 20  # synthetic training shapes per class
+    synthetic_test_per_class: int = 8  # synthetic test shapes per class
+    test_split: str = "test"  # split evaluated every epoch: test, or val (ShapeNet Part)
+    up_axis: str | None = None  # the shapes' up axis for the viewer: y or z (null: the dataset's own)
     # optimization
-    epochs: int = 20
-    batch_size: int = 8
-    eval_batch_size: int = 16
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    cosine: bool = True
-    lr_step: int = 20
-    lr_gamma: float = 0.5
-    grad_clip: float | None = None
-    amp: bool = False
-    workers: int = 0
-    seed: int = 0
-    chamfer_backend: str = "auto"
+    epochs: int = 20  # epochs to train (more on --resume stretches what is left of the schedule)
+    batch_size: int = 8  # global batch, split evenly over the ranks (>= 2 for BatchNorm)
+    eval_batch_size: int = 16  # evaluation batch per rank
+    lr: float = 1e-3  # peak learning rate of Adam
+    weight_decay: float = 0.0  # Adam weight decay (L2)
+    cosine: bool = True  # cosine decay to 1% of lr (false: step decay by lr_gamma every lr_step epochs)
+    lr_step: int = 20  # with cosine false: epochs between two step decays
+    lr_gamma: float = 0.5  # with cosine false: factor of each step decay
+    grad_clip: float | None = None  # max global gradient norm (null: no clipping)
+    amp: bool = False  # bfloat16 autocast (CUDA only)
+    workers: int = 0  # DataLoader worker processes
+    seed: int = 0  # seed of the initialization, data order and sampling
+    chamfer_backend: str = "auto"  # nearest-neighbour search of the Chamfer loss (capsules.chamfer backends)
 
 
 MODEL_KNOBS = ("num_iterations", "num_heads", "mlp_ratio", "lift_rank", "decoder", "decoder_width", "decoder_grid")

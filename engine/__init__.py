@@ -46,8 +46,9 @@ from engine.resume import (
     saved_config,
 )
 from engine.run import RunOptions, load_run_config, main, run, user_errors, write_metrics
+from engine.schedule import EpochLR, StretchOnResume, epoch_lr_schedule
 from engine.stats import count_gmacs, count_params
-from engine.trainer import TIMING_KEYS, NonFiniteLossError, Trainer, derive_seed, epoch_lr_schedule, to_device
+from engine.trainer import TIMING_KEYS, NonFiniteLossError, Trainer, derive_seed, to_device
 
 __all__ = [
     "DATA_ROOT_ENV",
@@ -57,12 +58,14 @@ __all__ = [
     "TIMING_KEYS",
     "CheckpointError",
     "DistributedContext",
+    "EpochLR",
     "Interrupted",
     "ModelRegistry",
     "NonFiniteLossError",
     "Recipe",
     "RunLogger",
     "RunOptions",
+    "StretchOnResume",
     "TqdmHandler",
     "Trainer",
     "UsageError",

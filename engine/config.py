@@ -29,10 +29,16 @@ Example::
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import difflib
+import inspect
+import io
 import logging
 import reprlib
+import shutil
+import textwrap
+import tokenize
 import types
 from collections.abc import Sequence
 from pathlib import Path, PurePath
@@ -43,10 +49,13 @@ import yaml
 from engine.atomic import atomic_write_text
 
 __all__ = [
+    "FieldHelp",
     "add_config_args",
     "add_overrides_arg",
     "config_from_args",
+    "config_help",
     "config_to_dict",
+    "describe_config",
     "load_config",
     "load_yaml_with_base",
     "parse_overrides",
@@ -430,3 +439,123 @@ def add_overrides_arg(parser: argparse.ArgumentParser, help: str) -> argparse.Ar
 def config_from_args(cls: type[T], args: argparse.Namespace) -> T:
     """Shortcut for ``load_config(cls, args.config, args.overrides)`` after :func:`add_config_args`."""
     return load_config(cls, getattr(args, "config", None), getattr(args, "overrides", None) or ())
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Help: what each key means, read from the comments in the config class
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldHelp:
+    """One config key as ``--help`` shows it.
+
+    Attributes:
+        name: The key.
+        default: Its default as YAML flow text (what ``--set name=...`` would take), or ``"(required)"``.
+        meaning: The comment at the end of the field's line; empty when it has none.
+        section: The comment line(s) above the group of fields it belongs to; ``None`` before the first one.
+    """
+
+    name: str
+    default: str
+    meaning: str
+    section: str | None
+
+
+def config_help(cls: type) -> list[FieldHelp]:
+    """The keys of a config dataclass with their defaults and meanings, in field order.
+
+    The meanings live in the class body, where researchers read them: a comment at the end of a field's line says
+    what the key means, and a comment on a line of its own starts a section (``# optimization``) that groups the
+    fields below it::
+
+        @dataclass
+        class TrainConfig:
+            # optimization
+            lr: float = 1e-3  # peak learning rate
+            epochs: int = 10  # epochs to train
+
+    Inherited fields take their meaning from the class that declares them. A class whose source cannot be read
+    (built at run time) gives empty meanings.
+    """
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"config_help expects a dataclass type, got {cls!r}")
+    comments: dict[str, tuple[str | None, str]] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            comments.update(_class_comments(klass))
+    out = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        section, meaning = comments.get(f.name, (None, ""))
+        out.append(FieldHelp(f.name, _default_text(f), meaning, section))
+    return out
+
+
+def describe_config(cls: type, width: int | None = None) -> str:
+    """Every key of a config dataclass with its default and meaning (:func:`config_help`), grouped by section: the
+    text a training CLI's ``--help`` ends with, wrapped to ``width`` columns (default: the terminal's, at most 120)."""
+    if width is None:
+        width = min(max(shutil.get_terminal_size().columns - 2, 60), 120)
+    entries = config_help(cls)
+    column = min(max((len(e.name) + len(e.default) + 1 for e in entries), default=0), 36)
+    title = f"config keys of {cls.__name__} (key=default; set them in --config YAML or with --set KEY=VALUE):"
+    lines = textwrap.wrap(title, width)
+    section: str | None = None
+    for e in entries:
+        if e.section != section:
+            section = e.section
+            lines += ["", *textwrap.wrap(section or "", width, initial_indent="  ", subsequent_indent="    ")]
+        head = f"    {e.name}={e.default}"
+        indent = " " * (4 + column + 2)
+        body = textwrap.wrap(e.meaning, max(width - len(indent), 20), break_on_hyphens=False) or [""]
+        if len(head) > len(indent) - 2:
+            lines.append(head)
+            lines += [indent + b for b in body if b]
+        else:
+            lines.append(f"{head.ljust(len(indent))}{body[0]}".rstrip())
+            lines += [indent + b for b in body[1:]]
+    return "\n".join(lines)
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return "(required)"
+    text = yaml.safe_dump(_to_plain(value), default_flow_style=True, width=1_000_000, allow_unicode=True)
+    return text.removesuffix("\n").removesuffix("...").strip()
+
+
+def _class_comments(cls: type) -> dict[str, tuple[str | None, str]]:
+    """``{field: (section, meaning)}`` from the comments in ``cls``'s own source (see :func:`config_help`)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+        tree = ast.parse(source)
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (OSError, TypeError, SyntaxError, tokenize.TokenError):
+        return {}
+    trailing: dict[int, str] = {}
+    standalone: dict[int, str] = {}
+    for tok in tokens:
+        if tok.type == tokenize.COMMENT:
+            text = tok.string.lstrip("#").strip()
+            own_line = not tok.line[: tok.start[1]].strip()
+            (standalone if own_line else trailing)[tok.start[0]] = text
+    body = next((n.body for n in tree.body if isinstance(n, ast.ClassDef)), [])
+    out: dict[str, tuple[str | None, str]] = {}
+    section: str | None = None
+    previous_end = 0
+    for node in body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            above = [standalone[n] for n in range(previous_end + 1, node.lineno) if n in standalone]
+            if above:
+                section = " ".join(above)
+            meaning = " ".join(trailing[n] for n in range(node.lineno, node.end_lineno + 1) if n in trailing)
+            out[node.target.id] = (section, meaning)
+        previous_end = node.end_lineno or node.lineno
+    return out

@@ -42,7 +42,7 @@ import torch
 
 from engine import rundir
 from engine.checkpoint import CheckpointError, load_checkpoint, resolve_resume
-from engine.config import add_config_args, config_to_dict, load_config
+from engine.config import add_config_args, config_to_dict, describe_config, load_config
 from engine.distributed import DistributedContext, init_distributed
 from engine.errors import UsageError
 from engine.interrupt import Interrupted, handle_signals
@@ -402,9 +402,13 @@ def user_errors(debug: bool = False) -> Iterator[None]:
 
 
 def build_parser(recipe: type[Recipe], description: str | None) -> argparse.ArgumentParser:
-    """The flags every training CLI shares."""
+    """The flags every training CLI shares; the help ends with every config key, its default and meaning."""
     group = recipe.group
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=description,
+        epilog=describe_config(recipe.config_cls),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_config_args(parser)
     parser.add_argument("--data-root", default=None, help="dataset root (default: $CENTROID_DATA or ./datasets)")
     parser.add_argument(
@@ -417,7 +421,14 @@ def build_parser(recipe: type[Recipe], description: str | None) -> argparse.Argu
     )
     parser.add_argument("--overwrite", action="store_true", help="reuse a folder holding a run: delete its run files")
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    parser.add_argument("--epochs", type=int, default=None, help="override the config's epochs")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="override the config's epochs. With --resume, another value keeps the learning rate where the run "
+        "stopped and stretches what is left of the schedule over the epochs now left, so it ends at its final value "
+        "at the new last epoch without a jump (engine.schedule)",
+    )
     parser.add_argument("--eval-only", action="store_true", help="evaluate --checkpoint (default: best.pt)")
     parser.add_argument("--checkpoint", default=None, help="checkpoint for --eval-only")
     parser.add_argument(

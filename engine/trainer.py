@@ -664,27 +664,3 @@ class Trainer:
 
 def _is_num(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def epoch_lr_schedule(
-    optimizer: torch.optim.Optimizer,
-    *,
-    epochs: int,
-    cosine: bool,
-    lr_step: int,
-    lr_gamma: float,
-    warmup_epochs: int = 0,
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """Per-epoch schedule of the point-cloud and capsule recipes: linear warm-up over ``warmup_epochs``, then cosine
-    decay to 1% of the base lr over the remaining epochs (``cosine``) or step decay by ``lr_gamma`` every ``lr_step``
-    epochs (the papers' schedules)."""
-
-    def factor(epoch: int) -> float:
-        if epoch < warmup_epochs:
-            return (epoch + 1) / (warmup_epochs + 1)
-        if cosine:
-            t = (epoch - warmup_epochs) / max(1, epochs - warmup_epochs)
-            return 0.01 + 0.99 * 0.5 * (1 + np.cos(np.pi * t))
-        return lr_gamma ** ((epoch - warmup_epochs) // lr_step)
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

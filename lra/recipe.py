@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import engine
 from engine import Recipe, check_config, collect_model_kwargs, count_params
 
 from . import model as _model  # noqa: F401  (registers listops_classifier, the model_spec's name)
@@ -31,34 +32,34 @@ MODEL_KNOBS = ("mixer", "seq_len", "width", "depth", "num_heads", "mlp_ratio", "
 class ListOpsConfig:
     """Every knob of a ListOps run (defaults: the CPU main job, short expressions)."""
 
-    name: str = "main"
+    name: str = "main"  # run name: runs go to runs/lra_listops/<name>/<timestamp>
     # model
-    mixer: str = "softmax"
-    mixer_kwargs: dict = field(default_factory=dict)
+    mixer: str = "softmax"  # sequence mixer of every block: a name of attention.MIXERS
+    mixer_kwargs: dict = field(default_factory=dict)  # options of the mixer, e.g. {num_edges: 8} for fsat
     model_kwargs: dict = field(default_factory=dict)  # any other ListOpsClassifier keyword
-    width: int = 64
-    depth: int = 2
-    num_heads: int = 4
-    mlp_ratio: float = 2.0
-    drop: float = 0.0
+    width: int = 64  # token width
+    depth: int = 2  # mixer blocks
+    num_heads: int = 4  # heads of the mixer
+    mlp_ratio: float = 2.0  # MLP hidden width, as a multiple of width
+    drop: float = 0.0  # dropout in the blocks
     # data (LRA: 96000 / 2000, lengths 500-2000, max_depth 10, max_args 10, seq_len 2000)
-    train_size: int = 4000
-    test_size: int = 500
-    min_length: int = 10
-    max_length: int = 64
-    max_depth: int = 4
-    max_args: int = 5
-    seq_len: int = 64
+    train_size: int = 4000  # training expressions
+    test_size: int = 500  # test expressions
+    min_length: int = 10  # fewest tokens of an expression
+    max_length: int = 64  # most tokens of an expression
+    max_depth: int = 4  # deepest nesting of an expression
+    max_args: int = 5  # most arguments of an operator
+    seq_len: int = 64  # model input length: expressions are right-padded to it (>= max_length)
     # optimization
-    epochs: int = 8
-    batch_size: int = 32
-    eval_batch_size: int = 128
-    lr: float = 2e-3
-    weight_decay: float = 0.01
-    warmup_epochs: int = 1
-    grad_clip: float | None = 1.0
-    amp: bool = False
-    seed: int = 0
+    epochs: int = 8  # epochs to train (more on --resume stretches what is left of the schedule)
+    batch_size: int = 32  # global batch, split evenly over the ranks
+    eval_batch_size: int = 128  # evaluation batch per rank
+    lr: float = 2e-3  # peak learning rate of AdamW
+    weight_decay: float = 0.01  # AdamW weight decay
+    warmup_epochs: int = 1  # epochs of linear warm-up, then linear decay to 10% of lr
+    grad_clip: float | None = 1.0  # max global gradient norm (null: no clipping)
+    amp: bool = False  # bfloat16 autocast (CUDA only)
+    seed: int = 0  # seed of the data (test: seed + 10000), the initialization and the data order
 
 
 def build_data(cfg: ListOpsConfig) -> tuple[TensorDataset, TensorDataset]:
@@ -127,13 +128,10 @@ class ListOpsRecipe(Recipe):
 
     def build_scheduler(self, optimizer: torch.optim.Optimizer, steps_per_epoch: int):
         cfg = self.cfg
-
-        def factor(epoch: int) -> float:  # linear warm-up, then linear decay to 10%
-            if epoch < cfg.warmup_epochs:
-                return (epoch + 1) / (cfg.warmup_epochs + 1)
-            return 1.0 - 0.9 * (epoch - cfg.warmup_epochs) / max(1, cfg.epochs - cfg.warmup_epochs)
-
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor), cfg.epochs
+        linear = engine.EpochLR(  # linear warm-up, then linear decay to 10%
+            optimizer, lambda step, progress: 1.0 - 0.9 * progress, epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs
+        )
+        return linear, cfg.epochs
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]):
         tokens, labels = batch

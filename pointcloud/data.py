@@ -20,6 +20,12 @@ and ``num_classes``. Subsets take the *first* ``num_points`` points of each stor
 (without ``--use_uniform_sample``) and DGCNN do: the HDF5 and sampled releases store i.i.d. uniform samples, so any
 prefix is a uniform sample too; the normal-resampled release is also used this way by most code.
 
+Scale: the models and augmentations assume clouds in about the unit sphere, as every release here stores them.
+The ModelNet datasets refuse a cloud with a coordinate beyond ``max_abs_coord`` (default :data:`MAX_ABS_COORD`;
+a cloud in millimetres, say) with an error that names the file and the fix: centre and scale each cloud with
+:class:`~pointcloud.transforms.NormalizeUnitSphere` (PointNet++'s ``pc_normalize``; the ModelNet recipe's
+``normalize: true``), or pass ``max_abs_coord=None`` to keep the clouds as they are.
+
 Data root (:mod:`engine.data`): the ``root`` argument, else the environment variable ``CENTROID_DATA``, else
 ``./datasets``. ``root`` may be the data root (the dataset is looked up in its release folder name under it) or the
 dataset folder itself. ``datasets/README.md`` shows each expected tree.
@@ -57,6 +63,7 @@ from .transforms import augmentation_rng
 
 __all__ = [
     "DATASETS",
+    "MAX_ABS_COORD",
     "ModelNet40H5",
     "ModelNet40Normal",
     "ModelNet40Sampled",
@@ -69,6 +76,9 @@ __all__ = [
 _logger = logging.getLogger(__name__)
 
 _SPLITS = ("train", "test")
+
+MAX_ABS_COORD = 10.0
+"""Default limit on ``|x|``, ``|y|``, ``|z|`` of a stored cloud: ten times the unit sphere the models assume."""
 
 H5_TREE = """\
 <data root>/modelnet40_ply_hdf5_2048/
@@ -124,6 +134,24 @@ def _check_finite(array: np.ndarray, path: Path | str, first_line: int | None = 
         bad = int(np.flatnonzero(~np.isfinite(array).reshape(len(array), -1).all(axis=1))[0])
         where = f", line {first_line + bad}" if first_line is not None else f", sample {bad}"
         raise ValueError(f"{path}{where}: contains NaN or Inf values; expected finite coordinates")
+
+
+def _check_scale(xyz: np.ndarray, path: Path | str, limit: float | None, first_line: int | None = None) -> None:
+    """Refuses coordinates beyond ``limit`` in ``xyz`` (``(N, C)`` rows of one file, or ``(n, N, C)`` samples)."""
+    if limit is None or xyz.size == 0:
+        return
+    peak = np.abs(xyz[..., :3]).reshape(len(xyz), -1).max(axis=1)
+    if not peak.max() > limit:
+        return
+    bad = int(np.flatnonzero(peak > limit)[0])
+    coords = xyz[bad][..., :3].reshape(-1)
+    value = float(coords[np.abs(coords).argmax()])
+    where = f", line {first_line + bad}" if first_line is not None else f", sample {bad}"
+    raise ValueError(
+        f"{path}{where}: coordinate {value:.4g} is far outside the unit scale the models assume "
+        f"(|x|, |y|, |z| <= max_abs_coord={limit:g}): normalize the clouds (config normalize: true, or the "
+        "NormalizeUnitSphere transform), or set max_abs_coord: null to use them as they are"
+    )
 
 
 class PointCloudDataset(Dataset):
@@ -213,6 +241,7 @@ class ModelNet40H5(PointCloudDataset):
         seed: Augmentation seed.
         use_normals: Must be False: this release stores xyz only (accepted so that every ModelNet dataset takes
             the same arguments).
+        max_abs_coord: Refuse clouds with a coordinate beyond this (see the module docstring); ``None``: no limit.
     """
 
     FOLDER = "modelnet40_ply_hdf5_2048"
@@ -226,6 +255,7 @@ class ModelNet40H5(PointCloudDataset):
         num_classes: int = 40,
         seed: int = 0,
         use_normals: bool = False,
+        max_abs_coord: float | None = MAX_ABS_COORD,
     ) -> None:
         if use_normals:
             raise ValueError(
@@ -236,7 +266,7 @@ class ModelNet40H5(PointCloudDataset):
         self.root = locate(root, self.FOLDER, ["shape_names.txt", f"{split}_files.txt"], "ModelNet40 HDF5", H5_TREE)
         classes = _read_names(self.root / "shape_names.txt", num_classes)
         super().__init__(classes, num_points, transform, seed)
-        self.split = split
+        self.split, self.max_abs_coord = split, max_abs_coord
         list_file = self.root / f"{split}_files.txt"
         entries = [line.strip() for line in list_file.read_text().splitlines() if line.strip()]
         if not entries:
@@ -282,14 +312,18 @@ class ModelNet40H5(PointCloudDataset):
         if len(label) and (label.min() < 0 or label.max() >= self.num_classes):
             raise ValueError(f"{path}: labels must lie in [0, {self.num_classes}), got [{label.min()}, {label.max()}]")
         _check_finite(data, path)
+        _check_scale(data, path, self.max_abs_coord)
         return data, label
 
     def load_points(self, index: int) -> np.ndarray:
         return self.points[index]
 
 
-def _read_point_txt(path: Path, num_points: int, num_columns: int = 6) -> np.ndarray:
-    """The first ``num_points`` rows of a comma-separated point file, float32 ``(num_points, num_columns)``."""
+def _read_point_txt(
+    path: Path, num_points: int, num_columns: int = 6, max_abs_coord: float | None = None
+) -> np.ndarray:
+    """The first ``num_points`` rows of a comma-separated point file, float32 ``(num_points, num_columns)``; a bad
+    row (columns, number, NaN / Inf, a coordinate beyond ``max_abs_coord``) raises naming the file and line."""
     expected = f"{num_columns} comma-separated numbers per line ('x,y,z,nx,ny,nz')"
     try:
         array = np.loadtxt(path, delimiter=",", dtype=np.float32, max_rows=num_points, ndmin=2)
@@ -304,6 +338,7 @@ def _read_point_txt(path: Path, num_points: int, num_columns: int = 6) -> np.nda
         raise ValueError(f"{path}: has {len(array)} rows, fewer than num_points={num_points} (truncated file?)")
     if not np.isfinite(array).all():
         _check_finite(array, path, first_line=1)
+    _check_scale(array, path, max_abs_coord, first_line=1)
     return array
 
 
@@ -338,6 +373,7 @@ class ModelNet40Normal(PointCloudDataset):
     (``modelnet{40,10}_normal_{split}_{num_points}.npz``) that later constructions load instead of the text files.
     Lazily parsed clouds are cached per process: with DataLoader workers that are not persistent, prefer
     ``preload=True`` or ``cache_dir`` so that the workers inherit the parsed arrays instead of re-parsing every epoch.
+    :meth:`check_files` (which :func:`engine.run` calls before training) parses and keeps every cloud too.
 
     Args:
         root: Data root or the ``modelnet40_normal_resampled`` folder itself (see :func:`engine.data.data_root`).
@@ -349,7 +385,8 @@ class ModelNet40Normal(PointCloudDataset):
         seed: Augmentation seed.
         preload: Parse all files at construction.
         cache_dir: Folder for the parsed ``.npz`` cache (implies ``preload``).
-        progress: Show a tqdm bar while preloading (``None``: only on a terminal).
+        progress: Show a tqdm bar while parsing every file (``None``: only on a terminal).
+        max_abs_coord: Refuse clouds with a coordinate beyond this (see the module docstring); ``None``: no limit.
     """
 
     FOLDER = "modelnet40_normal_resampled"
@@ -366,6 +403,7 @@ class ModelNet40Normal(PointCloudDataset):
         preload: bool = False,
         cache_dir: str | PathLike | None = None,
         progress: bool | None = None,
+        max_abs_coord: float | None = MAX_ABS_COORD,
     ) -> None:
         _check_split(split)
         _check_modelnet_classes(num_classes)
@@ -377,6 +415,7 @@ class ModelNet40Normal(PointCloudDataset):
         classes = _read_names(self.root / names_file, num_classes)
         super().__init__(classes, num_points, transform, seed)
         self.split, self.use_normals = split, use_normals
+        self.progress, self.max_abs_coord = progress, max_abs_coord
         self.ids = [line.strip() for line in (self.root / split_file).read_text().splitlines() if line.strip()]
         index_of = {name: i for i, name in enumerate(classes)}
         labels, self.files = [], []
@@ -401,19 +440,27 @@ class ModelNet40Normal(PointCloudDataset):
         _logger.info("ModelNet%d normal %s: %d shapes in %s", num_classes, split, len(self), self.root)
 
     def _preload(self, progress: bool | None) -> None:
+        """Parses every file not yet cached (each row checked: see :meth:`check_files`)."""
         from tqdm import tqdm
 
+        todo = [i for i in range(len(self)) if i not in self._cache]
         start = time.perf_counter()
-        for i in tqdm(range(len(self)), desc=f"parse {self.split}", disable=None if progress is None else not progress):
-            self._cache[i] = _read_point_txt(self.files[i], self.num_points)
-        _logger.info("parsed %d files in %.1f s", len(self), time.perf_counter() - start)
+        for i in tqdm(todo, desc=f"parse {self.split}", disable=None if progress is None else not progress):
+            self._cache[i] = self._read(i)
+        if todo:
+            _logger.info("parsed %d files in %.1f s", len(todo), time.perf_counter() - start)
+
+    def _read(self, index: int) -> np.ndarray:
+        return _read_point_txt(self.files[index], self.num_points, max_abs_coord=self.max_abs_coord)
 
     def _load_or_build_cache(self, cache_dir: Path, prefix: str, progress: bool | None) -> None:
         path = cache_dir / f"{prefix}_normal_{self.split}_{self.num_points}.npz"
         if path.is_file():
             with np.load(path, allow_pickle=False) as z:
                 if list(z["ids"]) == self.ids and z["points"].shape == (len(self), self.num_points, 6):
-                    self._cache = dict(enumerate(z["points"]))
+                    points = z["points"]
+                    _check_scale(points, path, self.max_abs_coord)
+                    self._cache = dict(enumerate(points))
                     return
             _logger.warning("cache %s does not match the split file; rebuilding it", path)
         self._preload(progress)
@@ -424,33 +471,19 @@ class ModelNet40Normal(PointCloudDataset):
         os.replace(tmp, path)
 
     def check_files(self) -> None:
-        """Checks every file cheaply, before training reads it: not empty, a parsable first line of 6 numbers, and a
-        size that can hold ``num_points`` such lines (a truncated file). Files already cached are skipped."""
-        for i, path in enumerate(self.files):
-            if i in self._cache:
-                continue
-            with open(path, "rb") as f:
-                first = f.readline()
-            size = path.stat().st_size
-            fields = first.decode("utf-8", errors="replace").strip().split(",")
-            try:
-                [float(v) for v in fields]
-            except ValueError:
-                fields = []
-            if len(fields) != 6:
-                raise ValueError(
-                    f"{path}, line 1: expected 6 comma-separated numbers ('x,y,z,nx,ny,nz'), got {first[:80]!r}"
-                )
-            if size < self.num_points * len(first) // 2:
-                raise ValueError(
-                    f"{path}: {size} bytes cannot hold num_points={self.num_points} lines of about {len(first)} "
-                    "bytes (truncated file?)"
-                )
+        """Parses every file before training reads it, and keeps the clouds (as ``preload=True`` does), so that a bad
+        file fails before the first step, not after an epoch, and no file is parsed twice.
+
+        Every row that training reads (the first ``num_points``) must hold six comma-separated finite numbers with
+        coordinates within ``max_abs_coord``, and the file at least ``num_points`` rows; the error names the file and
+        the line. Rows past ``num_points`` are never read.
+        """
+        self._preload(self.progress)
 
     def load_points(self, index: int) -> np.ndarray:
         points = self._cache.get(index)
         if points is None:
-            points = self._cache[index] = _read_point_txt(self.files[index], self.num_points)
+            points = self._cache[index] = self._read(index)
         return points if self.use_normals else points[:, :3]
 
     def extra_repr(self) -> str:
@@ -508,6 +541,7 @@ class ModelNet40Sampled(PointCloudDataset):
         transform: Augmentation ``transform(points, rng)``.
         num_classes: 40 (folder ``modelnet40_sampled``) or 10 (``modelnet10_sampled``).
         seed: Augmentation seed.
+        max_abs_coord: Refuse clouds with a coordinate beyond this (see the module docstring); ``None``: no limit.
     """
 
     def __init__(
@@ -519,6 +553,7 @@ class ModelNet40Sampled(PointCloudDataset):
         transform: Callable | None = None,
         num_classes: int = 40,
         seed: int = 0,
+        max_abs_coord: float | None = MAX_ABS_COORD,
     ) -> None:
         _check_split(split)
         _check_modelnet_classes(num_classes)
@@ -552,6 +587,7 @@ class ModelNet40Sampled(PointCloudDataset):
             )
         self.points = np.ascontiguousarray(stored[:, :num_points], dtype=np.float32)
         _check_finite(self.points, path)
+        _check_scale(self.points, path, max_abs_coord)
         meta_path = self.root / "meta.json"
         self.meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
         _logger.info("ModelNet%d sampled %s: %d shapes from %s", num_classes, split, len(self), path)

@@ -28,6 +28,7 @@ from .model import create_model, list_models
 from .transforms import (
     Compose,
     Jitter,
+    NormalizeUnitSphere,
     RandomPointDropout,
     RandomRotateUp,
     RandomScale,
@@ -45,52 +46,52 @@ _logger = logging.getLogger(__name__)
 class ModelNetConfig:
     """Every knob of a ModelNet40 run (defaults: the CPU main job on the embedded synthetic data)."""
 
-    name: str = "main"
+    name: str = "main"  # run name: runs go to runs/modelnet40/<name>/<timestamp>
     # model (None: the registered model's default)
-    model: str = "centroid_transformer_modelnet40"
-    num_centroids: list[int | float] | None = None
-    # The main job's clouds have 256 points: the model's K = 24 (chosen for 1024 points) would span 4x the area there,
-    # so it uses 16. The 1024-point configs set null (configs/pointcloud/modelnet40_base.yaml): the model's K = 24.
-    num_neighbors: int | None = 16
-    num_heads: int | None = None
-    num_steps: int | None = None
-    mlp_ratio: float | None = None
-    fuse_dim: int | None = None
-    drop: float | None = None
+    model: str = "centroid_transformer_modelnet40"  # registered model (pointcloud.list_models())
+    num_centroids: list[int | float] | None = None  # [N1, N2], centroids of the 2 CA blocks: counts or fractions
+    num_neighbors: int | None = 16  # K of every block; 16 at 256 points (null: the model's 24, chosen for 1024)
+    num_heads: int | None = None  # attention heads per block
+    num_steps: int | None = None  # T, centroid-attention steps (0: the downsampling-only ablation twin)
+    mlp_ratio: float | None = None  # hidden width of each block's MLP, as a multiple of the block width
+    fuse_dim: int | None = None  # width of the per-point fusion layer whose max and mean pools feed the head
+    drop: float | None = None  # dropout in the classifier head
     model_kwargs: dict = field(default_factory=dict)  # any other constructor keyword, e.g. {mixer: hydra}
     # data
-    dataset: str = "synthetic"
-    data_root: str | None = None
-    num_points: int = 256
-    use_normals: bool = False
-    synthetic_classes: int = 10
-    synthetic_train_per_class: int = 100
-    synthetic_test_per_class: int = 30
-    up_axis: str = "z"
+    dataset: str = "synthetic"  # synthetic, modelnet40_h5, modelnet40_normal, modelnet40_sampled, modelnet10_*
+    data_root: str | None = None  # dataset root; --data-root wins (null: $CENTROID_DATA, else ./datasets)
+    num_points: int = 256  # points per cloud: the first num_points stored points of each shape
+    use_normals: bool = False  # feed x, y, z, nx, ny, nz instead of x, y, z (not with modelnet40_h5)
+    synthetic_classes: int = 10  # classes of the synthetic dataset (2 to 13)
+    synthetic_train_per_class: int = 100  # synthetic training shapes per class
+    synthetic_test_per_class: int = 30  # synthetic test shapes per class
+    up_axis: str = "z"  # axis of rotate_up: z for synthetic and the .off meshes, y for the h5 and normal releases
+    normalize: bool = False  # centre each stored cloud and scale it to the unit sphere (synthetic clouds already are)
+    max_abs_coord: float | None = 10.0  # refuse stored clouds with a larger |x|, |y| or |z| (null: no limit)
     # augmentation (train split only)
-    scale_lo: float = 0.8
-    scale_hi: float = 1.25
-    translate: float = 0.1
-    jitter: float = 0.01
-    rotate_up: bool = True
-    point_dropout: float = 0.0
-    shuffle_points: bool = True
+    scale_lo: float = 0.8  # smallest random scale factor (one factor per axis)
+    scale_hi: float = 1.25  # largest random scale factor
+    translate: float = 0.1  # largest random shift per axis (0: off)
+    jitter: float = 0.01  # std of the clipped Gaussian noise added to each coordinate (0: off)
+    rotate_up: bool = True  # random rotation about up_axis
+    point_dropout: float = 0.0  # largest fraction of points replaced by the first point (PointNet++; 0: off)
+    shuffle_points: bool = True  # shuffle the point order of each cloud
     # optimization
-    epochs: int = 10
-    batch_size: int = 32
-    eval_batch_size: int = 64
-    lr: float = 2e-3
-    weight_decay: float = 1e-4
-    lr_step: int = 20
-    lr_gamma: float = 0.7
-    warmup_epochs: int = 0
-    cosine: bool = True
-    label_smoothing: float = 0.2
-    grad_clip: float | None = None
-    amp: bool = False
-    workers: int = 0
-    seed: int = 0
-    votes: int = 1
+    epochs: int = 10  # epochs to train (more on --resume stretches what is left of the schedule)
+    batch_size: int = 32  # global batch, split evenly over the ranks
+    eval_batch_size: int = 64  # evaluation batch per rank
+    lr: float = 2e-3  # peak learning rate of AdamW
+    weight_decay: float = 1e-4  # AdamW weight decay
+    lr_step: int = 20  # with cosine false: epochs between two step decays
+    lr_gamma: float = 0.7  # with cosine false: factor of each step decay
+    warmup_epochs: int = 0  # epochs of linear warm-up before the decay
+    cosine: bool = True  # cosine decay to 1% of lr (false: the paper's step decay by lr_gamma every lr_step)
+    label_smoothing: float = 0.2  # label smoothing of the cross-entropy
+    grad_clip: float | None = None  # max global gradient norm (null: no clipping)
+    amp: bool = False  # bfloat16 autocast (CUDA only)
+    workers: int = 0  # DataLoader worker processes
+    seed: int = 0  # seed of the initialization, data order and augmentation
+    votes: int = 1  # test-time voting: logits averaged over this many randomly scaled copies (final and --eval-only)
 
 
 MODEL_KNOBS = ("num_centroids", "num_neighbors", "num_heads", "num_steps", "mlp_ratio", "fuse_dim", "drop")
@@ -110,7 +111,8 @@ def build_model(cfg: ModelNetConfig, num_classes: int) -> nn.Module:
 
 
 def _train_transform(cfg: ModelNetConfig) -> Compose:
-    parts = [RandomScale(cfg.scale_lo, cfg.scale_hi, anisotropic=True)]
+    parts = [NormalizeUnitSphere()] if _normalize(cfg) else []
+    parts.append(RandomScale(cfg.scale_lo, cfg.scale_hi, anisotropic=True))
     if cfg.rotate_up:
         parts.append(RandomRotateUp(cfg.up_axis))
     if cfg.translate > 0:
@@ -124,15 +126,22 @@ def _train_transform(cfg: ModelNetConfig) -> Compose:
     return Compose(parts)
 
 
+def _normalize(cfg: ModelNetConfig) -> bool:
+    return cfg.normalize and cfg.dataset != "synthetic"  # synthetic clouds are generated normalized
+
+
 def build_datasets(cfg: ModelNetConfig, data_root: str | None = None):
+    """The train and test datasets of ``cfg``: augmentation on train only; ``normalize`` on both, before it."""
     root = data_root or cfg.data_root
     common: dict[str, Any] = {"num_points": cfg.num_points, "use_normals": cfg.use_normals, "seed": cfg.seed}
     train_kw: dict[str, Any] = {"transform": _train_transform(cfg)}
-    test_kw: dict[str, Any] = {}
+    test_kw: dict[str, Any] = {"transform": NormalizeUnitSphere()} if _normalize(cfg) else {}
     if cfg.dataset == "synthetic":
         common["num_classes"] = cfg.synthetic_classes
         train_kw["samples_per_class"] = cfg.synthetic_train_per_class
         test_kw["samples_per_class"] = cfg.synthetic_test_per_class
+    else:  # the check looks at the stored clouds, before normalize
+        common["max_abs_coord"] = None if cfg.normalize else cfg.max_abs_coord
     train_set = build_dataset(cfg.dataset, "train", root, **common, **train_kw)
     test_set = build_dataset(cfg.dataset, "test", root, **common, **test_kw)
     return train_set, test_set
@@ -209,6 +218,10 @@ class ModelNetRecipe(Recipe):
                     f"(0, 1), got {cfg.num_centroids}",
                 ),
                 (cfg.votes >= 1, f"votes must be >= 1, got {cfg.votes}"),
+                (
+                    cfg.max_abs_coord is None or cfg.max_abs_coord > 0,
+                    f"max_abs_coord must be > 0 or null, got {cfg.max_abs_coord}",
+                ),
                 (
                     0 < cfg.scale_lo <= cfg.scale_hi,
                     f"need 0 < scale_lo <= scale_hi, got {cfg.scale_lo} and {cfg.scale_hi}",

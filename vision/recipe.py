@@ -59,6 +59,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from engine import (
     DistributedContext,
     Recipe,
+    StretchOnResume,
     UsageError,
     collect_model_kwargs,
     count_gmacs,
@@ -79,80 +80,78 @@ _logger = logging.getLogger(__name__)
 class DeiTConfig:
     """Every knob of a DeiT run (defaults: the CPU main job on the embedded synthetic images)."""
 
-    name: str = "synthetic_centroid_tiny"
+    name: str = "synthetic_centroid_tiny"  # run name: runs go to runs/deit/<name>/<timestamp>
     # model: any timm name (ours are registered by `import vision`); knobs left null keep the registered value
-    model: str = "centroid_deit_tiny_c6_patch16_224"
-    img_size: int = 64
-    patch_size: int | None = 8
-    embed_dim: int | None = 128
-    depth: int | None = 4
-    num_heads: int | None = 4
-    mlp_ratio: float | None = 2.0
-    centroid_index: int | None = 2
+    model: str = "centroid_deit_tiny_c6_patch16_224"  # timm model name
+    img_size: int = 64  # input side length in pixels
+    patch_size: int | None = 8  # patch side length in pixels
+    embed_dim: int | None = 128  # token width
+    depth: int | None = 4  # transformer blocks
+    num_heads: int | None = 4  # attention heads per block
+    mlp_ratio: float | None = 2.0  # MLP hidden width, as a multiple of embed_dim
+    centroid_index: int | None = 2  # index of the centroid block (that many full-resolution blocks run before it)
     model_kwargs: dict = field(default_factory=dict)  # any other model kwarg, e.g. {num_inducing: 32}
-    drop_rate: float = 0.0
-    drop_path: float = 0.0
+    drop_rate: float = 0.0  # dropout before the classifier (timm's drop_rate)
+    drop_path: float = 0.0  # stochastic depth rate (timm's drop_path_rate)
     # data
-    dataset: Literal["synthetic", "imagefolder"] = "synthetic"
-    data_root: str | None = None
+    dataset: Literal["synthetic", "imagefolder"] = "synthetic"  # embedded synthetic images, or an ImageFolder tree
+    data_root: str | None = None  # dataset root with train/ and val/ or test/; --data-root wins (null: $CENTROID_DATA)
     train_folder: str = "train"  # imagefolder: the training split's folder
-    eval_folder: str | None = (
-        None  # imagefolder: the held-out split's folder (None: val/, else test/, else validation/)
-    )
-    synthetic_classes: int = 10
-    synthetic_train_per_class: int = 750
-    synthetic_val_per_class: int = 100
-    synthetic_image_size: int = 64
-    workers: int = 0
+    eval_folder: str | None = None  # imagefolder: the held-out split's folder (null: val/, test/ or validation/)
+    synthetic_classes: int = 10  # classes of the synthetic dataset
+    synthetic_train_per_class: int = 750  # synthetic training images per class
+    synthetic_val_per_class: int = 100  # synthetic validation images per class
+    synthetic_image_size: int = 64  # side length of the rendered synthetic images (then cropped to img_size)
+    workers: int = 0  # DataLoader worker processes
     # augmentation (timm.data.create_transform; train split only except crop_pct / interpolation / mean / std)
-    scale: tuple[float, float] = (0.5, 1.0)
-    ratio: tuple[float, float] = (0.75, 1.3333333333333333)
-    hflip: float = 0.5
-    color_jitter: float = 0.3  # ignored by timm when auto_augment is set
-    auto_augment: str | None = None  # DeiT: "rand-m9-mstd0.5-inc1"
-    interpolation: str = "bicubic"
-    reprob: float = 0.0
-    remode: str = "pixel"
-    recount: int = 1
-    crop_pct: float = 0.875
-    mean: tuple[float, float, float] = IMAGENET_DEFAULT_MEAN
-    std: tuple[float, float, float] = IMAGENET_DEFAULT_STD
+    scale: tuple[float, float] = (0.5, 1.0)  # area range of the random resized crop
+    ratio: tuple[float, float] = (0.75, 1.3333333333333333)  # aspect-ratio range of the random resized crop
+    hflip: float = 0.5  # probability of a horizontal flip
+    color_jitter: float = 0.3  # colour-jitter strength; ignored by timm when auto_augment is set
+    auto_augment: str | None = None  # timm auto-augment policy (null: none); DeiT: "rand-m9-mstd0.5-inc1"
+    interpolation: str = "bicubic"  # resize interpolation
+    reprob: float = 0.0  # random-erasing probability
+    remode: str = "pixel"  # random-erasing fill: pixel, rand or const
+    recount: int = 1  # random-erasing boxes per image
+    crop_pct: float = 0.875  # evaluation: resize to img_size / crop_pct, then centre crop img_size
+    mean: tuple[float, float, float] = IMAGENET_DEFAULT_MEAN  # per-channel normalization mean
+    std: tuple[float, float, float] = IMAGENET_DEFAULT_STD  # per-channel normalization std
     aug_repeats: int = 0  # DeiT's repeated augmentation (3), under DDP only, as in DeiT
     # mixup / cutmix (timm.data.Mixup); both 0 disables it
-    mixup: float = 0.0
-    cutmix: float = 0.0
-    cutmix_minmax: tuple[float, float] | None = None
-    mixup_prob: float = 1.0
-    mixup_switch_prob: float = 0.5
-    mixup_mode: Literal["batch", "pair", "elem"] = "batch"
-    smoothing: float = 0.1
+    mixup: float = 0.0  # mixup alpha (0: off)
+    cutmix: float = 0.0  # cutmix alpha (0: off)
+    cutmix_minmax: tuple[float, float] | None = None  # cutmix box-area ratio range; when set, used instead of alpha
+    mixup_prob: float = 1.0  # probability of mixing a batch (or pair or element)
+    mixup_switch_prob: float = 0.5  # probability of cutmix instead of mixup when both are on
+    mixup_mode: Literal["batch", "pair", "elem"] = "batch"  # mix per batch, pair of samples or element
+    smoothing: float = 0.1  # label smoothing
     # optimization
-    epochs: int = 8
-    batch_size: int = 64  # global, split over the ranks
-    eval_batch_size: int = 256  # per rank
-    opt: str = "adamw"
-    opt_eps: float = 1e-8
-    opt_betas: tuple[float, float] | None = None
-    momentum: float = 0.9
+    epochs: int = 8  # epochs to train (more on --resume stretches what is left of the schedule)
+    batch_size: int = 64  # global batch, split evenly over the ranks
+    eval_batch_size: int = 256  # evaluation batch per rank
+    opt: str = "adamw"  # timm optimizer name (timm.optim.create_optimizer_v2)
+    opt_eps: float = 1e-8  # optimizer epsilon
+    opt_betas: tuple[float, float] | None = None  # Adam betas (null: the optimizer's default)
+    momentum: float = 0.9  # SGD momentum (momentum optimizers only)
     lr: float = 8e-3  # at lr_base_size images per step; the run uses lr * batch_size / lr_base_size (1e-3 here)
-    lr_base_size: int = 512  # 0: no scaling
-    weight_decay: float = 0.05
-    sched: str = "cosine"
+    lr_base_size: int = 512  # images per step that lr is given for (0: lr is used as it is)
+    weight_decay: float = 0.05  # decoupled weight decay (not on biases, norms, pos_embed, cls_token)
+    sched: str = "cosine"  # timm schedule name (timm.scheduler.create_scheduler_v2)
     sched_on_updates: bool = True  # step the schedule per update instead of per epoch (DeiT: per epoch)
-    warmup_epochs: int = 1
-    warmup_lr: float = 1e-6
-    min_lr: float = 1e-5
-    cooldown_epochs: int = 0
-    grad_clip: float | None = None
+    warmup_epochs: int = 1  # epochs of linear warm-up from warmup_lr
+    warmup_lr: float = 1e-6  # learning rate at the start of the warm-up
+    min_lr: float = 1e-5  # learning rate at the end of the schedule
+    cooldown_epochs: int = 0  # epochs at min_lr after the schedule
+    grad_clip: float | None = None  # max global gradient norm (null: no clipping)
     # EMA of the weights (timm.utils.ModelEmaV3), evaluated every epoch beside the model
-    model_ema: bool = False
-    model_ema_decay: float = 0.99996
-    model_ema_warmup: bool = False
+    model_ema: bool = False  # keep and evaluate the EMA
+    model_ema_decay: float = 0.99996  # EMA decay per update
+    model_ema_warmup: bool = False  # timm's EMA warm-up (a smaller decay in the first updates)
     # runtime
-    amp: bool = True  # CUDA only; ignored on CPU
-    amp_dtype: Literal["bfloat16", "float16"] = "bfloat16"
-    log_every: int = 0
-    seed: int = 0
+    amp: bool = True  # autocast in amp_dtype (CUDA only; ignored on CPU)
+    amp_dtype: Literal["bfloat16", "float16"] = "bfloat16"  # autocast dtype (float16 adds a GradScaler)
+    log_every: int = 0  # also log loss, lr and throughput every this many steps (0: once per epoch)
+    seed: int = 0  # seed of the initialization, data order and augmentation
 
 
 MODEL_KNOBS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "centroid_index")
@@ -439,6 +438,10 @@ class DeiTRecipe(Recipe):
             step_on_epochs=not cfg.sched_on_updates,
             updates_per_epoch=steps_per_epoch,
         )
+        if hasattr(scheduler, "t_initial"):  # a schedule with an end: --resume with other epochs stretches the rest
+            scheduler = StretchOnResume(
+                scheduler, epochs=num_epochs, updates_per_epoch=steps_per_epoch, warmup_epochs=cfg.warmup_epochs
+            )
         _logger.info(
             "%s lr %.3g (= %.3g x global batch %d / %d), %s schedule over %d epochs, %s%s",
             cfg.opt, self.lr, cfg.lr, cfg.batch_size, cfg.lr_base_size, cfg.sched, num_epochs,

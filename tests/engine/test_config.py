@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Literal
 
 import pytest
 import yaml
 
-from engine.config import add_config_args, config_from_args, config_to_dict, load_config, parse_overrides, save_config
+from engine.config import (
+    add_config_args,
+    config_from_args,
+    config_help,
+    config_to_dict,
+    describe_config,
+    load_config,
+    parse_overrides,
+    save_config,
+)
 
 
 @dataclass
@@ -250,3 +260,62 @@ def test_a_long_value_is_cut_in_the_error_message(tmp_path):
     with pytest.raises(ValueError, match=r"'dims' expects list\[int\]") as info:
         load_config(Cfg, None, ["dims=[" + ", ".join(["abc"] * 1000) + "]"])
     assert len(str(info.value)) < 700
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# config_help / describe_config: meanings read from the class's comments
+
+
+@dataclass
+class Documented:
+    """A config whose keys carry their meaning in comments."""
+
+    name: str = "run"  # run name
+    # optimization
+    lr: float = 1e-3  # peak learning rate
+    dims: list[int] = field(  # widths of the
+        default_factory=lambda: [64, 128]  # two blocks
+    )
+    # data: a section comment
+    # that spans two lines
+    path: str | None = None
+    flag: bool = True  # a flag # with a hash
+
+
+@dataclass
+class DocumentedChild(Documented):
+    extra: int = 3  # declared by the subclass
+
+
+def test_config_help_reads_meanings_and_sections_from_comments():
+    entries = {e.name: e for e in config_help(DocumentedChild)}
+    assert list(entries) == ["name", "lr", "dims", "path", "flag", "extra"]
+    assert (entries["name"].meaning, entries["name"].section) == ("run name", None)
+    assert (entries["lr"].meaning, entries["lr"].section) == ("peak learning rate", "optimization")
+    assert entries["lr"].default == "0.001"
+    assert (entries["dims"].meaning, entries["dims"].default) == ("widths of the two blocks", "[64, 128]")
+    assert entries["path"].meaning == "" and entries["path"].default == "null"
+    assert entries["path"].section == "data: a section comment that spans two lines"
+    assert entries["flag"].meaning == "a flag # with a hash" and entries["flag"].default == "true"
+    assert (entries["extra"].meaning, entries["extra"].section) == ("declared by the subclass", None)
+
+
+def test_config_help_of_a_class_without_source_has_empty_meanings():
+    built = make_dataclass("Built", [("lr", float, field(default=0.1))])
+    assert [(e.name, e.default, e.meaning) for e in config_help(built)] == [("lr", "0.1", "")]
+    with pytest.raises(TypeError, match="dataclass type"):
+        config_help(Documented())
+
+
+def test_describe_config_lists_key_default_and_meaning_by_section():
+    text = describe_config(Documented, width=80)
+    lines = text.splitlines()
+    assert text.startswith("config keys of Documented") and "--set KEY=VALUE" in " ".join(lines[:2])
+    assert any(line.split() == ["name=run", "run", "name"] for line in lines)
+    section = lines.index("  optimization")
+    assert lines[section + 1].split() == ["lr=0.001", "peak", "learning", "rate"]
+    assert "    path=null" in lines
+    assert all(len(line) <= 80 for line in lines)
+    # defaults read back as the values --set would take
+    shown = dict(re.findall(r"^    (\w+)=(.*?)(?:  |$)", text, flags=re.MULTILINE))
+    assert {k: yaml.safe_load(v) for k, v in shown.items()} == config_to_dict(Documented())

@@ -22,6 +22,7 @@ from pointcloud.data import (
     ModelNet40Sampled,
     SyntheticShapes,
     build_dataset,
+    save_sampled_split,
 )
 from pointcloud.meshes import read_off
 from pointcloud.synthetic import SHAPE_CLASSES
@@ -165,6 +166,54 @@ def test_normal_bad_row_names_file_and_line(tmp_path, line, row, message):
         ds[0]
 
 
+@pytest.mark.parametrize(
+    ("line", "row", "message"),
+    [
+        (5, "0.1,0.2,0.3,0", "line 5: expected 6 comma-separated numbers, got 4"),
+        (9, "0.1,abc,0.3,0,0,1", "line 9: non-numeric"),
+        (12, "0.1,inf,0.3,0,0,1", "line 12: contains NaN or Inf"),
+        (16, "51234.5,0.2,0.3,0,0,1", "line 16: coordinate 5.123e\\+04 is far outside the unit scale"),
+    ],
+)
+def test_normal_check_files_reads_every_used_row_of_every_file(tmp_path, line, row, message):
+    """check_files (run before training) finds a bad row past line 1 of a test file: it used to read line 1 only."""
+    folder = _write_normal_tree(tmp_path, {"test": ["airplane_0001", "airplane_0002"]}, WITH_AIRPLANE, rows=32)
+    path = folder / "airplane" / "airplane_0002.txt"
+    lines = path.read_text().splitlines()
+    lines[line - 1] = row
+    path.write_text("\n".join(lines) + "\n")
+    ds = ModelNet40Normal(tmp_path, "test", num_points=16)
+    with pytest.raises(ValueError, match=rf"airplane_0002\.txt, {message}"):
+        ds.check_files()
+    lines[16] = "0.1,abc,0.3,0,0,1"  # past num_points: never read
+    lines[line - 1] = "0.1,0.2,0.3,0,0,1"
+    path.write_text("\n".join(lines) + "\n")
+    ModelNet40Normal(tmp_path, "test", num_points=16).check_files()
+
+
+def test_normal_check_files_keeps_the_parsed_clouds(tmp_path):
+    folder = _write_normal_tree(tmp_path, {"train": ["airplane_0001", "airplane_0002"]}, WITH_AIRPLANE, rows=32)
+    ds = ModelNet40Normal(tmp_path, "train", num_points=16, use_normals=True)
+    ds.check_files()
+    expected = [np.loadtxt(path, delimiter=",", max_rows=16, dtype=np.float32) for path in ds.files]
+    for path in ds.files:
+        path.unlink()  # training reads what the check parsed, not the files again
+    for i in range(len(ds)):
+        np.testing.assert_array_equal(ds[i][0].numpy(), expected[i])
+    assert not (folder / "airplane" / "airplane_0001.txt").exists()
+
+
+def test_normal_far_out_of_scale_rows_are_refused_lazily_and_allowed_without_a_limit(tmp_path):
+    path = _airplane_file(tmp_path)
+    lines = path.read_text().splitlines()
+    lines[3] = "0.5,-40000,0.3,0,0,1"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"airplane_0001\.txt, line 4: coordinate -4e\+04.*normalize"):
+        ModelNet40Normal(tmp_path, "train", num_points=16)[0]
+    points, _ = ModelNet40Normal(tmp_path, "train", num_points=16, max_abs_coord=None)[0]
+    assert float(points[3, 1]) == -40000
+
+
 def test_normal_short_file_names_file(tmp_path):
     _airplane_file(tmp_path, rows=8)
     with pytest.raises(ValueError, match=r"airplane_0001\.txt: has 8 rows, fewer than num_points=16"):
@@ -265,6 +314,40 @@ def test_h5_nan_and_missing_dataset(tmp_path):
         del f["label"]
     with pytest.raises(ValueError, match=r"ply_data_test0\.h5: missing HDF5 datasets \['label'\]"):
         ModelNet40H5(tmp_path, split="test", num_points=32)
+
+
+def test_h5_far_out_of_scale_clouds_are_refused_and_normalize_fixes_them(tmp_path):
+    """Clouds in other units (coordinates near 5e4) used to train without a word."""
+    import h5py
+
+    from pointcloud.recipe import ModelNetConfig, build_datasets
+
+    folder, _ = _write_h5_tree(tmp_path)
+    with h5py.File(folder / "ply_data_train1.h5", "r+") as f:
+        f["data"][2] = f["data"][2] * 5e4 + 1e3
+    with pytest.raises(ValueError, match=r"ply_data_train1\.h5, sample 2: coordinate 5\.\d+e\+04 is far outside"):
+        ModelNet40H5(tmp_path, split="train", num_points=32)
+    assert len(ModelNet40H5(tmp_path, split="train", num_points=32, max_abs_coord=None)) == 8
+    cfg = ModelNetConfig(dataset="modelnet40_h5", num_points=32)
+    with pytest.raises(ValueError, match="normalize: true"):
+        build_datasets(cfg, str(tmp_path))
+    train, test = build_datasets(ModelNetConfig(dataset="modelnet40_h5", num_points=32, normalize=True), str(tmp_path))
+    for ds in (train, test):
+        norms = torch.stack([ds[i][0] for i in range(len(ds))]).norm(dim=-1).amax(-1)
+        assert (norms < 2).all(), norms  # unit sphere, then train augmentation (scale <= 1.25, shift <= 0.1)
+    torch.testing.assert_close(norms, torch.ones_like(norms))  # test split: normalized, not augmented
+
+
+def test_sampled_far_out_of_scale_clouds_are_refused(tmp_path):
+    folder = tmp_path / "modelnet40_sampled"
+    folder.mkdir()
+    (folder / "shape_names.txt").write_text("\n".join(CLASSES40) + "\n")
+    points = np.random.default_rng(0).uniform(-1, 1, (3, 64, 6)).astype(np.float32)
+    points[1, 5, 2] = 300.0
+    save_sampled_split(folder, "test", points, np.array([0, 1, 2]), ["a_1", "b_1", "c_1"])
+    with pytest.raises(ValueError, match=r"test\.npz, sample 1: coordinate 300"):
+        ModelNet40Sampled(tmp_path, "test", num_points=64)
+    assert len(ModelNet40Sampled(tmp_path, "test", num_points=64, max_abs_coord=1000)) == 3
 
 
 def test_h5_listed_file_missing(tmp_path):

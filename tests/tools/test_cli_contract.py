@@ -9,8 +9,10 @@ issue 14; each test named ``*_defect_N`` fails on the code before it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,15 +20,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+import yaml
 from torch.utils.data import default_collate
 
 import engine
 import lra
 from capsules.recipe import CapsulesRecipe
 from capsules.testing import TINY_CAPSULES_SETS
-from engine import Recipe
+from engine import Recipe, Trainer
+from engine.config import config_help, config_to_dict
 from engine.export import load_exported
 from engine.testing import read_log, run_tool, start_tool, stop_after_first_checkpoint, strip_timing, torchrun
 from lra.testing import TINY_LISTOPS_SETS
@@ -164,6 +169,60 @@ def test_smoke_run_folder_eval_only_and_resume_with_more_epochs(cli: CLI, tmp_pa
     after = _snapshot(run)
     after.pop("eval_metrics.json")
     assert after == before
+
+
+@pytest.mark.parametrize("cli", PARAMS)
+def test_help_lists_every_config_key_with_its_default_and_meaning(cli: CLI, capsys) -> None:
+    cls = cli.recipe.config_cls
+    entries = config_help(cls)
+    assert [e.name for e in entries] == [f.name for f in dataclasses.fields(cls)]
+    assert not [e.name for e in entries if not e.meaning], f"{cls.__name__}: keys without a meaning comment"
+    with pytest.raises(SystemExit) as exc:
+        engine.main(cli.recipe, ["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    shown = dict(re.findall(r"^    (\w+)=(.*?)(?:  |$)", text, flags=re.MULTILINE))
+    assert list(shown) == [e.name for e in entries]
+    # each default as --set would take it, e.g. scale=[0.5, 1.0]
+    assert {k: yaml.safe_load(v) for k, v in shown.items()} == config_to_dict(cls())
+    flat = " ".join(text.split())
+    for e in entries:
+        assert " ".join(e.meaning.split()) in flat, e.name
+
+
+def _lrs(run: Path) -> list[float]:
+    """The lr of every epoch of ``run``, then the lr its last scheduler step left (where the schedule ends)."""
+    last = torch.load(run / "last.pt", weights_only=True)
+    return [r["lr"] for r in read_log(run)] + [last["optimizer"]["param_groups"][0]["lr"]]
+
+
+@pytest.mark.parametrize("cli", PARAMS)
+def test_resume_with_more_epochs_stretches_the_rest_of_the_lr_schedule(
+    cli: CLI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped after 2 of 4 epochs and resumed with --epochs 8: the lr goes on from where it was, keeps decaying and
+    ends at the schedule's end value at epoch 8 (it used to jump up, or for timm's cosine, sit at min_lr)."""
+    cli.main("--epochs", "4", "--output-dir", str(tmp_path / "ref"))
+    ref = _lrs(tmp_path / "ref")
+    run_epoch = Trainer._run_epoch
+
+    def stop_after_two(self: Trainer, epoch: int) -> None:
+        run_epoch(self, epoch)
+        if self.epoch == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "_run_epoch", stop_after_two)
+    with pytest.raises(SystemExit):
+        cli.main("--epochs", "4", "--output-dir", str(tmp_path / "run"))
+    monkeypatch.undo()
+    cli.main("--epochs", "8", "--resume", "auto", "--output-dir", str(tmp_path / "run"))
+    lrs = _lrs(tmp_path / "run")
+    assert len(lrs) == 9 and lrs[:3] == ref[:3]  # the same run up to the stop
+    steps = np.diff(lrs)
+    peak = int(np.argmax(ref))  # after the warm-up
+    assert (steps[peak:] < 0).all(), lrs  # still decaying in every epoch: no jump up, no flat tail
+    assert np.abs(steps).max() <= np.abs(np.diff(ref)).max() * (1 + 1e-9), (lrs, ref)  # no step beyond the schedule's
+    assert lrs[-1] == pytest.approx(ref[-1], rel=1e-6)  # ends at the end value, at the new last epoch
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -3,8 +3,10 @@ knobs and ``model_kwargs``, the paper-row configs, the real data layouts and the
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -108,14 +110,12 @@ def test_missing_dataset_names_the_folder_and_tree(tmp_path: Path) -> None:
                              "dataset=modelnet40_h5"])  # fmt: skip
 
 
-def test_a_corrupt_test_file_is_found_before_the_first_step_defect_8(
-    tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
-    """A bad file in the test split stops the run before training (it used to surface after a full epoch)."""
-    root = tmp_path / "data" / "modelnet40_normal_resampled"
+def _write_normal_release(data: Path) -> Path:
+    """A 40-class modelnet40_normal_resampled tree (8 train, 2 test shapes of 64 rows) under ``data``."""
+    root = data / "modelnet40_normal_resampled"
     rng = torch.Generator().manual_seed(0)
     classes = [f"class{i}" for i in range(40)]
-    (root).mkdir(parents=True)
+    root.mkdir(parents=True)
     (root / "modelnet40_shape_names.txt").write_text("\n".join(classes) + "\n")
     for split, n in (("train", 8), ("test", 2)):
         ids = [f"{classes[i % 2]}_{split}{i:03d}" for i in range(n)]
@@ -125,6 +125,14 @@ def test_a_corrupt_test_file_is_found_before_the_first_step_defect_8(
             folder.mkdir(exist_ok=True)
             rows = torch.rand(64, 6, generator=rng).tolist()
             (folder / f"{shape_id}.txt").write_text("".join(",".join(f"{v:.6f}" for v in r) + "\n" for r in rows))
+    return root
+
+
+def test_a_corrupt_test_file_is_found_before_the_first_step_defect_8(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A bad file in the test split stops the run before training (it used to surface after a full epoch)."""
+    root = _write_normal_release(tmp_path / "data")
     bad = root / "class1" / "class1_test001.txt"
     bad.write_text("0.1,0.2,oops\n" * 64)
     with pytest.raises(SystemExit) as exc:
@@ -133,3 +141,46 @@ def test_a_corrupt_test_file_is_found_before_the_first_step_defect_8(
     err = capsys.readouterr().err
     assert exc.value.code == 2 and str(bad) in err and "line 1" in err
     assert not (tmp_path / "run" / "log.jsonl").exists(), "training started before the data was checked"
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("0.1,0.2,0.3,0.4,oops,0.6", "line 20: non-numeric value"),
+        ("0.1,0.2,0.3,0.4", "line 20: expected 6 comma-separated numbers, got 4"),
+        ("0.1,nan,0.3,0,0,1", "line 20: contains NaN or Inf"),
+        ("4.2e4,0.2,0.3,0,0,1", "line 20: coordinate 4.2e+04 is far outside the unit scale"),
+    ],
+)
+def test_a_bad_row_past_line_1_of_a_test_file_stops_the_run_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture, row: str, message: str
+) -> None:
+    """It used to end the first epoch in a traceback (evaluation parsed the row); now one line before step 1."""
+    root = _write_normal_release(tmp_path / "data")
+    bad = root / "class1" / "class1_test001.txt"
+    lines = bad.read_text().splitlines()
+    lines[19] = row
+    bad.write_text("\n".join(lines) + "\n")
+    args = ["--data-root", str(tmp_path / "data"), "--output-dir", str(tmp_path / "run"), *REAL,
+            "dataset=modelnet40_normal"]  # fmt: skip
+    with pytest.raises(SystemExit) as exc:
+        train_modelnet(args)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err
+    assert f"{bad}, {message}" in err
+    assert not (tmp_path / "run" / "log.jsonl").exists(), "training started before the data was checked"
+
+
+def test_far_out_of_scale_clouds_train_with_normalize(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    root = _write_normal_release(tmp_path / "data")
+    for path in root.glob("class*/*.txt"):  # the whole release in other units: 5e4 around (1e3, 0, 0)
+        rows = np.loadtxt(path, delimiter=",")
+        rows[:, :3] = rows[:, :3] * 5e4 + [1e3, 0, 0]
+        np.savetxt(path, rows, fmt="%.6f", delimiter=",")
+    args = ["--data-root", str(tmp_path / "data"), *REAL, "dataset=modelnet40_normal"]
+    with pytest.raises(SystemExit) as exc:
+        train_modelnet(["--output-dir", str(tmp_path / "refused"), *args])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "far outside the unit scale" in err and "normalize: true" in err
+    metrics = train_modelnet(["--output-dir", str(tmp_path / "run"), *args, "normalize=true"])
+    assert metrics["epochs"] == 1 and math.isfinite(metrics["test_loss"])
