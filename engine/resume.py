@@ -19,6 +19,7 @@ repeating how the run was started, and a changed key is checked as above.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -92,6 +93,22 @@ def check_config_change(
     return diff
 
 
+def _with_defaults(saved: dict[str, Any], config: Any) -> dict[str, Any]:
+    """``saved`` plus the default of every field of ``config``'s dataclass it lacks: a checkpoint written before a
+    config key existed ran with that key's default, which is not a change."""
+    if not (dataclasses.is_dataclass(config) and not isinstance(config, type)):
+        return saved
+    added = {}
+    for f in dataclasses.fields(config):
+        if f.name in saved:
+            continue
+        if f.default is not dataclasses.MISSING:
+            added[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            added[f.name] = f.default_factory()
+    return {**saved, **config_to_dict(added)}
+
+
 def saved_config(state: dict[str, Any], path: str | Path) -> dict[str, Any] | None:
     """The config a checkpoint was written with (``state["config"]``), or ``None`` (with a warning) if it holds none.
 
@@ -121,6 +138,7 @@ def load_evaluated(
     state = load_checkpoint(path, allow_pickle=allow_pickle)
     saved = saved_config(state, path)
     if config is not None and saved is not None:
+        saved = _with_defaults(saved, config)
         check_config_change(saved, config_to_dict(config), (*EVAL_MUTABLE, *mutable), path, verb="evaluate")
     return state
 
@@ -152,7 +170,7 @@ def load_resume(
     state = load_checkpoint(path, allow_pickle=allow_pickle)
     saved = saved_config(state, path)
     if config is not None and saved is not None:
-        check_config_change(saved, config_to_dict(config), (*RESUME_MUTABLE, *mutable), path)
+        check_config_change(_with_defaults(saved, config), config_to_dict(config), (*RESUME_MUTABLE, *mutable), path)
     if path.name == "last.pt":
         check_best_agrees(state, path.parent / "best.pt", allow_pickle=allow_pickle)
     return state

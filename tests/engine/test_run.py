@@ -355,3 +355,15 @@ def test_eval_only_into_a_read_only_folder_says_to_run_it_again(tmp_path, monkey
     assert line.startswith(f"error: cannot write to the run folder {tmp_path} (Read-only file system")
     fix = "make it writable (or choose another --output-dir), then run --eval-only again"
     assert line.endswith(f"last.pt holds 1 epoch(s)): {fix}")
+
+
+def test_a_checkpoint_from_before_a_config_key_existed_resumes(tmp_path):
+    """A key the saved config lacks ran at its default: not a change (a different value still is)."""
+    _run(BlobsConfig(epochs=1), tmp_path)
+    for name in ("last.pt", "best.pt"):  # as written before the key `hidden` existed
+        state = load_checkpoint(tmp_path / name)
+        del state["config"]["hidden"]
+        torch.save(state, tmp_path / name)
+    assert _run(BlobsConfig(epochs=2), tmp_path, resume="auto")["epochs"] == 2
+    with pytest.raises(UsageError, match=r"hidden: None in the checkpoint, 16 now"):
+        _run(BlobsConfig(epochs=3, hidden=16), tmp_path, resume="auto")
