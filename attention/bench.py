@@ -362,18 +362,12 @@ def measure_centroid(cfg: dict) -> dict:
 
 
 def centroid_rows(
-    device: str,
-    num_points: Sequence[int],
-    k: int = 32,
-    dim: int = 128,
-    heads: int = 4,
-    batch: int = 1,
-    repeats: int = 3,
-    isolate: bool = True,
+    device: str, num_points: Sequence[int], *, k: int, dim: int, heads: int, batch: int, repeats: int, isolate: bool
 ) -> list[list]:
     """Every path of :data:`CENTROID_PATHS` for each N of ``num_points`` (M = N / 4), each configuration through
     :func:`engine.bench.run_config` (a fresh process where ``isolate``): rows of :data:`CENTROID_HEADERS`, the
-    ratios against ``dense-matmul`` and ``dense-sdpa`` of the same N (NaN where one was not measured)."""
+    ratios against ``dense-matmul`` and ``dense-sdpa`` of the same N (NaN where one was not measured). The settings
+    are ``tools/bench_centroid.py``'s flags of the same names (its defaults)."""
     rows = []
     for N in num_points:
         res = {}
@@ -445,16 +439,18 @@ def _ratio(a: float | None, b: float | None) -> float:
 def mixer_rows(
     device: str,
     lengths: Sequence[int],
-    mixers: Sequence[str] = BENCH_MIXERS,
-    dim: int = 256,
-    heads: int = 4,
-    batch: int = 1,
-    repeats: int = 1,
-    max_quadratic_len: int | None = None,
-    isolate: bool = True,
+    mixers: Sequence[str],
+    *,
+    dim: int,
+    heads: int,
+    batch: int,
+    repeats: int,
+    max_quadratic_len: int | None,
+    isolate: bool,
 ) -> list[dict]:
-    """Both baselines and every mixer of ``mixers`` at each L of ``lengths``, each configuration through
-    :func:`engine.bench.run_config` (a fresh process where ``isolate``).
+    """Both baselines and every mixer of ``mixers`` (e.g. :data:`BENCH_MIXERS`) at each L of ``lengths``, each
+    configuration through :func:`engine.bench.run_config` (a fresh process where ``isolate``). The settings are
+    ``tools/bench_mixers.py``'s flags of the same names (its defaults).
 
     Returns:
         One dict per row: ``L``, ``mixer``, ``ms`` and ``peak_mb`` (or ``error``), ``speedup vs <baseline>`` and

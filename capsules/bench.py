@@ -179,25 +179,26 @@ def train_chamfer(
 
 def benchmark(
     models: Sequence[str],
-    device: str = "cpu",
+    device: str,
     *,
-    routing_impls: Sequence[str] = ("einsum", "reference"),
-    num_points: int = 2048,
-    batch: int = 8,
-    repeats: int = 3,
-    warmup: int = 1,
-    stat: str = "median",
-    budget_gb: float = 12.0,
-    mem_batches: Sequence[int] = (2, 4),
-    primary_backend: str = "fused",
-    train_steps: int = 60,
-    decoders: Sequence[str] = ("patch", "heads"),
-    chamfer_points: int = 256,
-    train_per_class: int = 16,
-    lr: float = 1e-3,
-    model_kwargs: dict | None = None,
+    routing_impls: Sequence[str],
+    num_points: int,
+    batch: int,
+    repeats: int,
+    warmup: int,
+    stat: str,
+    budget_gb: float,
+    mem_batches: Sequence[int],
+    primary_backend: str,
+    train_steps: int,
+    decoders: Sequence[str],
+    chamfer_points: int,
+    train_per_class: int,
+    lr: float,
+    model_kwargs: dict,
 ) -> tuple[list[dict], list[dict]]:
-    """Measures every row of :func:`entries`.
+    """Measures every row of :func:`entries`; the settings are ``tools/bench_capsules.py``'s flags of the same names
+    (its defaults; ``num_points`` is ``--points``).
 
     Returns:
         ``(results, decoded)``: one dict per row (params, ``step_ms`` and each round's ``step_ms_rounds``, the
@@ -206,7 +207,6 @@ def benchmark(
         and one dict per model and decoder of ``decoders`` (:func:`train_chamfer`).
     """
     device = torch.device(device)
-    model_kwargs = model_kwargs or {}
     results, steps = entries(models, routing_impls, primary_backend, model_kwargs), []
     for r in results:
         torch.manual_seed(0)

@@ -93,19 +93,21 @@ def _closures(
 
 def benchmark(
     names: Sequence[str],
-    device: torch.device | str = "cpu",
-    batch: int = 32,
-    img_size: int = 224,
-    repeats: int = 3,
-    warmup: int = 1,
-    stat: str = "median",
-    amp: bool = False,
-    compile_models: bool = False,
-    train: bool = True,
+    device: torch.device | str,
+    *,
+    batch: int,
+    img_size: int,
+    repeats: int,
+    warmup: int,
+    stat: str,
+    amp: bool,
+    compile_models: bool,
+    train: bool,
 ) -> list[dict]:
     """Images/s of every model of ``names`` (1000 classes, random images), all rows timed round-robin after
     ``warmup`` untimed calls each (:func:`engine.bench.time_round_robin`), images/s = batch / the median (or
-    ``stat="min"``: fastest) round.
+    ``stat="min"``: fastest) round. The settings are ``tools/bench_vision.py``'s flags (its defaults); ``amp`` is
+    bf16 autocast, ``compile_models`` wraps every model in ``torch.compile``.
 
     Returns:
         One dict per model: ``params_m``, ``gmacs`` (per image), ``infer_ips`` and ``infer_vs_deit`` (over the

@@ -73,7 +73,7 @@ def test_point_op_rows_check_every_fps_backend_against_the_reference() -> None:
 
 
 def test_centroid_rows_carry_ratios_against_both_dense_paths() -> None:
-    rows = bench.centroid_rows("cpu", [64], k=8, dim=16, heads=2, repeats=1, isolate=False)
+    rows = bench.centroid_rows("cpu", [64], k=8, dim=16, heads=2, batch=1, repeats=1, isolate=False)
     by = {r[2]: dict(zip(bench.CENTROID_HEADERS, r)) for r in rows}
     assert list(by) == list(bench.CENTROID_PATHS)
     assert by["dense-matmul"]["speedup vs matmul"] == 1.0 and by["dense-sdpa"]["speedup vs sdpa"] == 1.0
@@ -85,7 +85,8 @@ def test_centroid_rows_carry_ratios_against_both_dense_paths() -> None:
 
 
 def test_mixer_table_shows_time_as_a_fraction_of_each_baseline() -> None:
-    results = bench.mixer_rows("cpu", [32], ["fsat", "cauchy"], dim=16, heads=2, max_quadratic_len=16, isolate=False)
+    results = bench.mixer_rows("cpu", [32], ["fsat", "cauchy"], dim=16, heads=2, batch=1, repeats=1,
+                               max_quadratic_len=16, isolate=False)  # fmt: skip
     assert [r["mixer"] for r in results] == ["attention-matmul", "attention-sdpa", "fsat", "cauchy"]
     headers, rows = bench.mixer_table(results)
     fsat = dict(zip(headers, rows[2]))

@@ -28,7 +28,8 @@ def test_model_names_put_the_missing_deit_baseline_first() -> None:
 
 
 def test_inference_only_rows_have_no_train_columns() -> None:
-    results = benchmark(model_names([OURS_1]), "cpu", batch=2, img_size=32, repeats=1, warmup=0, train=False)
+    settings = dict(batch=2, img_size=32, repeats=1, warmup=0, stat="median", amp=False, compile_models=False)
+    results = benchmark(model_names([OURS_1]), "cpu", **settings, train=False)
     assert [r["model"] for r in results] == [BASELINES["tiny"], OURS_1]
     assert results[0]["infer_vs_deit"] == 1.0 and "train_ips" not in results[1]
     assert results[1]["infer_vs_deit"] == pytest.approx(results[1]["infer_ips"] / results[0]["infer_ips"])
