@@ -1,35 +1,70 @@
-"""Benchmarks of the shared core: the Triton kernels against the torch paths they replace, and the targets that
-``tools/bench_points.py`` and ``tools/bench_mixers.py`` declare.
+"""Benchmarks of the shared core: the point ops (``tools/bench_points.py``), centroid attention
+(``tools/bench_centroid.py``), the sequence mixers (``tools/bench_mixers.py``), the Triton kernels against the torch
+paths they replace (``tools/gpu_check.py``), and the targets those runs declare.
 
 Every target is a ratio of two rows measured in the same run (:func:`engine.bench.target`): a speedup of a kernel
 over the path it replaces, never an absolute time, so that it reads the same on a busy machine. The thresholds are
-CUDA figures: a CPU run reports the ratios with no verdict.
+CUDA figures: a CPU run reports the ratios with no verdict. The scripts print the tables; the functions here measure
+and return rows (progress goes to this module's logger).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 
-from engine.bench import target, time_fn
+from engine.bench import current_rss_bytes, peak_rss_bytes, peak_tensor_bytes, run_config, target, time_fn
 
-from . import backends
+from . import backends, points
+from .centroid import CentroidAttention, attention_step_reference
+from .mixers import build_mixer
 from .mixers import functional as mixer_functional
 from .points import farthest_point_sample
 
 __all__ = [
+    "BENCH_MIXERS",
+    "CENTROID_HEADERS",
+    "CENTROID_PATHS",
     "FPS_CLUSTER_SHAPE",
     "FPS_CLUSTER_TARGET",
+    "FPS_HEADERS",
     "FSAT_MIN_LEN",
+    "GRID_POINTS",
     "KERNEL_TARGETS",
+    "KNN_HEADERS",
+    "LARGE_CLOUDS",
+    "LARGE_HEADERS",
+    "MIXER_BASELINES",
+    "QUADRATIC_MIXERS",
     "backend_flags",
+    "centroid_rows",
+    "fps_backends",
     "fps_cluster_target",
     "fsat_target",
     "kernel_targets",
+    "large_cloud_rows",
+    "large_clouds",
+    "measure_centroid",
+    "measure_mixer",
+    "mixer_rows",
+    "mixer_table",
+    "numba_first_call_ms",
+    "point_op_rows",
+    "points_results",
     "triton_kernels",
 ]
+
+_logger = logging.getLogger(__name__)
 
 KERNEL_TARGETS = {"fps": 2.0, "cauchy": 5.0, "vandermonde": 5.0}  # Triton speedup over the torch path, on CUDA
 FPS_CLUSTER_SHAPE = (32, 1024, 512)  # (B, N, M) of the FPS target against torch-cluster's FPS
@@ -142,3 +177,329 @@ def fsat_target(results: Sequence[dict], device: str) -> dict:
         detail = f"L = {r['L']}: {r.get('error', 'no SDPA baseline')}"
         return target(name, None, "<", 1, device=device, on="cuda", unit="", detail=detail)
     return target(name, 1 / speedup, "<", 1, device=device, on="cuda", unit="", detail=f"L = {r['L']}")
+
+
+# ------------------------------------------------------------------------------------ point ops (bench_points)
+
+FPS_HEADERS = ["B", "N", "M", "backend", "ms", "speedup vs cluster", "same indices"]
+KNN_HEADERS = ["B", "N", "M", "C", "k", "backend", "ms", "speedup vs cluster"]
+LARGE_HEADERS = ["cloud", "N", "M", "backend", "kind", "ms", "time / bucket", "speedup vs reference",
+                 "same indices as exact", "coverage / exact"]  # fmt: skip
+GRID_POINTS = (1024, 4096)  # the grid's default cloud sizes N
+LARGE_CLOUDS = ((50000, 4096), (100000, 8192))  # (N, M) of the default single large clouds
+
+
+def fps_backends(device: torch.device | str) -> list[str]:
+    """Every installed FPS backend of the grid: all but the bucket approximation, which has its own table (the
+    ``same indices`` column shows which ones are exact)."""
+    return [b for b in backends.backend_names("fps") if b != "fpsample_bucket" and backends.available("fps", b, device)]
+
+
+def point_op_rows(
+    device: torch.device | str,
+    batches: Sequence[int],
+    num_points: Sequence[int],
+    channels: Sequence[int],
+    k: int,
+    repeats: int,
+) -> tuple[list[list], list[list]]:
+    """The FPS and KNN grid (rows of :data:`FPS_HEADERS` and :data:`KNN_HEADERS`): for every B, N and M in
+    {N/2, N/4}, each FPS backend's time, its speedup over torch-cluster's and whether its indices equal the
+    reference's; then for each of ``channels`` the k nearest of the N points for the M sampled ones, per KNN
+    backend."""
+    device = torch.device(device)
+    names = fps_backends(device)
+    fps_rows, knn_rows = [], []
+    for B, N in itertools.product(batches, num_points):
+        x = torch.rand(B, N, 3, device=device, generator=None)
+        for M in (N // 2, N // 4):
+            start = torch.zeros(B, dtype=torch.long, device=device)
+            ref = points.farthest_point_sample(x, M, start=start, backend="torch")
+            times = {}
+            for b in names:
+                fn = partial(points.farthest_point_sample, x, M, start=start, backend=b)
+                same = torch.equal(fn(), ref)
+                times[b] = (time_fn(fn, device, repeats=repeats), same)
+            base = times.get("cluster", (float("nan"), True))[0]
+            for b, (ms, same) in times.items():
+                fps_rows.append([B, N, M, b, ms, base / ms, "yes" if same else "NO"])
+            for C in channels:
+                feats = x if C == 3 else torch.randn(B, N, C, device=device)
+                q = points.gather(feats, ref)
+                ktimes = {}
+                for b in [b for b in backends.backend_names("knn") if backends.available("knn", b, device)]:
+                    ktimes[b] = time_fn(partial(points.knn, q, feats, k, backend=b), device, repeats=repeats)
+                kbase = ktimes.get("cluster", float("nan"))
+                for b, ms in ktimes.items():
+                    knn_rows.append([B, N, M, C, k, b, ms, kbase / ms])
+    return fps_rows, knn_rows
+
+
+def large_clouds(large: Sequence[int] | None, num_points: Sequence[int]) -> list[int]:
+    """The single large clouds to run, as ``--large`` spells them (N M pairs, flat).
+
+    ``None`` (the flag not given): :data:`LARGE_CLOUDS` with the default grid (:data:`GRID_POINTS`), none with other
+    ``--points``, so that a run asked to be small stays small.
+    """
+    if large is None:
+        return [v for pair in LARGE_CLOUDS for v in pair] if tuple(num_points) == GRID_POINTS else []
+    if len(large) % 2:
+        raise ValueError(f"--large takes N M pairs, got {len(large)} numbers: {' '.join(map(str, large))}")
+    return list(large)
+
+
+def _coverage(x: torch.Tensor, idx: torch.Tensor) -> float:
+    """Largest distance from a point to its nearest sample (the quantity FPS greedily minimizes)."""
+    return float(points.knn(x, points.gather(x, idx), 1, backend="torch")[0].max().sqrt())
+
+
+def _cloud(kind: str, N: int, device: torch.device) -> torch.Tensor:
+    g = torch.Generator(device).manual_seed(N)
+    if kind == "uniform":
+        return torch.rand(1, N, 3, device=device, generator=g)
+    centres = torch.rand(16, 3, device=device, generator=g)
+    which = torch.randint(0, 16, (N,), device=device, generator=g)
+    return (centres[which] + 0.02 * torch.randn(N, 3, device=device, generator=g))[None]
+
+
+def large_cloud_rows(
+    large: Sequence[int], device: torch.device | str, repeats: int, clouds: Sequence[str]
+) -> list[list]:
+    """FPS on one large cloud per N M pair of ``large`` and kind of ``clouds`` (``"uniform"`` in the unit cube,
+    ``"clustered"``: 16 Gaussian blobs), rows of :data:`LARGE_HEADERS`: every installed backend that supports the
+    shape, its time relative to the bucket FPS and the reference, and its coverage relative to exact FPS."""
+    device = torch.device(device)
+    rows = []
+    names = [b for b in backends.backend_names("fps") if backends.available("fps", b, device)]
+    for (N, M), kind in itertools.product(zip(large[::2], large[1::2]), clouds):
+        x = _cloud(kind, N, device)
+        start = torch.zeros(1, dtype=torch.long, device=device)
+        ref = points.farthest_point_sample(x, M, start=start, backend="torch")
+        ref_cov = _coverage(x, ref)
+        results = {}
+        for b in names:
+            if backends.BACKENDS["fps"][b].unsupported(device, {"N": N, "C": 3}) is not None:
+                continue
+            fn = partial(points.farthest_point_sample, x, M, start=start, backend=b)
+            idx = fn()
+            results[b] = (time_fn(fn, device, repeats=repeats), torch.equal(idx, ref), _coverage(x, idx) / ref_cov)
+        bucket_ms = results.get("fpsample_bucket", (float("nan"),))[0]
+        ref_ms = results["torch"][0]
+        shape = {"B": 1, "N": N, "C": 3, "M": M, "masked": False}
+        auto = backends.resolve("fps", "auto", device, shape)
+        for b, (ms, same, cov) in results.items():
+            exact = backends.BACKENDS["fps"][b].exact
+            name = f"{b} (auto)" if b == auto else b
+            kind_ = "exact" if exact else "approx"
+            rows.append([kind, N, M, name, kind_, ms, ms / bucket_ms, ref_ms / ms, "yes" if same else "no", cov])
+    return rows
+
+
+def points_results(fps_rows: Sequence[list], knn_rows: Sequence[list], large_rows: Sequence[list]) -> dict:
+    """``bench_points``' ``--json`` results: each table's rows as dicts keyed by its headers."""
+    return {
+        "fps": [dict(zip(FPS_HEADERS, r)) for r in fps_rows],
+        "knn": [dict(zip(KNN_HEADERS, r)) for r in knn_rows],
+        "large": [dict(zip(LARGE_HEADERS, r)) for r in large_rows],
+    }
+
+
+_FIRST_CALL = (
+    "import time, torch; t = time.perf_counter(); from attention.points import farthest_point_sample; "
+    "farthest_point_sample(torch.rand(1, 100, 3), 10, backend='numba'); print((time.perf_counter() - t) * 1e3)"
+)
+
+
+def numba_first_call_ms() -> tuple[float, float]:
+    """Import + first numba FPS call in a fresh process: compiling into an empty cache, then loading from it."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+        cold, warm = (float(subprocess.check_output([sys.executable, "-c", _FIRST_CALL], env=env)) for _ in range(2))
+    return cold, warm
+
+
+# ------------------------------------------------------------------------- centroid attention (bench_centroid)
+
+CENTROID_PATHS = ("dense-matmul", "dense-sdpa", "knn", "knn-masked")
+CENTROID_HEADERS = ["N", "M", "path", "ms", "peak MB", "speedup vs matmul", "memory vs matmul", "speedup vs sdpa",
+                    "memory vs sdpa"]  # fmt: skip
+
+
+def measure_centroid(cfg: dict) -> dict:
+    """Time (ms) and peak memory (MB; None where the resident set did not grow) of one attention step, forward +
+    backward, of one configuration ``{"mode", "device", "B", "N", "M", "C", "H", "K", "repeats"}`` (``mode``: one
+    of :data:`CENTROID_PATHS`)."""
+    device = torch.device(cfg["device"])
+    torch.manual_seed(0)
+    B, N, M, C, H, K = cfg["B"], cfg["N"], cfg["M"], cfg["C"], cfg["H"], cfg["K"]
+    knn = cfg["mode"].startswith("knn")
+    backend = "masked" if cfg["mode"] == "knn-masked" else "gather"
+    layer = CentroidAttention(C, H, num_neighbors=K if knn else None, attn_backend=backend).to(device)
+    x = torch.randn(B, N, C, device=device, requires_grad=True)
+    u = torch.randn(B, M, C, device=device, requires_grad=True)
+
+    def step() -> None:
+        out = attention_step_reference(layer, x, u) if cfg["mode"] == "dense-matmul" else layer(x, u)
+        out.sum().backward()
+        x.grad = u.grad = None
+        layer.zero_grad(set_to_none=True)
+
+    step()  # warm-up; then measure the peak of one clean step
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        base = current_rss_bytes()
+        before = peak_rss_bytes()
+        step()
+        peak = max(peak_rss_bytes() - base, 0) if peak_rss_bytes() > before else None
+    ms = time_fn(step, device, repeats=cfg["repeats"], warmup=0)
+    return {"ms": ms, "peak_mb": None if peak is None else peak / 2**20}
+
+
+def centroid_rows(
+    device: str, num_points: Sequence[int], *, k: int, dim: int, heads: int, batch: int, repeats: int, isolate: bool
+) -> list[list]:
+    """Every path of :data:`CENTROID_PATHS` for each N of ``num_points`` (M = N / 4), each configuration through
+    :func:`engine.bench.run_config` (a fresh process where ``isolate``): rows of :data:`CENTROID_HEADERS`, the
+    ratios against ``dense-matmul`` and ``dense-sdpa`` of the same N (NaN where one was not measured). The settings
+    are ``tools/bench_centroid.py``'s flags of the same names (its defaults)."""
+    rows = []
+    for N in num_points:
+        res = {}
+        for mode in CENTROID_PATHS:
+            cfg = dict(mode=mode, device=device, B=batch, N=N, M=N // 4, C=dim, H=heads)
+            res[mode] = run_config(measure_centroid, {**cfg, "K": k, "repeats": repeats}, isolate)
+            _logger.info("N=%d %s: %s", N, mode, res[mode])
+        for mode, r in res.items():
+            if "error" in r:
+                rows.append([N, N // 4, mode, "error: " + r["error"][:60], "", "", "", "", ""])
+                continue
+            ratios = []
+            for base in ("dense-matmul", "dense-sdpa"):
+                b = res[base]
+                ratios.append(b["ms"] / r["ms"] if "ms" in b else float("nan"))
+                ok = "peak_mb" in b and b["peak_mb"] and r["peak_mb"] is not None
+                ratios.append(r["peak_mb"] / b["peak_mb"] if ok else float("nan"))
+            peak = r["peak_mb"] if r["peak_mb"] is not None else float("nan")
+            rows.append([N, N // 4, mode, r["ms"], peak, *ratios])
+    return rows
+
+
+# ------------------------------------------------------------------------------ sequence mixers (bench_mixers)
+
+MIXER_BASELINES = ("attention-matmul", "attention-sdpa")
+BENCH_MIXERS = (*MIXER_BASELINES, "fsat", "fat", "linear", "lowrank", "toeplitz", "hydra", "cauchy", "vandermonde")
+QUADRATIC_MIXERS = ("cauchy", "vandermonde", "cauchy_static", "vandermonde_static")  # O(L^2 D) operations
+
+
+def _bench_mixer(name: str, dim: int, heads: int, max_len: int) -> torch.nn.Module:
+    if name == "attention-matmul":
+        return build_mixer("softmax", dim, heads, sdpa=False)
+    if name == "attention-sdpa":
+        return build_mixer("softmax", dim, heads)
+    return build_mixer(name, dim, heads, max_len=max_len)
+
+
+def measure_mixer(cfg: dict) -> dict:
+    """Time (ms) and peak memory (MB) of one training step ``mixer(x).sum().backward()`` of one configuration
+    ``{"mixer", "device", "B", "L", "C", "H", "repeats", "warmup", "time_separately"}``."""
+    device = torch.device(cfg["device"])
+    torch.manual_seed(0)
+    B, L, C, H = cfg["B"], cfg["L"], cfg["C"], cfg["H"]
+    layer = _bench_mixer(cfg["mixer"], C, H, L).to(device).train()
+    x = torch.randn(B, L, C, device=device, requires_grad=True)
+
+    def step() -> None:
+        layer(x).sum().backward()
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+
+    if cfg["warmup"]:
+        step()  # warm-up
+    # Peak memory of one step: exact tensor accounting on CPU (tensors the step creates: activations, gradients,
+    # temporaries), the allocator's peak above what was allocated before on CUDA.
+    base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    t0 = time.perf_counter()
+    peak = peak_tensor_bytes(step, device) - base
+    ms = (time.perf_counter() - t0) * 1e3
+    if cfg["time_separately"]:  # the tracked step carries the tracker's per-op overhead: time clean steps
+        ms = time_fn(step, device, repeats=cfg["repeats"], warmup=0)
+    return {"ms": ms, "peak_mb": peak / 2**20}
+
+
+def _ratio(a: float | None, b: float | None) -> float:
+    return a / b if a and b else float("nan")
+
+
+def mixer_rows(
+    device: str,
+    lengths: Sequence[int],
+    mixers: Sequence[str],
+    *,
+    dim: int,
+    heads: int,
+    batch: int,
+    repeats: int,
+    max_quadratic_len: int | None,
+    isolate: bool,
+) -> list[dict]:
+    """Both baselines and every mixer of ``mixers`` (e.g. :data:`BENCH_MIXERS`) at each L of ``lengths``, each
+    configuration through :func:`engine.bench.run_config` (a fresh process where ``isolate``). The settings are
+    ``tools/bench_mixers.py``'s flags of the same names (its defaults).
+
+    Returns:
+        One dict per row: ``L``, ``mixer``, ``ms`` and ``peak_mb`` (or ``error``), ``speedup vs <baseline>`` and
+        ``memory vs <baseline>`` for each of :data:`MIXER_BASELINES`, and for the quadratic mixers
+        ``dense_bhlld_mb`` (the ``(B, H, L, L, D)`` float32 tensor the public code materializes) and ``vs_bhlld``.
+    """
+    names = [*MIXER_BASELINES, *(m for m in mixers if m not in MIXER_BASELINES)]
+    B, C, H = batch, dim, heads
+    results: list[dict] = []
+    for L in lengths:
+        res: dict[str, dict] = {}
+        for name in names:
+            if name in QUADRATIC_MIXERS and max_quadratic_len is not None and L > max_quadratic_len:
+                res[name] = {"error": f"skipped (L > --max-quadratic-len {max_quadratic_len})"}
+                continue
+            # the O(L^2 D) mixers skip the warm-up step on CPU: one step is minutes there, one-time costs negligible
+            # and time the memory step itself (the tracker's per-op overhead is nothing against their few large ops)
+            slow = name in QUADRATIC_MIXERS and device == "cpu"
+            cfg = dict(mixer=name, device=device, B=B, L=L, C=C, H=H, repeats=repeats, warmup=not slow,
+                       time_separately=not slow)  # fmt: skip
+            res[name] = run_config(measure_mixer, cfg, isolate)
+            _logger.info("L=%d %s: %s", L, name, res[name])
+        for name, r in res.items():
+            row = {"L": L, "mixer": name, **r}
+            if "ms" in r:
+                for base in MIXER_BASELINES:
+                    row[f"speedup vs {base}"] = _ratio(res[base].get("ms"), r["ms"])
+                    row[f"memory vs {base}"] = _ratio(r["peak_mb"], res[base].get("peak_mb"))
+            if name in QUADRATIC_MIXERS:
+                row["dense_bhlld_mb"] = B * H * L * L * (C // H) * 4 / 2**20
+                row["vs_bhlld"] = _ratio(r.get("peak_mb"), row["dense_bhlld_mb"])
+            results.append(row)
+    return results
+
+
+def mixer_table(results: Sequence[dict]) -> tuple[list[str], list[list]]:
+    """The printed table of :func:`mixer_rows`: time and memory as fractions of each baseline's (the paper's
+    "speed" is the inverse of the time's)."""
+    headers = ["L", "mixer", "ms", "peak MB"]
+    headers += [f"{k} vs {b.split('-')[1]}" for b in MIXER_BASELINES for k in ("time", "memory")]
+    headers += ["dense BHLLD MB", "vs BHLLD"]
+    rows = []
+    for r in results:
+        if "ms" not in r:
+            rows.append([r["L"], r["mixer"], r.get("error", "")[:60], *[""] * (len(headers) - 3)])
+            continue
+        cells = [r["L"], r["mixer"], r["ms"], r["peak_mb"] if r["peak_mb"] is not None else float("nan")]
+        for b in MIXER_BASELINES:
+            cells += [1 / r[f"speedup vs {b}"] if r[f"speedup vs {b}"] else float("nan"), r[f"memory vs {b}"]]
+        cells += [r["dense_bhlld_mb"], r["vs_bhlld"]] if "dense_bhlld_mb" in r else ["", ""]
+        rows.append(cells)
+    return headers, rows

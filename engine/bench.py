@@ -179,16 +179,16 @@ def count_aten_ops(fn: Callable[[], object]) -> tuple[int, int]:
     return counter.total, sum(n for name, n in counter.counts.items() if name in VIEW_OPS)
 
 
-def run_config(module_file: str, measure: Callable[[dict], dict], payload: dict, isolate: bool) -> dict:
-    """One configuration of a bench: :func:`run_isolated` (``module_file --child``), or ``measure(payload)`` in this
-    process, where an exception (e.g. CUDA running out of memory) becomes that row's ``{"error": ...}`` as a failed
-    child process would.
+def run_config(measure: Callable[[dict], dict], payload: dict, isolate: bool) -> dict:
+    """One configuration of a bench: ``measure(payload)`` in a fresh process (:func:`run_isolated`), or in this one,
+    where an exception (e.g. CUDA running out of memory) becomes that row's ``{"error": ...}`` as a failed child
+    process would.
 
     On CUDA a process per configuration buys nothing (the allocator reports the peak of each step) and costs seconds
     of start-up per row; on CPU the resident set is only clean in a fresh process.
     """
     if isolate:
-        return run_isolated(module_file, payload)
+        return run_isolated(measure, payload)
     try:
         return measure(payload)
     except Exception as e:  # the row reports its error; the other rows still run
@@ -215,16 +215,29 @@ def isolate_configs(option: str, device: str) -> bool:
     return option == "yes" or (option == "auto" and torch.device(device).type != "cuda")
 
 
-def run_isolated(module_file: str, payload: dict) -> dict:
-    """Runs ``python module_file --child JSON`` in a fresh process and returns the JSON it prints last.
+# the child of run_isolated: imports the measure function by its module and name, prints its result as JSON
+_CHILD = (
+    "import importlib, json, sys; measure = getattr(importlib.import_module(sys.argv[1]), sys.argv[2]); "
+    "print(json.dumps(measure(json.loads(sys.argv[3]))))"
+)
 
-    Peak CPU memory of one configuration can only be read cleanly in a process that ran nothing else.
+
+def run_isolated(measure: Callable[[dict], dict], payload: dict) -> dict:
+    """``measure(payload)`` in a fresh Python process: the JSON-able dict it returns, or ``{"error": ...}`` with the
+    last line the child wrote to stderr.
+
+    Peak CPU memory of one configuration can only be read cleanly in a process that ran nothing else. ``measure``
+    must be a module-level function of an importable module (the child imports it by name) that takes and returns
+    JSON-able dicts.
     """
+    module, name = measure.__module__, measure.__qualname__
+    if module == "__main__" or "." in name:
+        raise ValueError(f"run_isolated needs a module-level function of an importable module, got {module}.{name}")
     # A fixed mmap threshold makes glibc return every freed block above 64 KiB to the OS at once, so the resident
     # set follows the live tensors instead of keeping freed ones cached (which would hide later peaks).
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     out = subprocess.run(
-        [sys.executable, module_file, "--child", json.dumps(payload)],
+        [sys.executable, "-c", _CHILD, module, name, json.dumps(payload)],
         capture_output=True,
         text=True,
         check=False,

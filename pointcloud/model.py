@@ -75,11 +75,20 @@ def classifier_head(in_dim: int, hidden: Sequence[int], act: Callable[[], nn.Mod
 
 
 class PointClassifier(nn.Module):
-    """The model surface shared by the point-cloud classifiers: subclasses set ``num_classes``, ``head`` (the final
-    Linear) and implement ``forward_features`` and ``forward_head``."""
+    """The model surface shared by the point-cloud classifiers: subclasses pass ``num_classes`` and ``in_channels``
+    (checked here: positions come first), set ``head`` (the final Linear) and implement ``forward_features`` and
+    ``forward_head``."""
 
     num_classes: int
+    in_channels: int
     head: nn.Module
+
+    def __init__(self, num_classes: int, in_channels: int = 3) -> None:
+        super().__init__()
+        if in_channels < 3:
+            raise ValueError(f"in_channels must be >= 3 (xyz first), got {in_channels}")
+        self.num_classes = num_classes
+        self.in_channels = in_channels
 
     def no_weight_decay(self) -> set[str]:
         return set()
@@ -147,15 +156,11 @@ class CentroidTransformer(PointClassifier):
         mixer_kwargs: dict | None = None,
         attn_backend: str = "auto",
     ) -> None:
-        super().__init__()
-        if in_channels < 3:
-            raise ValueError(f"in_channels must be >= 3 (xyz first), got {in_channels}")
+        super().__init__(num_classes, in_channels)
         if len(widths) != 4 or len(num_centroids) != 2:
             raise ValueError(f"widths needs 4 entries and num_centroids 2, got {widths} and {num_centroids}")
         if init not in ("fps", "random", "kmeans"):
             raise ValueError(f"init must be 'fps', 'random' or 'kmeans', got {init!r}")
-        self.num_classes = num_classes
-        self.in_channels = in_channels
         self.num_centroids = tuple(num_centroids)
         self.num_neighbors = num_neighbors
         self.num_features = 2 * fuse_dim

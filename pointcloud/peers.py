@@ -191,15 +191,11 @@ class DGCNN(PointClassifier):
         head_dims: Sequence[int] = (512, 256),
         drop: float = 0.5,
     ) -> None:
-        super().__init__()
+        super().__init__(num_classes, in_channels)
         from torch_geometric.nn import EdgeConv
 
-        if in_channels < 3:
-            raise ValueError(f"in_channels must be >= 3 (xyz first), got {in_channels}")
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
-        self.num_classes = num_classes
-        self.in_channels = in_channels
         self.k = k
         self.num_features = 2 * emb_dim
         leaky = {"negative_slope": 0.2}
@@ -263,9 +259,7 @@ class PointNet2SSG(PointClassifier):
         head_dims: Sequence[int] = (512, 256),
         drop: float = 0.5,
     ) -> None:
-        super().__init__()
-        if in_channels < 3:
-            raise ValueError(f"in_channels must be >= 3 (xyz first), got {in_channels}")
+        super().__init__(num_classes, in_channels)
         if isinstance(num_neighbors, int):
             num_neighbors = (num_neighbors, num_neighbors)
         if len(num_centroids) != 2 or len(num_neighbors) != 2 or len(mlps) != 3:
@@ -275,8 +269,6 @@ class PointNet2SSG(PointClassifier):
             )
         if radii is not None and len(radii) != 2:
             raise ValueError(f"radii needs 2 entries (or None for k-NN grouping), got {radii}")
-        self.num_classes = num_classes
-        self.in_channels = in_channels
         self.num_features = mlps[2][-1]
         r = radii if radii is not None else (None, None)
         self.sa1 = SetAbstraction(in_channels - 3, mlps[0], num_centroids[0], num_neighbors[0], r[0])

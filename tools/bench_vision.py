@@ -2,6 +2,8 @@
 
     python tools/bench_vision.py                                   # CPU, fp32, batch 32
     python tools/bench_vision.py --device cuda --amp --compile     # GPU, bf16 autocast, torch.compile
+    python tools/bench_vision.py --batch 2 --img-size 32 --repeats 1 --warmup 0 \\
+        --models deit_tiny_patch16_224 centroid_deit_tiny_c6_patch16_224                     # seconds
 
 Rows: timm's ``deit_tiny_patch16_224`` and ``deit_small_patch16_224`` (the baselines) and every model registered by
 :mod:`vision` (or ``--models``), all at 224 px, 1000 classes, random images, with the same settings for every row:
@@ -10,12 +12,13 @@ fused attention as timm configures it (``scaled_dot_product_attention`` where av
 
 * inference: eval mode, ``torch.no_grad``;
 * train step: train mode, forward + cross-entropy + backward + AdamW step;
-* rows are timed round-robin over ``--repeats`` rounds after ``--warmup`` untimed calls each, so a change in
-  background load hits every row alike; images/s = batch / the median (or ``--stat min``) time of a round;
+* rows are timed round-robin (:func:`vision.bench.benchmark`) over ``--repeats`` rounds after ``--warmup`` untimed
+  calls each, so a change in background load hits every row alike; images/s = batch / the median (or ``--stat min``)
+  time of a round;
 * ``vs DeiT`` = images/s over the same-width DeiT's images/s in the same run (tiny rows against DeiT-tiny, small
   rows against DeiT-small).
 
-Targets (issue 4, :func:`vision.bench.ours_target`): Ours-1 (``centroid_deit_tiny_c6_patch16_224``) at least 1.4x
+Targets (:func:`vision.bench.ours_target`): Ours-1 (``centroid_deit_tiny_c6_patch16_224``) at least 1.4x
 DeiT-tiny's inference images/s on CPU fp32, and at least 1.6x on a GPU with AMP (Token Merging's best DeiT-Ti result
 is 1.56x). The verdict prints under the table; ``--json`` writes it with every row.
 """
@@ -23,16 +26,12 @@ is 1.56x). The verdict prints under the table; ``--json`` writes it with every r
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
+import logging
 
-import timm
 import torch
-import torch.nn.functional as F
 
-from engine import count_gmacs, count_params
-from engine.bench import describe_machine, format_target, print_table, time_round_robin, write_report
-from vision.bench import BASELINES, ours_target, registered, width_of
+from engine.bench import describe_machine, format_target, print_table, write_report
+from vision.bench import benchmark, model_names, ours_target, table
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -50,76 +49,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None, help="also write the rows and the target to this JSON file")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="  %(message)s")  # each model as it is built, on stderr
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    names = args.models or [BASELINES["tiny"], BASELINES["small"], *registered()]
-    for width in {width_of(n) for n in names}:
-        if BASELINES[width] not in names:
-            names.insert(0, BASELINES[width])
     amp = args.amp and device.type == "cuda"
-    gen = torch.Generator().manual_seed(0)
-    images = torch.randn(args.batch, 3, args.img_size, args.img_size, generator=gen).to(device)
-    labels = torch.randint(0, 1000, (args.batch,), generator=gen).to(device)
-
-    rows = {}
-    for name in names:
-        torch.manual_seed(0)
-        model = timm.create_model(name, img_size=args.img_size)
-        stats = {
-            "params_m": count_params(model) / 1e6,
-            "gmacs": count_gmacs(model, torch.randn(1, 3, args.img_size, args.img_size)),
-        }
-        model.to(device)
-        fwd = torch.compile(model) if args.compile else model
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-        def infer(m=model, f=fwd) -> None:
-            m.eval()
-            with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=amp):
-                f(images)
-
-        def train(m=model, f=fwd, opt=optimizer) -> None:
-            m.train()
-            with torch.autocast(device.type, torch.bfloat16, enabled=amp):
-                loss = F.cross_entropy(f(images).float(), labels)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-
-        fns = {"infer": infer} if args.no_train else {"infer": infer, "train": train}
-        for fn in fns.values():
-            for _ in range(args.warmup):
-                fn()
-        rows[name] = {"model": name, **stats, "fns": fns}
-        print(f"  built {name}", file=sys.stderr)
-
-    fns = [fn for row in rows.values() for fn in row["fns"].values()]
-    rounds = iter(time_round_robin(fns, device, args.repeats))  # (each fn was warmed up as it was built)
-    reduce = min if args.stat == "min" else statistics.median
-    results = []
-    for row in rows.values():
-        res = {k: v for k, v in row.items() if k != "fns"}
-        for kind in row["fns"]:
-            res[f"{kind}_ips"] = args.batch / (reduce(next(rounds)) / 1e3)
-        results.append(res)
-    by_name = {r["model"]: r for r in results}
-    table = []
-    for r in results:
-        base = by_name[BASELINES[width_of(r["model"])]]
-        r["infer_vs_deit"] = r["infer_ips"] / base["infer_ips"]
-        line = [r["model"], r["params_m"], r["gmacs"], r["infer_ips"], r["infer_vs_deit"]]
-        if not args.no_train:
-            r["train_vs_deit"] = r["train_ips"] / base["train_ips"]
-            line += [r["train_ips"], r["train_vs_deit"]]
-        table.append(line)
+    results = benchmark(model_names(args.models), device, batch=args.batch, img_size=args.img_size,
+                        repeats=args.repeats, warmup=args.warmup, stat=args.stat, amp=amp,
+                        compile_models=args.compile, train=not args.no_train)  # fmt: skip
     what = f"bf16 autocast {amp}, compile {args.compile}, {args.stat} of {args.repeats} rounds"
     print(f"# bench_vision on {device}: {describe_machine(device)}")
     print(f"# batch {args.batch}, {args.img_size} px, fp32 weights, {what}\n")
-    headers = ["model", "params (M)", "GMACs", "infer img/s", "infer vs DeiT"]
-    if not args.no_train:
-        headers += ["train img/s", "train vs DeiT"]
-    print_table(headers, table)
+    print_table(*table(results, train=not args.no_train))
     targets = [ours_target(results, device)]
     print()
     for t in targets:

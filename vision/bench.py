@@ -1,16 +1,33 @@
-"""What ``tools/bench_vision.py`` measures and the target it declares: Ours-1 against DeiT-tiny, images/s of the same
-run (:func:`engine.bench.target`)."""
+"""What ``tools/bench_vision.py`` measures and the target it declares: inference and train-step images/s of the vision
+models against DeiT measured in the same run (:func:`benchmark`), and Ours-1 against DeiT-tiny
+(:func:`engine.bench.target`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import statistics
+from collections.abc import Callable, Sequence
 
 import timm
 import torch
+import torch.nn.functional as F
 
-from engine.bench import target
+from engine.bench import target, time_round_robin
+from engine.stats import count_gmacs, count_params
 
-__all__ = ["BASELINES", "OURS_1", "TARGETS", "ours_target", "registered", "width_of"]
+__all__ = [
+    "BASELINES",
+    "OURS_1",
+    "TARGETS",
+    "benchmark",
+    "model_names",
+    "ours_target",
+    "registered",
+    "table",
+    "width_of",
+]
+
+_logger = logging.getLogger(__name__)
 
 BASELINES = {"tiny": "deit_tiny_patch16_224", "small": "deit_small_patch16_224"}
 OURS_1 = "centroid_deit_tiny_c6_patch16_224"
@@ -38,3 +55,111 @@ def ours_target(results: Sequence[dict], device: torch.device | str) -> dict:
     if row is None:
         return target(name, None, ">=", want, device=device, detail=f"{OURS_1} not in --models")
     return target(name, row["infer_vs_deit"], ">=", want, device=device)
+
+
+def model_names(models: Sequence[str] | None = None) -> list[str]:
+    """``models`` (default: both DeiT baselines and every :func:`registered` model), with the DeiT of each model's
+    width put first where it is missing."""
+    names = list(models) if models else [BASELINES["tiny"], BASELINES["small"], *registered()]
+    for width in {width_of(n) for n in names}:
+        if BASELINES[width] not in names:
+            names.insert(0, BASELINES[width])
+    return names
+
+
+def _closures(
+    model: torch.nn.Module, fwd: Callable, images: torch.Tensor, labels: torch.Tensor, amp: bool, train: bool
+) -> dict[str, Callable[[], None]]:
+    """The timed calls of one model: ``infer`` (eval mode, no grad) and, with ``train``, ``train`` (forward +
+    cross-entropy + backward + AdamW step), under bf16 autocast where ``amp``."""
+    device_type = images.device.type
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def infer() -> None:
+        model.eval()
+        with torch.no_grad(), torch.autocast(device_type, torch.bfloat16, enabled=amp):
+            fwd(images)
+
+    def train_step() -> None:
+        model.train()
+        with torch.autocast(device_type, torch.bfloat16, enabled=amp):
+            loss = F.cross_entropy(fwd(images).float(), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return {"infer": infer, "train": train_step} if train else {"infer": infer}
+
+
+def benchmark(
+    names: Sequence[str],
+    device: torch.device | str,
+    *,
+    batch: int,
+    img_size: int,
+    repeats: int,
+    warmup: int,
+    stat: str,
+    amp: bool,
+    compile_models: bool,
+    train: bool,
+) -> list[dict]:
+    """Images/s of every model of ``names`` (1000 classes, random images), all rows timed round-robin after
+    ``warmup`` untimed calls each (:func:`engine.bench.time_round_robin`), images/s = batch / the median (or
+    ``stat="min"``: fastest) round. The settings are ``tools/bench_vision.py``'s flags (its defaults); ``amp`` is
+    bf16 autocast, ``compile_models`` wraps every model in ``torch.compile``.
+
+    Returns:
+        One dict per model: ``params_m``, ``gmacs`` (per image), ``infer_ips`` and ``infer_vs_deit`` (over the
+        same-width DeiT's of the run, which ``names`` must hold: :func:`model_names`), and with ``train`` the same
+        for the train step.
+    """
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randn(batch, 3, img_size, img_size, generator=gen).to(device)
+    labels = torch.randint(0, 1000, (batch,), generator=gen).to(device)
+    rows = {}
+    for name in names:
+        torch.manual_seed(0)
+        model = timm.create_model(name, img_size=img_size)
+        stats = {
+            "params_m": count_params(model) / 1e6,
+            "gmacs": count_gmacs(model, torch.randn(1, 3, img_size, img_size)),
+        }
+        model.to(device)
+        fns = _closures(model, torch.compile(model) if compile_models else model, images, labels, amp, train)
+        for fn in fns.values():
+            for _ in range(warmup):
+                fn()
+        rows[name] = {"model": name, **stats, "fns": fns}
+        _logger.info("built %s", name)
+    fns = [fn for row in rows.values() for fn in row["fns"].values()]
+    rounds = iter(time_round_robin(fns, device, repeats))  # (each fn was warmed up as it was built)
+    reduce = min if stat == "min" else statistics.median
+    results = []
+    for row in rows.values():
+        res = {k: v for k, v in row.items() if k != "fns"}
+        for kind in row["fns"]:
+            res[f"{kind}_ips"] = batch / (reduce(next(rounds)) / 1e3)
+        results.append(res)
+    by_name = {r["model"]: r for r in results}
+    for r in results:
+        base = by_name[BASELINES[width_of(r["model"])]]
+        r["infer_vs_deit"] = r["infer_ips"] / base["infer_ips"]
+        if train:
+            r["train_vs_deit"] = r["train_ips"] / base["train_ips"]
+    return results
+
+
+def table(results: Sequence[dict], train: bool = True) -> tuple[list[str], list[list]]:
+    """The printed table's headers and rows."""
+    headers = ["model", "params (M)", "GMACs", "infer img/s", "infer vs DeiT"]
+    if train:
+        headers += ["train img/s", "train vs DeiT"]
+    rows = []
+    for r in results:
+        line = [r["model"], r["params_m"], r["gmacs"], r["infer_ips"], r["infer_vs_deit"]]
+        if train:
+            line += [r["train_ips"], r["train_vs_deit"]]
+        rows.append(line)
+    return headers, rows

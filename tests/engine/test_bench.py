@@ -38,12 +38,26 @@ def test_run_config_in_process_turns_an_exception_into_the_rows_error() -> None:
             raise RuntimeError("CUDA out of memory (pretend)")
         return {"ms": 1.0}
 
-    assert benchutil.run_config("unused.py", measure, {"fail": False}, isolate=False) == {"ms": 1.0}
-    assert benchutil.run_config("unused.py", measure, {"fail": True}, isolate=False) == {
+    assert benchutil.run_config(measure, {"fail": False}, isolate=False) == {"ms": 1.0}
+    assert benchutil.run_config(measure, {"fail": True}, isolate=False) == {
         "error": "RuntimeError: CUDA out of memory (pretend)"
     }
     assert benchutil.isolate_configs("auto", "cpu") and not benchutil.isolate_configs("auto", "cuda")
     assert benchutil.isolate_configs("yes", "cuda") and not benchutil.isolate_configs("no", "cpu")
+
+
+def test_run_isolated_imports_the_measure_function_by_name_in_a_fresh_process() -> None:
+    """The child returns the function's dict through JSON; its exception becomes the row's error; a function the
+    child cannot import by name is refused before anything runs."""
+    assert benchutil.run_config(dict, {"ms": 1.5, "rows": [1, 2]}, isolate=True) == {"ms": 1.5, "rows": [1, 2]}
+    failed = benchutil.run_isolated(int, {"ms": 1.0})  # int(dict) raises TypeError in the child
+    assert failed["error"].startswith("TypeError: int() argument must be")
+
+    def local(cfg: dict) -> dict:
+        return cfg
+
+    with pytest.raises(ValueError, match="module-level function of an importable module"):
+        benchutil.run_isolated(local, {})
 
 
 def test_one_counter_counts_ops_by_name_and_shows_each_to_a_hook() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from engine import DistributedContext, Trainer, init_distributed, load_checkpoint, unwrap, wrap_ddp
+from engine.testing import free_port
 
 
 def test_single_process_context(monkeypatch):
@@ -37,12 +37,6 @@ def test_missing_rank_is_an_error(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(ValueError, match="RANK"):
         init_distributed("cpu")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world_size: int, port: int, run_dir: str) -> None:
@@ -104,7 +98,7 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str) -> None:
 
 @pytest.mark.slow
 def test_ddp_two_processes_on_cpu(tmp_path):
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     params = torch.load(tmp_path / "params_rank0.pt")
     last = load_checkpoint(tmp_path / "last.pt")
     assert last["epoch"] == 2

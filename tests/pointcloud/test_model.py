@@ -18,6 +18,15 @@ def test_registered_model_sweep(name: str) -> None:
     check_registered_model(name, **SMALL_BY_MODEL.get(name, SMALL))
 
 
+@pytest.mark.parametrize("name", ["centroid_transformer_modelnet40", "pointnet2_ssg_modelnet40", "dgcnn_modelnet40"])
+def test_every_classifier_takes_xyz_first(name: str) -> None:
+    """PointClassifier checks in_channels and keeps the classes and channels for every model built on it."""
+    model = create_model(name, num_classes=7, in_channels=6, **SMALL_BY_MODEL.get(name, SMALL))
+    assert (model.num_classes, model.in_channels) == (7, 6)
+    with pytest.raises(ValueError, match=r"in_channels must be >= 3 \(xyz first\), got 2"):
+        create_model(name, in_channels=2)
+
+
 @pytest.mark.parametrize("steps", [1, 2, 3])
 def test_num_steps_kwarg(steps: int) -> None:
     model = create_model("centroid_transformer_modelnet40", num_steps=steps, **SMALL).eval()

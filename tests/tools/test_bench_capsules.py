@@ -1,24 +1,17 @@
-"""tools/bench_capsules.py at a tiny size (run as a script, read through --json): every column, the ratios against
-routing, the targets."""
+"""tools/bench_capsules.py (logic in capsules.bench) at a tiny size, run as a script and read through --json: every
+column, the ratios against routing, the targets; the usage errors."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from engine.testing import REPO, tool_env
+from engine.testing import run_tool
 
 SMALL = ["pointcaps_routing_small", "pointcaps_centroid_small"]
 PAPER_PARAMS_M = {"pointcaps_routing_small": 18.4, "pointcaps_centroid_small": 0.6}  # the paper's section 3.3
-
-
-def bench_capsules(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(REPO / "tools" / "bench_capsules.py"), *args]
-    return subprocess.run(cmd, env=tool_env(), capture_output=True, text=True)
 
 
 def test_tiny_bench(tmp_path: Path) -> None:
@@ -27,7 +20,7 @@ def test_tiny_bench(tmp_path: Path) -> None:
     argv = ["--models", *SMALL, "--points", "48", "--batch", "2", "--repeats", "1", "--warmup", "0",
             "--mem-batches", "2", "3", "--train-steps", "2", "--chamfer-points", "24", "--train-per-class", "2",
             "--budget-gb", "1", "--model-kwargs", kwargs, "--json", str(path)]  # fmt: skip
-    run = bench_capsules(*argv)
+    run = run_tool("bench_capsules", argv)
     assert run.returncode == 0, run.stderr
     payload = json.loads(path.read_text())
     results = payload["results"]
@@ -84,5 +77,5 @@ def test_tiny_bench(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("argv", [["--models", "pointcaps_tiny"], ["--mem-batches", "4", "2"]])
 def test_rejects_unknown_models_and_bad_batches(argv: list[str]) -> None:
-    run = bench_capsules(*argv)
+    run = run_tool("bench_capsules", argv)
     assert run.returncode == 2 and "error:" in run.stderr

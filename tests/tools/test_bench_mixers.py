@@ -1,17 +1,15 @@
-"""tools/bench_mixers.py at a tiny size (run as a script, read through --json): both baselines, ratios, the
-quadratic-mixer skip, the BHLLD column, and the FSAT target (attention.bench.fsat_target)."""
+"""tools/bench_mixers.py (logic in attention.bench) at a tiny size, run as a script and read through --json: both
+baselines, ratios, the quadratic-mixer skip, the BHLLD column, the FSAT target, and the same peaks in and out of
+process."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from attention.bench import fsat_target
-from engine.testing import REPO, tool_env
+from engine.testing import run_tool
 
 BASELINES = ("attention-matmul", "attention-sdpa")
 TINY = ["--lengths", "48", "--dim", "32", "--heads", "2", "--mixers", "fsat", "cauchy"]
@@ -20,8 +18,7 @@ TINY = ["--lengths", "48", "--dim", "32", "--heads", "2", "--mixers", "fsat", "c
 def bench_mixers(*args: str) -> tuple[list[dict], dict, str]:
     """Runs the script; its rows, its whole --json report and its stdout."""
     path = Path(args[args.index("--json") + 1])
-    run = subprocess.run([sys.executable, str(REPO / "tools" / "bench_mixers.py"), *args], env=tool_env(),
-                         capture_output=True, text=True)  # fmt: skip
+    run = run_tool("bench_mixers", list(args))
     assert run.returncode == 0, run.stderr
     payload = json.loads(path.read_text())
     return payload["results"], payload, run.stdout
@@ -51,17 +48,3 @@ def test_in_process_rows_equal_the_isolated_ones(tmp_path: Path) -> None:
     assert [r["mixer"] for r in inline] == [r["mixer"] for r in isolated]
     for a, b in zip(isolated, inline):
         assert b["peak_mb"] == a["peak_mb"] > 0 and b["ms"] > 0, (a, b)
-
-
-def test_fsat_target_is_its_time_as_a_fraction_of_sdpa_at_16k() -> None:
-    rows = [
-        {"L": 4096, "mixer": "fsat", "ms": 1.0, "speedup vs attention-sdpa": 0.5},
-        {"L": 16384, "mixer": "attention-sdpa", "ms": 10.0, "speedup vs attention-sdpa": 1.0},
-        {"L": 16384, "mixer": "fsat", "ms": 8.0, "speedup vs attention-sdpa": 1.25},
-    ]
-    t = fsat_target(rows, "cuda")
-    assert t["measured"] == pytest.approx(0.8) and t["met"] is True and t["wanted"] == "< 1"
-    on_cpu = fsat_target(rows, "cpu")  # a CUDA target: the ratio, no verdict
-    assert on_cpu["measured"] == pytest.approx(0.8) and on_cpu["met"] is None
-    failed = fsat_target([{"L": 16384, "mixer": "fsat", "error": "OutOfMemoryError"}], "cuda")
-    assert failed["met"] is None and "OutOfMemoryError" in failed["detail"]

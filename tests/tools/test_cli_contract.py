@@ -46,10 +46,13 @@ class CLI:
     tool: str  # the script in tools/ (run as a subprocess where a test needs a process to kill)
     recipe: type[Recipe]  # what the script runs: engine.main(recipe, argv, report=report), run in process
     tiny: tuple[str, ...]  # ends inside --set: more KEY=VALUE items can follow
-    monitor: str
     final_keys: tuple[str, ...]
     epochs_to_kill: int = 4
     report: Callable[[dict], str] | None = None
+
+    @property
+    def monitor(self) -> str:
+        return self.recipe.monitor
 
     def main(self, *args: str, sets: tuple[str, ...] = ()) -> dict:
         return engine.main(self.recipe, self.args(*args, sets=sets), report=self.report)
@@ -61,36 +64,35 @@ class CLI:
 
 COMMON = ("--no-progress", "--device", "cpu", "--set")
 CLIS = {
-    "train_modelnet": CLI(
-        "train_modelnet",
-        ModelNetRecipe,
-        (*COMMON, *TINY_MODELNET_SETS, "model_kwargs.widths=[16,32,32,32]", "model_kwargs.head_dims=[32,32]"),
-        "test_oa",
-        ("test_oa", "test_macc", "best_test_oa", "params", "gmacs"),
-    ),
-    "train_capsules": CLI(
-        "train_capsules",
-        CapsulesRecipe,
-        (*COMMON, *TINY_CAPSULES_SETS),
-        "test_chamfer",
-        ("chamfer", "part_purity", "chamfer_definition", "first_epoch_test_chamfer", "params"),
-    ),
-    "train_deit": CLI(
-        "train_deit",
-        DeiTRecipe,
-        (*COMMON, *TINY_DEIT_SETS),
-        "top1",
-        ("top1", "top5", "ema_top1", "params", "gmacs", "lr_scaled"),
-    ),
-    "lra_listops": CLI(
-        "lra_listops",
-        lra.ListOpsRecipe,
-        (*COMMON, *TINY_LISTOPS_SETS),
-        "test_acc",
-        ("test_acc", "majority_acc", "mixer", "params"),
-        epochs_to_kill=8,
-        report=lra.report,
-    ),
+    cli.tool: cli
+    for cli in (
+        CLI(
+            "train_modelnet",
+            ModelNetRecipe,
+            (*COMMON, *TINY_MODELNET_SETS, "model_kwargs.widths=[16,32,32,32]", "model_kwargs.head_dims=[32,32]"),
+            ("test_oa", "test_macc", "best_test_oa", "params", "gmacs"),
+        ),
+        CLI(
+            "train_capsules",
+            CapsulesRecipe,
+            (*COMMON, *TINY_CAPSULES_SETS),
+            ("chamfer", "part_purity", "chamfer_definition", "first_epoch_test_chamfer", "params"),
+        ),
+        CLI(
+            "train_deit",
+            DeiTRecipe,
+            (*COMMON, *TINY_DEIT_SETS),
+            ("top1", "top5", "ema_top1", "params", "gmacs", "lr_scaled"),
+        ),
+        CLI(
+            "lra_listops",
+            lra.ListOpsRecipe,
+            (*COMMON, *TINY_LISTOPS_SETS),
+            ("test_acc", "majority_acc", "mixer", "params"),
+            epochs_to_kill=8,
+            report=lra.report,
+        ),
+    )
 }
 PARAMS = [pytest.param(cli, id=name) for name, cli in CLIS.items()]
 

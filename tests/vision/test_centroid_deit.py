@@ -81,22 +81,20 @@ def test_features_only_matches_feature_info(name):
     assert [f.shape[-1] for f in feats] == [4, 2, 2]
 
 
+@pytest.mark.parametrize("convert", [torch.fx.symbolic_trace, torch.jit.script], ids=["fx", "torchscript"])
 @pytest.mark.parametrize("name", NAMES)
-def test_fx_trace(name):
+def test_fx_trace_and_torchscript_equal_eager(name, convert):
     model = _model(name).eval()
     x = _images()
-    graph = torch.fx.symbolic_trace(model)
-    assert_close(graph(x), model(x))
+    assert_close(convert(model)(x), model(x))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_timm_fx_features_equal_forward_features(name):
+    model = _model(name).eval()
+    x = _images()
     features = create_feature_extractor(model, return_nodes={"norm": "features"})  # timm's FX tracer
     assert_close(features(x)["features"], model.forward_features(x))
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_torchscript(name):
-    model = _model(name).eval()
-    x = _images()
-    scripted = torch.jit.script(model)
-    assert_close(scripted(x), model(x))
 
 
 def test_timm_fx_feature_extractor():
