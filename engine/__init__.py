@@ -45,7 +45,7 @@ from engine.resume import (
     load_resume,
     saved_config,
 )
-from engine.run import RunOptions, load_run_config, main, run, user_errors, write_metrics
+from engine.run import RunOptions, add_checkpoint_flags, load_run_config, main, run, user_errors, write_metrics
 from engine.schedule import EpochLR, StretchOnResume, epoch_lr_schedule
 from engine.stats import count_gmacs, count_params
 from engine.trainer import TIMING_KEYS, NonFiniteLossError, Trainer, derive_seed, to_device
@@ -69,6 +69,7 @@ __all__ = [
     "TqdmHandler",
     "Trainer",
     "UsageError",
+    "add_checkpoint_flags",
     "add_config_args",
     "add_overrides_arg",
     "atomic_open",

@@ -51,7 +51,7 @@ from engine.recipe import Recipe, validate_common
 from engine.resume import load_evaluated, load_resume, saved_config
 from engine.trainer import NonFiniteLossError, Trainer
 
-__all__ = ["RunOptions", "load_run_config", "main", "run", "user_errors", "write_metrics"]
+__all__ = ["RunOptions", "add_checkpoint_flags", "load_run_config", "main", "run", "user_errors", "write_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -401,6 +401,18 @@ def user_errors(debug: bool = False) -> Iterator[None]:
         raise SystemExit(2) from None
 
 
+def add_checkpoint_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``--trust-checkpoint`` and ``--debug``: the flags of every command that reads a checkpoint (the training CLIs,
+    ``tools/export_weights.py``, the viewers); pair ``--debug`` with :func:`user_errors`."""
+    parser.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="load checkpoints that need pickle (can run arbitrary code: only files you trust)",
+    )
+    parser.add_argument("--debug", action="store_true", help="debug logging; errors show their traceback")
+    return parser
+
+
 def build_parser(recipe: type[Recipe], description: str | None) -> argparse.ArgumentParser:
     """The flags every training CLI shares; the help ends with every config key, its default and meaning."""
     group = recipe.group
@@ -431,12 +443,7 @@ def build_parser(recipe: type[Recipe], description: str | None) -> argparse.Argu
     )
     parser.add_argument("--eval-only", action="store_true", help="evaluate --checkpoint (default: best.pt)")
     parser.add_argument("--checkpoint", default=None, help="checkpoint for --eval-only")
-    parser.add_argument(
-        "--trust-checkpoint",
-        action="store_true",
-        help="load checkpoints that need pickle (can run arbitrary code: only files you trust)",
-    )
-    parser.add_argument("--debug", action="store_true", help="debug logging; errors show their traceback")
+    add_checkpoint_flags(parser)
     parser.add_argument("--max-steps-per-epoch", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--no-progress", action="store_true", help="no tqdm bars")
     return parser

@@ -35,7 +35,7 @@ import capsules  # noqa: F401  (registers the capsule models)
 import lra  # noqa: F401  (registers the ListOps classifier)
 import pointcloud  # noqa: F401  (registers the point models)
 import vision  # noqa: F401  (registers the DeiT models in timm)
-from engine import setup_logging, user_errors
+from engine import add_checkpoint_flags, setup_logging, user_errors
 from engine.config import add_overrides_arg
 from engine.export import export_weights, model_args_from_overrides
 
@@ -47,12 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=None, help="model name, for a checkpoint that records none")
     add_overrides_arg(parser, "constructor keywords to add, e.g. --set backend=torch (values as YAML)")
     parser.add_argument("--ema", action="store_true", help="export the EMA weights instead of the raw model's")
-    parser.add_argument(
-        "--trust-checkpoint",
-        action="store_true",
-        help="read a checkpoint that needs pickle (can run arbitrary code: only files you trust)",
-    )
-    parser.add_argument("--debug", action="store_true", help="errors show their traceback")
+    add_checkpoint_flags(parser)
     args = parser.parse_args(argv)
     setup_logging(None)
     with user_errors(args.debug):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 
 from capsules.visualize import visualize_checkpoint
-from engine import setup_logging, user_errors
+from engine import add_checkpoint_flags, setup_logging, user_errors
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -37,12 +37,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--width", type=int, default=960)
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--point-size", type=float, default=6.0)
-    parser.add_argument(
-        "--trust-checkpoint",
-        action="store_true",
-        help="load a checkpoint that needs pickle (can run arbitrary code: only files you trust)",
-    )
-    parser.add_argument("--debug", action="store_true", help="errors show their traceback")
+    add_checkpoint_flags(parser)
     args = parser.parse_args(argv)
     setup_logging(None)
     with user_errors(args.debug):
