@@ -141,12 +141,7 @@ def _load_chain(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], di
         via = f" (base of {chain[-1]})" if chain else ""
         raise FileNotFoundError(f"config file not found: {path}{via}")
     with open(path, encoding="utf-8") as f:
-        try:
-            data = _yaml_load(f)
-        except _AnchorUsed as e:
-            raise ValueError(f"config file {path} ({e}): {ANCHORS_REFUSED}") from None
-        except yaml.YAMLError as e:
-            raise ValueError(f"config file {path} is not valid YAML: {e}") from e
+        data = _parse_yaml(f, f"config file {path}")
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -163,6 +158,17 @@ def _load_chain(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], di
         merged[str(key)] = value
         origin[str(key)] = path
     return merged, origin
+
+
+def _parse_yaml(stream: Any, source: str) -> Any:
+    """The YAML document in ``stream`` (text or a file); a ValueError naming ``source`` if it is not valid YAML or uses
+    anchors / aliases."""
+    try:
+        return _yaml_load(stream)
+    except _AnchorUsed as e:
+        raise ValueError(f"{source} ({e}): {ANCHORS_REFUSED}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{source} is not valid YAML ({e})") from e
 
 
 def parse_overrides(overrides: Sequence[str]) -> dict[str, tuple[Any, str]]:
@@ -185,12 +191,7 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, tuple[Any, str]]:
         key = key.strip()
         if not sep or not key:
             raise ValueError(f"malformed override {shorten(item)}: expected KEY=VALUE, e.g. lr=1e-3 or dims=[64,128]")
-        try:
-            value = _yaml_load(text)
-        except _AnchorUsed as e:
-            raise ValueError(f"override {shorten(item)} ({e}): {ANCHORS_REFUSED}") from None
-        except yaml.YAMLError as e:
-            raise ValueError(f"override {shorten(item)}: the value is not valid YAML ({e})") from e
+        value = _parse_yaml(text, f"override {shorten(item)}")
         parsed[key] = (value, text.strip())
     return parsed
 
