@@ -1,21 +1,24 @@
-"""Benchmark of centroid attention: dense vs KNN, time (forward + backward) and peak memory.
+"""Benchmark of centroid attention: dense vs the KNN forms, time (forward + backward) and peak memory.
 
-    python tools/bench_centroid.py                 # CPU
-    python tools/bench_centroid.py --device cuda   # GPU machine
+    python tools/bench_centroid.py                 # CPU (the Triton and compiled rows say why they are skipped)
+    python tools/bench_centroid.py --device cuda   # GPU machine: every row and the target verdicts
 
 N in {1024, 4096, 8192, 16384}, M = N / 4 centroids, K = 32 neighbours, C = 128 channels, 4 heads, batch 1.
-Four implementations of one attention step from M centroids to N inputs, with the same projections:
+Implementations of one attention step from M centroids to N inputs, with the same projections
+(:data:`attention.bench.CENTROID_PATHS`):
 
 * ``dense-matmul``: softmax(Q K^T) V with the (B, H, M, N) score matrix materialized (a plain implementation);
 * ``dense-sdpa``:   the layer's dense path, ``scaled_dot_product_attention`` (fused kernels where torch has them);
 * ``knn``:          the layer's KNN path (K nearest inputs in feature space, gathered keys and values);
-* ``knn-masked``:   the same neighbours, attention as dense products under the (B, M, N) neighbour mask
-  (``attn_backend="masked"``).
+* ``knn-masked``:   the same neighbours, attention as dense products under the (B, M, N) neighbour mask;
+* ``knn-triton``:   the same neighbours, the fused Triton kernel (``attn_backend="triton"``; CUDA only);
+* ``knn-compiled``: ``torch.compile`` of the KNN path in the form ``"auto"`` took before the fused kernel (masked
+  while N / K <= 128, else gather): what the compiler alone gives (``--compiled``, default on CUDA only).
 
 Peak memory is the growth of the peak resident set of a fresh process during forward + backward on CPU (a process
 per configuration), and ``torch.cuda.max_memory_allocated`` on CUDA (all in this process; ``--isolate`` says).
-Ratios are against ``dense-matmul`` and ``dense-sdpa`` of the same N. This bench declares no target (``--json``
-writes the rows and an empty target list).
+Ratios are against ``dense-matmul`` and ``dense-sdpa`` of the same N. Targets (:func:`attention.bench.
+centroid_targets`, verdicts on CUDA): the fused step faster than SDPA at every N from 1K to 16K, with a lower peak.
 """
 
 from __future__ import annotations
@@ -24,59 +27,16 @@ import argparse
 import json
 import sys
 
-import torch
-
-from attention import CentroidAttention, attention_step_reference
+from attention.bench import CENTROID_PATHS, centroid_path_skipped, centroid_step, centroid_targets
 from engine.bench import (
     add_isolate_option,
-    current_rss_bytes,
     describe_machine,
+    format_target,
     isolate_configs,
-    peak_rss_bytes,
     print_table,
     run_config,
-    time_fn,
     write_report,
 )
-
-
-def child(cfg: dict) -> None:
-    print(json.dumps(measure(cfg)))
-
-
-def measure(cfg: dict) -> dict:
-    """Time (ms) and peak memory (MB; None where the resident set did not grow) of one configuration's step."""
-    device = torch.device(cfg["device"])
-    torch.manual_seed(0)
-    B, N, M, C, H, K = cfg["B"], cfg["N"], cfg["M"], cfg["C"], cfg["H"], cfg["K"]
-    knn = cfg["mode"].startswith("knn")
-    backend = "masked" if cfg["mode"] == "knn-masked" else "gather"
-    layer = CentroidAttention(C, H, num_neighbors=K if knn else None, attn_backend=backend).to(device)
-    x = torch.randn(B, N, C, device=device, requires_grad=True)
-    u = torch.randn(B, M, C, device=device, requires_grad=True)
-
-    def step() -> None:
-        out = attention_step_reference(layer, x, u) if cfg["mode"] == "dense-matmul" else layer(x, u)
-        out.sum().backward()
-        x.grad = u.grad = None
-        layer.zero_grad(set_to_none=True)
-
-    step()  # warm-up; then measure the peak of one clean step
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        step()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        base = current_rss_bytes()
-        before = peak_rss_bytes()
-        step()
-        peak = max(peak_rss_bytes() - base, 0) if peak_rss_bytes() > before else None
-    ms = time_fn(step, device, repeats=cfg["repeats"], warmup=0)
-    return {"ms": ms, "peak_mb": None if peak is None else peak / 2**20}
-
 
 HEADERS = ["N", "M", "path", "ms", "peak MB", "speedup vs matmul", "memory vs matmul", "speedup vs sdpa",
            "memory vs sdpa"]  # fmt: skip
@@ -91,39 +51,57 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--paths", nargs="+", default=list(CENTROID_PATHS), choices=CENTROID_PATHS,
+                        help="rows to time (default: all)")  # fmt: skip
+    parser.add_argument("--compiled", choices=["auto", "yes", "no"], default="auto",
+                        help="time the knn-compiled row (auto: on CUDA only; a CPU compiles for minutes)")  # fmt: skip
     add_isolate_option(parser)
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    parser.add_argument("--json", default=None, help="also write the rows and targets to this JSON file")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(json.loads(args.child))
+        print(json.dumps(centroid_step(json.loads(args.child))))
         return
     isolate = isolate_configs(args.isolate, args.device)
+    compiled = args.compiled == "yes" or (args.compiled == "auto" and args.device.startswith("cuda"))
     print(f"# bench_centroid on {args.device}: {describe_machine(args.device)}")
-    print(f"# B={args.batch}, C={args.dim}, H={args.heads}, M=N/4, K={args.k}; forward + backward\n")
-    rows = []
+    print(f"# B={args.batch}, C={args.dim}, H={args.heads}, M=N/4, K={args.k}; forward + backward")
+    skipped = {p: why for p in args.paths if (why := centroid_path_skipped(p, args.device, compiled))}
+    for path, why in skipped.items():
+        print(f"# {path}: not measured: {why}")
+    print()
+    rows, results = [], []
     for N in args.points:
         res = {}
-        for mode in ("dense-matmul", "dense-sdpa", "knn", "knn-masked"):
-            cfg = dict(mode=mode, device=args.device, B=args.batch, N=N, M=N // 4, C=args.dim, H=args.heads)
-            res[mode] = run_config(__file__, measure, {**cfg, "K": args.k, "repeats": args.repeats}, isolate)
-            print(f"  N={N} {mode}: {res[mode]}", file=sys.stderr)
-        for mode, r in res.items():
-            if "error" in r:
-                rows.append([N, N // 4, mode, "error: " + r["error"][:60], "", "", "", "", ""])
+        for path in args.paths:
+            if path in skipped:
+                res[path] = {"note": skipped[path]}
+                continue
+            cfg = dict(path=path, device=args.device, B=args.batch, N=N, M=N // 4, C=args.dim, H=args.heads)
+            res[path] = run_config(__file__, centroid_step, {**cfg, "K": args.k, "repeats": args.repeats}, isolate)
+            print(f"  N={N} {path}: {res[path]}", file=sys.stderr)
+        for path, r in res.items():
+            results.append({"N": N, "M": N // 4, "path": path, **r})
+            if "ms" not in r:
+                note = f"error: {r['error'][:60]}" if "error" in r else "not measured (see above)"
+                rows.append([N, N // 4, path, note, "", "", "", "", ""])
                 continue
             ratios = []
             for base in ("dense-matmul", "dense-sdpa"):
-                b = res[base]
+                b = res.get(base, {})
                 ratios.append(b["ms"] / r["ms"] if "ms" in b else float("nan"))
-                ok = "peak_mb" in b and b["peak_mb"] and r["peak_mb"] is not None
+                ok = b.get("peak_mb") and r["peak_mb"] is not None
                 ratios.append(r["peak_mb"] / b["peak_mb"] if ok else float("nan"))
             peak = r["peak_mb"] if r["peak_mb"] is not None else float("nan")
-            rows.append([N, N // 4, mode, r["ms"], peak, *ratios])
+            label = f"{path} ({r['form']})" if "form" in r else path
+            rows.append([N, N // 4, label, r["ms"], peak, *ratios])
     print_table(HEADERS, rows)
+    goals = centroid_targets(results, args.device)
+    print()
+    for t in goals:
+        print(format_target(t))
     if args.json:
-        results = [dict(zip(HEADERS, r)) for r in rows]
-        write_report(args.json, "bench_centroid", args.device, vars(args), results=results, targets=[])
+        write_report(args.json, "bench_centroid", args.device, vars(args), results=results, targets=goals)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,65 @@
+"""tools/bench_centroid.py (logic in attention.bench): the rows a CPU run times and those it skips with a reason, and
+the fused KNN step's targets against SDPA, ratios of the same run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attention import bench
+from engine.testing import REPO, tool_env
+
+
+def _rows(ms: dict[str, tuple[float, float]], sizes=(1024, 4096, 16384)) -> list[dict]:
+    return [{"N": n, "path": p, "ms": t, "peak_mb": mb} for n in sizes for p, (t, mb) in ms.items()]
+
+
+def test_targets_are_the_worst_ratio_over_every_n() -> None:
+    rows = _rows({"dense-sdpa": (2.0, 10.0), "knn-triton": (1.0, 5.0)})
+    rows[-1]["ms"] = 2.5  # slower than SDPA at N = 16384 only
+    speed, memory = bench.centroid_targets(rows, "cuda")
+    assert speed["target"] == "fused KNN step vs SDPA speedup at every N = 1K-16K" and speed["wanted"] == "> 1x"
+    assert speed["measured"] == pytest.approx(0.8) and speed["met"] is False and "worst at N=16384" in speed["detail"]
+    assert memory["measured"] == pytest.approx(0.5) and memory["met"] is True
+    on_cpu = bench.centroid_targets(rows, "cpu")
+    assert all(t["met"] is None and "no verdict" in t["detail"] for t in on_cpu)  # CUDA targets
+
+
+def test_targets_without_the_fused_rows_say_why() -> None:
+    rows = _rows({"dense-sdpa": (2.0, 10.0)}) + [
+        {"N": n, "path": "knn-triton", "note": "needs CUDA (the fused Triton kernel)"} for n in (1024, 4096, 16384)
+    ]
+    speed, memory = bench.centroid_targets(rows, "cpu")
+    assert speed["measured"] is None and speed["detail"] == "needs CUDA (the fused Triton kernel) (N=1024, 4096, 16384)"
+    speed, _ = bench.centroid_targets(_rows({"dense-sdpa": (2.0, 10.0)}, sizes=(1024,)), "cuda")
+    assert speed["met"] is None and "no knn-triton row (--paths)" in speed["detail"]
+    assert bench.centroid_targets(_rows({"dense-sdpa": (1.0, 1.0)}, sizes=(512,)), "cuda")[0]["detail"] == (
+        "no N in range measured"
+    )
+
+
+def test_paths_skipped_on_cpu_and_why() -> None:
+    assert bench.centroid_path_skipped("knn-triton", "cpu", compiled=True) == "needs CUDA (the fused Triton kernel)"
+    assert "not requested" in bench.centroid_path_skipped("knn-compiled", "cuda", compiled=False)
+    assert bench.centroid_path_skipped("knn-compiled", "cpu", compiled=True) is None
+    assert bench.centroid_path_skipped("knn-masked", "cpu", compiled=False) is None
+
+
+def test_cli_on_cpu_times_the_torch_rows_and_names_the_skipped_ones(tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    argv = ["--points", "1024", "--dim", "16", "--heads", "2", "--k", "8", "--repeats", "1", "--isolate", "no",
+            "--json", str(path)]  # fmt: skip
+    run = subprocess.run([sys.executable, str(REPO / "tools" / "bench_centroid.py"), *argv], env=tool_env(),
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "# knn-triton: not measured: needs CUDA (the fused Triton kernel)" in run.stdout
+    assert "# knn-compiled: not measured: torch.compile row not requested" in run.stdout
+    assert "target: fused KNN step vs SDPA speedup at every N = 1K-16K > 1x: no verdict" in run.stdout
+    payload = json.loads(path.read_text())
+    timed = [r["path"] for r in payload["results"] if "ms" in r]
+    assert timed == ["dense-matmul", "dense-sdpa", "knn", "knn-masked"]
+    assert [t["verdict"] for t in payload["targets"]] == ["no verdict", "no verdict"]
