@@ -42,11 +42,12 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ._triton_compat import loop_bound
 from .limits import KNN_ATTN_TRITON_MAX_HEAD_DIM as MAX_HEAD_DIM
 
-__all__ = ["MAX_HEAD_DIM", "KnnAttentionTriton", "knn_attention_triton"]
+__all__ = ["MAX_HEAD_DIM", "KnnAttentionTriton", "knn_attention_triton", "launch_backward", "launch_forward"]
 
 
 @triton.jit
@@ -197,6 +198,55 @@ def _check(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, mask: Tensor | None) ->
         raise ValueError(f"knn_attention_triton supports head dims D <= {MAX_HEAD_DIM}, got D={D}")
 
 
+def launch_forward(
+    q: Tensor, k: Tensor, v: Tensor, idx: Tensor, mask: Tensor | None, block_k: int | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward kernel: ``(out, lse, out32)``, out ``(B, H, M, D)`` in q's dtype (a view of ``(B, M, H, D)``), lse
+    ``(B, H, M)`` float32, and out unrounded in float32 for a half-precision q (else an empty tensor: out is that).
+    Runs as ``torch.ops.attention.knn_attention_triton_fwd`` (declared in :mod:`attention.centroid.functional`)."""
+    B, H, M, D = q.shape
+    N, K = k.shape[2], idx.shape[-1]
+    m8 = mask.contiguous().view(torch.uint8) if mask is not None else idx  # any pointer when unused
+    out = torch.empty(B, M, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)  # (B, H, M, D)
+    lse = torch.empty(B, H, M, dtype=torch.float32, device=q.device)
+    # the backward's delta = g . out from the unrounded output: O(B H M D) float32 kept beside the half one
+    low = q.dtype != torch.float32
+    out32 = torch.empty(B, M, H, D, dtype=torch.float32, device=q.device).transpose(1, 2) if low else out
+    bk, bd, warps = _blocks(K, D, block_k)
+    with _device(q):
+        _knn_attn_fwd_kernel[(B * M, H)](
+            q, k, v, idx, m8, out, out32, lse, M, N, K, H, D,
+            *_strides(q), *_strides(k), *_strides(v), *_strides(idx), *_strides(out), D**-0.5,
+            HAS_MASK=mask is not None, STORE_F32=low, BLOCK_K=bk, BLOCK_D=bd,
+            num_warps=warps, enable_fp_fusion=True,
+        )  # fmt: skip
+    return out, lse, out32 if low else out.new_empty(0, dtype=torch.float32)
+
+
+def launch_backward(
+    q: Tensor, k: Tensor, v: Tensor, idx: Tensor, mask: Tensor | None, out32: Tensor, g: Tensor, lse: Tensor,
+    block_k: int | None,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """The backward kernel: ``(dq, dk, dv)`` shaped like q, k, v (dq with out's strides, dk and dv views of
+    ``(B, N, H, D)``). Runs as ``torch.ops.attention.knn_attention_triton_bwd``."""
+    B, H, M, D = q.shape
+    N, K = k.shape[2], idx.shape[-1]
+    m8 = mask.contiguous().view(torch.uint8) if mask is not None else idx
+    dq = torch.empty(B, M, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)  # strides of out
+    # float32 accumulators: many centroids add into one input's row (bf16 atomics would round at every add)
+    dk = torch.zeros(B, N, H, D, dtype=torch.float32, device=q.device)
+    dv = torch.zeros(B, N, H, D, dtype=torch.float32, device=q.device)
+    bk, bd, warps = _blocks(K, D, block_k)
+    with _device(q):
+        _knn_attn_bwd_kernel[(B * M, H)](
+            q, k, v, idx, m8, out32, g, lse, dq, dk, dv, M, N, K, H, D,
+            *_strides(q), *_strides(k), *_strides(v), *_strides(idx), *_strides(dq), *_strides(g), D**-0.5,
+            HAS_MASK=mask is not None, BLOCK_K=bk, BLOCK_D=bd,
+            num_warps=warps, enable_fp_fusion=True,
+        )  # fmt: skip
+    return dq, dk.to(k.dtype).transpose(1, 2), dv.to(v.dtype).transpose(1, 2)
+
+
 class KnnAttentionTriton(torch.autograd.Function):
     """``apply(q, k, v, idx, mask, block_k)``: q ``(B, H, M, D)``, k and v ``(B, H, N, D)`` (any strides, any floating
     dtype, all the same), idx ``(B, M, K)`` into N, mask ``(B, N)`` bool or None; returns ``(B, H, M, D)`` as a view
@@ -205,46 +255,17 @@ class KnnAttentionTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, idx: Tensor, mask: Tensor | None, block_k: int | None) -> Tensor:
         _check(q, k, v, idx, mask)
-        B, H, M, D = q.shape
-        N, K = k.shape[2], idx.shape[-1]
         idx = idx.long()
-        m8 = mask.contiguous().view(torch.uint8) if mask is not None else idx  # any pointer when unused
-        out = torch.empty(B, M, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)  # (B, H, M, D)
-        lse = torch.empty(B, H, M, dtype=torch.float32, device=q.device)
-        # the backward's delta = g . out from the unrounded output: O(B H M D) float32 kept beside the half one
-        low = q.dtype != torch.float32
-        out32 = torch.empty(B, M, H, D, dtype=torch.float32, device=q.device).transpose(1, 2) if low else out
-        bk, bd, warps = _blocks(K, D, block_k)
-        with _device(q):
-            _knn_attn_fwd_kernel[(B * M, H)](
-                q, k, v, idx, m8, out, out32, lse, M, N, K, H, D,
-                *_strides(q), *_strides(k), *_strides(v), *_strides(idx), *_strides(out), D**-0.5,
-                HAS_MASK=mask is not None, STORE_F32=low, BLOCK_K=bk, BLOCK_D=bd,
-                num_warps=warps, enable_fp_fusion=True,
-            )  # fmt: skip
-        ctx.save_for_backward(q, k, v, idx, m8 if mask is not None else None, out32, lse)
+        out, lse, out32 = torch.ops.attention.knn_attention_triton_fwd(q, k, v, idx, mask, block_k)
+        ctx.save_for_backward(q, k, v, idx, mask, out if out32.numel() == 0 else out32, lse)
         ctx.block_k = block_k
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, idx, m8, out32, lse = ctx.saved_tensors
-        B, H, M, D = q.shape
-        N, K = k.shape[2], idx.shape[-1]
-        dq = torch.empty(B, M, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)  # strides of out
-        # float32 accumulators: many centroids add into one input's row (bf16 atomics would round at every add)
-        dk = torch.zeros(B, N, H, D, dtype=torch.float32, device=q.device)
-        dv = torch.zeros(B, N, H, D, dtype=torch.float32, device=q.device)
-        bk, bd, warps = _blocks(K, D, ctx.block_k)
-        with _device(q):
-            _knn_attn_bwd_kernel[(B * M, H)](
-                q, k, v, idx, m8 if m8 is not None else idx, out32, g, lse, dq, dk, dv, M, N, K, H, D,
-                *_strides(q), *_strides(k), *_strides(v), *_strides(idx), *_strides(dq), *_strides(g), D**-0.5,
-                HAS_MASK=m8 is not None, BLOCK_K=bk, BLOCK_D=bd,
-                num_warps=warps, enable_fp_fusion=True,
-            )  # fmt: skip
-        dk = dk.to(k.dtype).transpose(1, 2)  # (B, H, N, D)
-        dv = dv.to(v.dtype).transpose(1, 2)
+        q, k, v, idx, mask, out32, lse = ctx.saved_tensors
+        dq, dk, dv = torch.ops.attention.knn_attention_triton_bwd(q, k, v, idx, mask, out32, g, lse, ctx.block_k)
         return dq, dk, dv, None, None, None
 
 

@@ -107,6 +107,15 @@ for form in ("gather", "triton"):
     results.append([out.detach(), *(p.grad.clone() for p in layer.parameters())])
 for a, b in zip(*results):
     torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+# a FLOP counter sees the kernel's forward as one operator with the gather path's count
+from torch.utils.flop_counter import FlopCounterMode
+flops = []
+for form in ("gather", "triton"):
+    layer.attn_backend = form
+    with FlopCounterMode(display=False) as counter:
+        layer(x, u, mask=mask)
+    flops.append(counter.get_total_flops())
+assert flops[0] == flops[1] > 0, flops
 print("ok")
 """
 
