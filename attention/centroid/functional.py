@@ -402,7 +402,7 @@ _LIB.define(
 
 
 def _triton_kernels():
-    import attention.kernels.knn_attention_triton as kernels  # triton, imported on the first launch
+    from ..kernels import knn_attention_triton as kernels  # triton, imported on the first launch
 
     return kernels
 
