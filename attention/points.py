@@ -452,8 +452,9 @@ def knn(
         ref: ``(B, N, C)`` reference points or features.
         k: neighbours per query, ``1 <= k <= N``.
         mask: optional ``(B, N)`` bool, True for real reference points. A query whose cloud has fewer than k real
-            points gets distance ``inf`` in its last slots (their indices point at padded points: mask them); only
-            the reference can pad so: ``"auto"`` then takes it, and an explicit other backend raises ``ValueError``.
+            points gets distance ``inf`` in its last slots (their indices point at padded points: mask them); the
+            reference and ``"triton"`` pad so, ``"auto"`` then skips the others, and an explicit other backend raises
+            ``ValueError``.
         backend: ``"auto"``, ``"torch"``, ``"cluster"``, ``"pytorch3d"`` or ``"triton"``.
         chunk_bytes: memory budget of one chunk of the reference's distance matrix; the full ``(B, M, N)`` matrix
             is never built when it would exceed this (default ``attention.chunking.chunk_budget("knn", device)``:
