@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
+from attention import backends
 from attention.chunking import CHUNK_BUDGETS
 from engine.bench import count_aten_ops, target, time_round_robin, unit_sphere_clouds
 from engine.stats import count_gmacs, count_params
@@ -61,6 +62,7 @@ __all__ = [
     "default_models",
     "plan",
     "prepare",
+    "runnable",
     "table",
     "targets",
 ]
@@ -120,6 +122,23 @@ def plan(
         else:
             rows.append((name, name, 0 if name in TWINS else None, kwargs))
     return rows
+
+
+def runnable(rows: Sequence[Row], device: str) -> tuple[list[Row], dict[str, str]]:
+    """The rows that can run on ``device``, and why each other one cannot (a KNN attention form that needs another
+    device or a missing package, e.g. ``triton`` on a CPU): a CPU run times the rest."""
+    kept, skipped = [], {}
+    for row in rows:
+        form = row[3].get("attn_backend", "auto")
+        b = backends.BACKENDS["knn_attention"].get(form)
+        why = None if b is None else b.unsupported(device)
+        if b is not None and why is None and not b.installed():
+            why = f"needs {backends.INSTALL_HINTS[b.package]}"
+        if why is None:
+            kept.append(row)
+        else:
+            skipped[row[0]] = why
+    return kept, skipped
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ import torch
 
 from attention import backend_names
 from engine.bench import describe_machine, format_target, print_table, write_report
-from pointcloud.bench import COMPILE_FORMS, benchmark, check_settings, default_models, plan, table, targets
+from pointcloud.bench import COMPILE_FORMS, benchmark, check_settings, default_models, plan, runnable, table, targets
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -60,8 +60,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# bench_modelnet on {args.device}: {describe_machine(args.device)}")
     nc = args.num_centroids or "model default"
     print(f"# batch {args.batch}, {args.points} points (xyz), num_centroids {nc}, amp {args.amp}, "
-          f"{args.stat} of {args.repeats} rounds after {args.warmup} warm-up\n")  # fmt: skip
-    rows = plan(models, args.steps, args.num_centroids, args.attn_backends, args.chunk_mb, args.compile)
+          f"{args.stat} of {args.repeats} rounds after {args.warmup} warm-up")  # fmt: skip
+    planned = plan(models, args.steps, args.num_centroids, args.attn_backends, args.chunk_mb, args.compile)
+    rows, skipped = runnable(planned, args.device)
+    for label, why in skipped.items():
+        print(f"# {label}: not measured: {why}")
+    print()
     results = benchmark(rows, args.device, args.batch, args.points, args.amp, args.repeats, args.warmup, args.stat)
     print_table(*table(results))
     goals = targets(results, args.device, args.amp, args.points)

@@ -166,3 +166,18 @@ def test_cli_prints_the_table_and_targets_and_writes_json(tmp_path: Path) -> Non
         "centroid T=1 train samples/s vs PointNet++",
         "centroid T=1, attn_backend=gather, train samples/s vs PointNet++",
     ]
+
+
+def test_rows_that_need_another_device_are_skipped_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU run times the torch forms and names the fused kernel's row it cannot run; CUDA keeps every row."""
+    from attention import backends
+
+    monkeypatch.setitem(backends.INSTALLED, "triton", True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    rows = bench.plan([CT, TINY], [1], None, ["auto", "triton", "masked"])
+    kept, skipped = bench.runnable(rows, "cpu")
+    assert [r[0] for r in kept] == [f"{CT} T=1", f"{CT} T=1 masked", TINY]
+    assert list(skipped) == [f"{CT} T=1 triton"] and "runs on cuda" in skipped[f"{CT} T=1 triton"]
+    assert bench.runnable(rows, "cuda") == (rows, {})
+    monkeypatch.setitem(backends.INSTALLED, "triton", False)
+    assert "needs triton" in bench.runnable(rows, "cuda")[1][f"{CT} T=1 triton"]
