@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 import torch
 
 from .checks import is_tracing
-from .kernels.limits import FPS_TRITON_MAX_CHANNELS, FPS_TRITON_MAX_POINTS, MIX_TRITON_MAX_HEAD_DIM
+from .kernels.limits import (
+    FPS_TRITON_MAX_CHANNELS,
+    FPS_TRITON_MAX_POINTS,
+    KNN_ATTN_TRITON_MAX_HEAD_DIM,
+    KNN_TRITON_MAX_NEIGHBORS,
+    MIX_TRITON_MAX_HEAD_DIM,
+)
 
 __all__ = [
     "AUTO_ORDER",
@@ -231,6 +237,24 @@ def _masked_attention_preferred(shape: Shape, dtype: torch.dtype | None) -> bool
     return shape["N"] / shape["K"] <= MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR
 
 
+def _fused_attention_supported(shape: Shape, dtype: torch.dtype | None) -> str | None:
+    """What the fused KNN attention kernel computes: the softmax over each centroid's neighbours, without dropout,
+    with gradients summed by float32 atomics (nondeterministic order)."""
+    if shape.get("normalize", "inputs") != "inputs":
+        return f"backend 'triton' of knn_attention supports normalize='inputs' only, got {shape['normalize']!r}"
+    if shape.get("dropout", 0.0) > 0:
+        return (
+            "backend 'triton' of knn_attention supports dropout_p == 0 only (no attention dropout while training), "
+            f"got dropout_p={shape['dropout']}"
+        )
+    if torch.are_deterministic_algorithms_enabled():
+        return (
+            "backend 'triton' of knn_attention sums its gradients with float32 atomics in no fixed order, got "
+            "torch.use_deterministic_algorithms(True)"
+        )
+    return None
+
+
 def _every_cloud_has_k_real_points(shape: Shape, dtype: torch.dtype | None) -> str | None:
     """torch_cluster's and pytorch3d's KNN cannot pad missing neighbours with inf (the reference can).
 
@@ -295,6 +319,18 @@ _register(
         prefer=_low_dimensional,
     ),
     Backend("knn", "pytorch3d", "attention.points:_knn_pytorch3d", "pytorch3d", check=_every_cloud_has_k_real_points),
+    # attention/kernels/knn_triton.py: exact squared distances tile by tile with a running top-k per query in
+    # registers (no distance matrix); pads missing neighbours with inf as the reference does. Timed against the
+    # reference by tools/bench_points.py (KNN rows, --device cuda).
+    Backend(
+        "knn",
+        "triton",
+        "attention.kernels.knn_triton:knn_triton",
+        "triton",
+        devices=("cuda",),
+        limits={"k": KNN_TRITON_MAX_NEIGHBORS},
+        interpreted=True,
+    ),
     # Chamfer (capsules.chamfer_distance, which holds the callables: capsules depends on attention, not the other way):
     # the dense reference, the chunked exact search in the inputs' precision, attention.knn's searches (float32),
     # pytorch3d's KNN.
@@ -335,6 +371,22 @@ _register(
         "attention.centroid.functional:masked_knn_attention",
         prefer=_masked_attention_preferred,
     ),
+    # attention/kernels/knn_attention_triton.py: one fused kernel per direction, keys and values read by index, an
+    # online softmax, the log-sum-exp saved for the backward pass; O(M K D) work like "gather" without its gathered
+    # (rows, K, H, D) chunks, and no (B, M, N) mask like "masked". Exact up to float32 rounding (the gradients' atomic
+    # sums vary in their last bits). Timed against "masked", "gather" and SDPA by tools/bench_centroid.py
+    # (--device cuda, rows knn-triton) and in the point model by tools/bench_modelnet.py (rows "T=1 triton").
+    Backend(
+        "knn_attention",
+        "triton",
+        "attention.kernels.knn_attention_triton:knn_attention_triton",
+        "triton",
+        devices=("cuda",),
+        limits={"D": KNN_ATTN_TRITON_MAX_HEAD_DIM},
+        check=_fused_attention_supported,
+        prefer=_not_float64,
+        interpreted=True,
+    ),
 )
 
 # "auto" order per (op, device type), fastest first; each entry timed on that device by a bench (docs/benchmarks.md),
@@ -344,7 +396,7 @@ AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     ("fps", "cpu"): ("numba", "torch"),  # numba for coordinates (C <= FPS_NUMBA_AUTO_MAX_DIM)
     ("fps", "cuda"): ("triton", "torch"),
     ("knn", "cpu"): ("cluster", "torch"),  # the kd-tree for coordinates (C <= KNN_CLUSTER_AUTO_MAX_DIM)
-    ("knn", "cuda"): ("torch",),
+    ("knn", "cuda"): ("triton", "torch"),  # k <= KNN_TRITON_MAX_NEIGHBORS
     # the dense reference for small inputs, the kd-tree for low-dimensional float32 clouds, else the chunked search
     ("chamfer", "cpu"): ("dense", "knn_cluster", "chunked"),
     ("chamfer", "cuda"): ("chunked",),
@@ -355,9 +407,11 @@ AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     ("fsat_edges", "cpu"): ("csr",),  # 20x faster there than gathering
     ("fsat_edges", "cuda"): ("gather",),  # CUDA's index_add is fast; csr is not measured on a GPU
     # "masked" was 2.2x faster on one CPU thread at the point model's first stage (M=512, N=1024, K=24) but keeps
-    # O(B H M N) memory, so CPU stays on "gather"; on CUDA "masked" while N / K <= MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR.
+    # O(B H M N) memory, so CPU stays on "gather"; on CUDA the fused kernel where it applies (normalize="inputs", no
+    # dropout, D <= KNN_ATTN_TRITON_MAX_HEAD_DIM, not float64), else "masked" while N / K <=
+    # MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR, else "gather".
     ("knn_attention", "cpu"): ("gather",),
-    ("knn_attention", "cuda"): ("masked", "gather"),
+    ("knn_attention", "cuda"): ("triton", "masked", "gather"),
 }
 
 

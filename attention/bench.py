@@ -18,10 +18,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
+from torch import Tensor
 
 from engine.bench import current_rss_bytes, peak_rss_bytes, peak_tensor_bytes, run_config, target, time_fn
 
@@ -35,6 +36,7 @@ __all__ = [
     "BENCH_MIXERS",
     "CENTROID_HEADERS",
     "CENTROID_PATHS",
+    "CENTROID_TARGET_POINTS",
     "FPS_CLUSTER_SHAPE",
     "FPS_CLUSTER_TARGET",
     "FPS_HEADERS",
@@ -47,7 +49,10 @@ __all__ = [
     "MIXER_BASELINES",
     "QUADRATIC_MIXERS",
     "backend_flags",
+    "centroid_path_skipped",
+    "centroid_results",
     "centroid_rows",
+    "centroid_targets",
     "fps_backends",
     "fps_cluster_target",
     "fsat_target",
@@ -320,31 +325,63 @@ def numba_first_call_ms() -> tuple[float, float]:
 
 # ------------------------------------------------------------------------- centroid attention (bench_centroid)
 
-CENTROID_PATHS = ("dense-matmul", "dense-sdpa", "knn", "knn-masked")
+# One attention step from M = N / 4 centroids to N inputs, forward + backward, per path: the dense score matrix
+# materialized, SDPA, the KNN forms of attention.CentroidAttention ("knn" = gather), and torch.compile of the KNN path
+# as "auto" chose it before the fused kernel existed (masked while N / K <= MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR, else
+# gather): what the compiler alone gives.
+CENTROID_PATHS = ("dense-matmul", "dense-sdpa", "knn", "knn-masked", "knn-triton", "knn-compiled")
+_KNN_FORMS = {"knn": "gather", "knn-masked": "masked", "knn-triton": "triton"}
+CENTROID_TARGET_POINTS = (1024, 16384)  # the fused KNN step must beat SDPA in time and peak memory at every N here
 CENTROID_HEADERS = ["N", "M", "path", "ms", "peak MB", "speedup vs matmul", "memory vs matmul", "speedup vs sdpa",
                     "memory vs sdpa"]  # fmt: skip
 
 
+def _compiled_form(N: int, K: int) -> str:
+    """The KNN form "auto" took on CUDA without the fused kernel (attention.backends): masked while N / K is small."""
+    return "masked" if N / K <= backends.MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR else "gather"
+
+
+def centroid_path_skipped(path: str, device: str, compiled: bool) -> str | None:
+    """Why ``tools/bench_centroid.py`` does not time ``path`` on ``device``, or None: the Triton kernel needs CUDA (and
+    triton); the compiled row is left out unless asked for (compiling on a CPU takes minutes per shape)."""
+    if path == "knn-triton":
+        if torch.device(device).type != "cuda":
+            return "needs CUDA (the fused Triton kernel)"
+        if not backends.HAS_TRITON:
+            return f"needs {backends.INSTALL_HINTS['triton']}"
+    if path == "knn-compiled" and not compiled:
+        return "torch.compile row not requested (--compiled yes; default on CUDA only)"
+    return None
+
+
 def measure_centroid(cfg: dict) -> dict:
-    """Time (ms) and peak memory (MB; None where the resident set did not grow) of one attention step, forward +
-    backward, of one configuration ``{"mode", "device", "B", "N", "M", "C", "H", "K", "repeats"}`` (``mode``: one
-    of :data:`CENTROID_PATHS`)."""
+    """Time (ms, forward + backward) and peak memory (MB; None where the CPU resident set did not grow) of one step of
+    ``cfg["mode"]`` (one of :data:`CENTROID_PATHS`) at ``cfg``'s B, N, M, C, H, K on ``cfg["device"]``.
+
+    Peak memory is ``torch.cuda.max_memory_allocated`` beyond what the inputs and the layer hold on CUDA, and the
+    growth of the peak resident set on CPU (clean only in a fresh process: ``tools/bench_centroid.py --isolate``).
+    ``"knn-compiled"`` compiles the layer (static shapes) in its warm-up step and reports the form it compiled.
+    """
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
-    B, N, M, C, H, K = cfg["B"], cfg["N"], cfg["M"], cfg["C"], cfg["H"], cfg["K"]
-    knn = cfg["mode"].startswith("knn")
-    backend = "masked" if cfg["mode"] == "knn-masked" else "gather"
-    layer = CentroidAttention(C, H, num_neighbors=K if knn else None, attn_backend=backend).to(device)
+    B, N, M, C, H, K, path = cfg["B"], cfg["N"], cfg["M"], cfg["C"], cfg["H"], cfg["K"], cfg["mode"]
+    knn = path.startswith("knn")
+    form = _compiled_form(N, K) if path == "knn-compiled" else _KNN_FORMS.get(path, "auto")
+    layer = CentroidAttention(C, H, num_neighbors=K if knn else None, attn_backend=form).to(device)
     x = torch.randn(B, N, C, device=device, requires_grad=True)
     u = torch.randn(B, M, C, device=device, requires_grad=True)
+    forward: Callable[[Tensor, Tensor], Tensor] = layer
+    if path == "dense-matmul":
+        forward = partial(attention_step_reference, layer)
+    elif path == "knn-compiled":
+        forward = torch.compile(layer, dynamic=False)
 
     def step() -> None:
-        out = attention_step_reference(layer, x, u) if cfg["mode"] == "dense-matmul" else layer(x, u)
-        out.sum().backward()
+        forward(x, u).sum().backward()
         x.grad = u.grad = None
         layer.zero_grad(set_to_none=True)
 
-    step()  # warm-up; then measure the peak of one clean step
+    step()  # warm-up (Triton and torch.compile compile here); then measure the peak of one clean step
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -358,36 +395,100 @@ def measure_centroid(cfg: dict) -> dict:
         step()
         peak = max(peak_rss_bytes() - base, 0) if peak_rss_bytes() > before else None
     ms = time_fn(step, device, repeats=cfg["repeats"], warmup=0)
-    return {"ms": ms, "peak_mb": None if peak is None else peak / 2**20}
+    out = {"ms": ms, "peak_mb": None if peak is None else peak / 2**20}
+    return out | ({"form": form} if path == "knn-compiled" else {})
 
 
-def centroid_rows(
-    device: str, num_points: Sequence[int], *, k: int, dim: int, heads: int, batch: int, repeats: int, isolate: bool
-) -> list[list]:
-    """Every path of :data:`CENTROID_PATHS` for each N of ``num_points`` (M = N / 4), each configuration through
-    :func:`engine.bench.run_config` (a fresh process where ``isolate``): rows of :data:`CENTROID_HEADERS`, the
-    ratios against ``dense-matmul`` and ``dense-sdpa`` of the same N (NaN where one was not measured). The settings
-    are ``tools/bench_centroid.py``'s flags of the same names (its defaults)."""
-    rows = []
+def centroid_results(
+    device: str,
+    num_points: Sequence[int],
+    *,
+    paths: Sequence[str],
+    compiled: bool,
+    k: int,
+    dim: int,
+    heads: int,
+    batch: int,
+    repeats: int,
+    isolate: bool,
+) -> list[dict]:
+    """One result per (N, path): ``{"N", "M", "path", "ms", "peak_mb"}`` (and ``"form"`` for the compiled row), or a
+    ``"note"`` saying why a path was not timed on ``device`` (:func:`centroid_path_skipped`) or its ``"error"``. Each
+    configuration runs through :func:`engine.bench.run_config` (a fresh process where ``isolate``); the settings are
+    ``tools/bench_centroid.py``'s flags of the same names (its defaults)."""
+    results = []
     for N in num_points:
-        res = {}
-        for mode in CENTROID_PATHS:
-            cfg = dict(mode=mode, device=device, B=batch, N=N, M=N // 4, C=dim, H=heads)
-            res[mode] = run_config(measure_centroid, {**cfg, "K": k, "repeats": repeats}, isolate)
-            _logger.info("N=%d %s: %s", N, mode, res[mode])
-        for mode, r in res.items():
-            if "error" in r:
-                rows.append([N, N // 4, mode, "error: " + r["error"][:60], "", "", "", "", ""])
-                continue
-            ratios = []
-            for base in ("dense-matmul", "dense-sdpa"):
-                b = res[base]
-                ratios.append(b["ms"] / r["ms"] if "ms" in b else float("nan"))
-                ok = "peak_mb" in b and b["peak_mb"] and r["peak_mb"] is not None
-                ratios.append(r["peak_mb"] / b["peak_mb"] if ok else float("nan"))
-            peak = r["peak_mb"] if r["peak_mb"] is not None else float("nan")
-            rows.append([N, N // 4, mode, r["ms"], peak, *ratios])
+        for path in paths:
+            why = centroid_path_skipped(path, device, compiled)
+            if why is not None:
+                r: dict = {"note": why}
+            else:
+                cfg = dict(mode=path, device=device, B=batch, N=N, M=N // 4, C=dim, H=heads, K=k, repeats=repeats)
+                r = run_config(measure_centroid, cfg, isolate)
+                _logger.info("N=%d %s: %s", N, path, r)
+            results.append({"N": N, "M": N // 4, "path": path, **r})
+    return results
+
+
+def centroid_rows(results: Sequence[dict]) -> list[list]:
+    """Rows of :data:`CENTROID_HEADERS` from :func:`centroid_results`: the ratios against ``dense-matmul`` and
+    ``dense-sdpa`` of the same N (NaN where one was not measured)."""
+    by = {(r["N"], r["path"]): r for r in results}
+    rows = []
+    for r in results:
+        N = r["N"]
+        if "ms" not in r:
+            note = f"error: {r['error'][:60]}" if "error" in r else "not measured (see above)"
+            rows.append([N, r["M"], r["path"], note, "", "", "", "", ""])
+            continue
+        ratios = []
+        for base in ("dense-matmul", "dense-sdpa"):
+            b = by.get((N, base), {})
+            ratios.append(b["ms"] / r["ms"] if "ms" in b else float("nan"))
+            ok = b.get("peak_mb") and r["peak_mb"] is not None
+            ratios.append(r["peak_mb"] / b["peak_mb"] if ok else float("nan"))
+        peak = r["peak_mb"] if r["peak_mb"] is not None else float("nan")
+        label = f"{r['path']} ({r['form']})" if "form" in r else r["path"]
+        rows.append([N, r["M"], label, r["ms"], peak, *ratios])
     return rows
+
+
+def centroid_targets(rows: Sequence[dict], device: str) -> list[dict]:
+    """The fused KNN step against SDPA's dense attention at every measured N in :data:`CENTROID_TARGET_POINTS`' range,
+    from ``tools/bench_centroid.py``'s rows (``{"N", "path", "ms", "peak_mb"}``): its slowest speedup (> 1 wanted) and
+    its largest peak-memory ratio (< 1 wanted), each a ratio of two rows of the run."""
+    lo, hi = CENTROID_TARGET_POINTS
+    by = {(r["N"], r["path"]): r for r in rows}
+    sizes = sorted({r["N"] for r in rows if lo <= r["N"] <= hi})
+    speed, memory, notes = [], [], {}
+    for n in sizes:
+        pair = {p: by.get((n, p), {"note": f"no {p} row (--paths)"}) for p in ("knn-triton", "dense-sdpa")}
+        fused, sdpa = pair["knn-triton"], pair["dense-sdpa"]
+        if fused.get("ms") is None or sdpa.get("ms") is None:
+            for r in pair.values():
+                if r.get("ms") is None:
+                    notes.setdefault(r.get("note") or r.get("error", "failed")[:80], []).append(str(n))
+            continue
+        speed.append((sdpa["ms"] / fused["ms"], n))
+        if fused.get("peak_mb") and sdpa.get("peak_mb"):
+            memory.append((fused["peak_mb"] / sdpa["peak_mb"], n))
+    span = f"N = {lo // 1024}K-{hi // 1024}K"
+    detail = "; ".join(f"{why} (N={', '.join(ns)})" for why, ns in notes.items())
+    detail = detail or ("no N in range measured" if not sizes else "")
+
+    def worst(pairs: list, pick) -> tuple[float | None, str]:
+        if not pairs or notes:
+            return None, detail or "not measured"
+        value, n = pick(pairs)
+        return value, f"worst at N={n} of {', '.join(str(m) for _, m in sorted(pairs, key=lambda p: p[1]))}"
+
+    fastest, where = worst(speed, min)
+    out = [target(f"fused KNN step vs SDPA speedup at every {span}", fastest, ">", 1, device=device, on="cuda",
+                  detail=where)]  # fmt: skip
+    ratio, where = worst(memory, max)
+    out.append(target(f"fused KNN step vs SDPA peak memory at every {span}", ratio, "<", 1, device=device, on="cuda",
+                      unit="", detail=where))  # fmt: skip
+    return out
 
 
 # ------------------------------------------------------------------------------ sequence mixers (bench_mixers)

@@ -10,8 +10,8 @@ backend        FPS                                         KNN
 ``cluster``    ``torch_cluster.fps`` (CPU, CUDA; its       ``torch_cluster.knn`` (CPU kd-tree, CUDA brute force)
                rounding differs: explicit only)
 ``pytorch3d``  ``pytorch3d.ops.sample_farthest_points``    ``pytorch3d.ops.knn_points``
-``triton``     ``attention.kernels.fps_triton`` (CUDA,      --
-               N <= 65536, C <= 8)
+``triton``     ``attention.kernels.fps_triton`` (CUDA,      ``attention.kernels.knn_triton`` (CUDA, k <= 64;
+               N <= 65536, C <= 8)                         tiled, a running top-k per query, no distance matrix)
 ``fpsample``   ``fpsample.fps_sampling`` (CPU; FPS, but its  --
                rounding differs: explicit only)
 ``fpsample_    ``fpsample.bucket_fps_kdline_sampling``       --
@@ -452,9 +452,10 @@ def knn(
         ref: ``(B, N, C)`` reference points or features.
         k: neighbours per query, ``1 <= k <= N``.
         mask: optional ``(B, N)`` bool, True for real reference points. A query whose cloud has fewer than k real
-            points gets distance ``inf`` in its last slots (their indices point at padded points: mask them); only
-            the reference can pad so: ``"auto"`` then takes it, and an explicit other backend raises ``ValueError``.
-        backend: ``"auto"``, ``"torch"``, ``"cluster"`` or ``"pytorch3d"``.
+            points gets distance ``inf`` in its last slots (their indices point at padded points: mask them); the
+            reference and ``"triton"`` pad so, ``"auto"`` then skips the others, and an explicit other backend raises
+            ``ValueError``.
+        backend: ``"auto"``, ``"torch"``, ``"cluster"``, ``"pytorch3d"`` or ``"triton"``.
         chunk_bytes: memory budget of one chunk of the reference's distance matrix; the full ``(B, M, N)`` matrix
             is never built when it would exceed this (default ``attention.chunking.chunk_budget("knn", device)``:
             32 MiB, 256 MiB on CUDA).

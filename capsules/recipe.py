@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from engine import Recipe, check_config, collect_model_kwargs, count_params, epoch_lr_schedule
+from engine import CompileMode, Recipe, check_config, collect_model_kwargs, count_params, epoch_lr_schedule
 
 from .chamfer import CHAMFER_DEFINITION, chamfer_distance
 from .data import DATASETS, build_dataset
@@ -74,6 +74,7 @@ class CapsulesConfig:
     lr_gamma: float = 0.5  # with cosine false: factor of each step decay
     grad_clip: float | None = None  # max global gradient norm (null: no clipping)
     amp: bool = False  # bfloat16 autocast (CUDA only)
+    compile: CompileMode | None = None  # torch.compile mode for training (reduce-overhead: CUDA graphs; null: eager)
     workers: int = 0  # DataLoader worker processes
     seed: int = 0  # seed of the initialization, data order and sampling
     chamfer_backend: str = "auto"  # nearest-neighbour search of the Chamfer loss (capsules.chamfer backends)

@@ -48,15 +48,17 @@ from engine.resume import (
 from engine.run import RunOptions, add_checkpoint_flags, load_run_config, main, run, user_errors, write_metrics
 from engine.schedule import EpochLR, StretchOnResume, epoch_lr_schedule
 from engine.stats import count_gmacs, count_params
-from engine.trainer import TIMING_KEYS, NonFiniteLossError, Trainer, derive_seed, to_device
+from engine.trainer import COMPILE_MODES, TIMING_KEYS, CompileMode, NonFiniteLossError, Trainer, derive_seed, to_device
 
 __all__ = [
+    "COMPILE_MODES",
     "DATA_ROOT_ENV",
     "EVAL_MUTABLE",
     "NONFINITE_OK",
     "RESUME_MUTABLE",
     "TIMING_KEYS",
     "CheckpointError",
+    "CompileMode",
     "DistributedContext",
     "EpochLR",
     "Interrupted",

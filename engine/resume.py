@@ -42,8 +42,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Config keys that may differ between a checkpoint and the run that resumes it (more epochs, workers, logging, where
-#: the data lies).
-RESUME_MUTABLE = ("name", "epochs", "workers", "log_every", "eval_batch_size", "data_root")
+#: the data lies, whether the training model is compiled).
+RESUME_MUTABLE = ("name", "epochs", "workers", "log_every", "eval_batch_size", "data_root", "compile")
 #: Config keys that may differ between a checkpoint and an ``--eval-only`` of it: those of resume, and those only
 #: training reads (the optimization). A recipe adds its own (``Recipe.eval_mutable``, e.g. test-time votes).
 EVAL_MUTABLE = (*RESUME_MUTABLE, "batch_size", "lr", "weight_decay", "warmup_epochs", "grad_clip", "amp")

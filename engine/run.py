@@ -313,6 +313,7 @@ def _trainer(r: Recipe, model: torch.nn.Module, out_dir: Path, opts: RunOptions)
     kwargs: dict[str, Any] = dict(
         amp=bool(getattr(cfg, "amp", False)) and ctx.device.type == "cuda",
         grad_clip=getattr(cfg, "grad_clip", None),
+        compile_mode=getattr(cfg, "compile", None),
     )
     kwargs.update(r.trainer_kwargs())
     return Trainer(

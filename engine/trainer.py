@@ -54,7 +54,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -66,7 +66,7 @@ from engine.config import config_to_dict, save_config
 from engine.distributed import DistributedContext, unwrap, wrap_ddp
 from engine.logger import RunLogger, to_jsonable
 
-__all__ = ["TIMING_KEYS", "NonFiniteLossError", "Trainer", "derive_seed", "to_device"]
+__all__ = ["COMPILE_MODES", "TIMING_KEYS", "CompileMode", "NonFiniteLossError", "Trainer", "derive_seed", "to_device"]
 
 _logger = logging.getLogger(__name__)  # not `logger`: that name is a Trainer argument
 
@@ -76,6 +76,10 @@ EvalFn = Callable[[nn.Module, int], Mapping[str, Any]]
 #: Record and final-metric keys that measure wall time and so differ between otherwise identical runs.
 TIMING_KEYS = ("samples_per_s", "epoch_time_s", "train_time_s")
 CHECKPOINT_VERSION = 1
+#: ``torch.compile`` modes of the training model (``Trainer(compile_mode=...)``, the recipes' ``compile`` key):
+#: ``"reduce-overhead"`` adds CUDA graphs (for static shapes: one graph per batch shape).
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+COMPILE_MODES: tuple[str, ...] = get_args(CompileMode)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -162,6 +166,9 @@ class Trainer:
         max_steps_per_epoch: Cut each epoch after this many steps (smoke tests).
         ema: Optional weight EMA (timm ``ModelEmaV2/V3`` with ``update(model)`` or torch ``AveragedModel``),
             updated after every optimizer step and checkpointed; evaluate it inside ``evaluate_fn`` if wanted.
+        compile_mode: Train through ``torch.compile(model, mode=compile_mode)`` (one of :data:`COMPILE_MODES`), or
+            ``None``: eager. Only ``loss_fn`` sees the compiled model; checkpoints, ``evaluate_fn`` and the EMA use the
+            uncompiled module (:attr:`module`), so a checkpoint's keys and a resume do not depend on it.
     """
 
     def __init__(
@@ -191,6 +198,7 @@ class Trainer:
         log_every: int = 0,
         max_steps_per_epoch: int | None = None,
         ema: Any = None,
+        compile_mode: CompileMode | None = None,
     ) -> None:
         if not isinstance(epochs, int) or epochs < 0:
             raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
@@ -208,6 +216,8 @@ class Trainer:
             raise ValueError(f"log_every must be >= 0, got {log_every!r}")
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
+        if compile_mode is not None and compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode must be None or one of {COMPILE_MODES}, got {compile_mode!r}")
         if ema is not None and not (hasattr(ema, "update") or hasattr(ema, "update_parameters")):
             raise TypeError("ema must have update(model) (timm ModelEma) or update_parameters(model) (AveragedModel)")
         self.ctx = ctx if ctx is not None else DistributedContext()
@@ -215,6 +225,8 @@ class Trainer:
         model.to(self.device)
         self.model = wrap_ddp(model, self.ctx)
         self.module = unwrap(self.model)
+        if compile_mode is not None:  # compiled on the first step (DDP's buckets too: torch.compile(DDP(model)))
+            self.model = torch.compile(self.model, mode=compile_mode)
         self.optimizer = optimizer
         self.train_loader = train_loader
         self.loss_fn = loss_fn

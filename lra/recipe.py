@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import engine
-from engine import Recipe, check_config, collect_model_kwargs, count_params
+from engine import CompileMode, Recipe, check_config, collect_model_kwargs, count_params
 
 from . import model as _model  # noqa: F401  (registers listops_classifier, the model_spec's name)
 from .data import encode, generate_listops
@@ -59,6 +59,7 @@ class ListOpsConfig:
     warmup_epochs: int = 1  # epochs of linear warm-up, then linear decay to 10% of lr
     grad_clip: float | None = 1.0  # max global gradient norm (null: no clipping)
     amp: bool = False  # bfloat16 autocast (CUDA only)
+    compile: CompileMode | None = None  # torch.compile mode for training (reduce-overhead: CUDA graphs; null: eager)
     seed: int = 0  # seed of the data (test: seed + 10000), the initialization and the data order
 
 

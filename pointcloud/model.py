@@ -129,9 +129,10 @@ class CentroidTransformer(PointClassifier):
             order, then FPS order); softmax, linear and Cauchy are permutation-equivariant.
         mixer_kwargs: extra arguments of :func:`attention.build_mixer` (``max_len`` for ``fsat`` and the twins).
         attn_backend: form of every block's KNN attention (:class:`attention.CentroidAttention`): ``"gather"``,
-            ``"masked"`` (dense products under the neighbour mask) or ``"auto"`` (on CUDA the masked form while a
-            stage's N / K <= 128, as at 1024 points: 1.2-1.3x the gather form's training throughput at batch 32 and 2.2x
-            at batch 128 on an H100, docs/benchmarks.md; on CPU the gather form).
+            ``"masked"`` (dense products under the neighbour mask), ``"triton"`` (the fused kernel, CUDA) or
+            ``"auto"`` (on CUDA the fused kernel; without triton the masked form while a stage's N / K <= 128, as at
+            1024 points: 1.2-1.3x the gather form's training throughput at batch 32 and 2.2x at batch 128 on an H100,
+            docs/benchmarks.md; on CPU the gather form).
 
     Shapes:
         points: ``(B, N, in_channels)``; output logits ``(B, num_classes)``.

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from engine import Recipe, check_config, collect_model_kwargs, count_gmacs, count_params, epoch_lr_schedule
+from engine import CompileMode, Recipe, check_config, collect_model_kwargs, count_gmacs, count_params, epoch_lr_schedule
 
 from .data import build_dataset
 from .model import create_model, list_models
@@ -89,6 +89,7 @@ class ModelNetConfig:
     label_smoothing: float = 0.2  # label smoothing of the cross-entropy
     grad_clip: float | None = None  # max global gradient norm (null: no clipping)
     amp: bool = False  # bfloat16 autocast (CUDA only)
+    compile: CompileMode | None = None  # torch.compile mode for training (reduce-overhead: CUDA graphs; null: eager)
     workers: int = 0  # DataLoader worker processes
     seed: int = 0  # seed of the initialization, data order and augmentation
     votes: int = 1  # test-time voting: logits averaged over this many randomly scaled copies (final and --eval-only)

@@ -1,23 +1,25 @@
-"""Benchmark of centroid attention: dense vs KNN, time (forward + backward) and peak memory.
+"""Benchmark of centroid attention: dense vs the KNN forms, time (forward + backward) and peak memory.
 
-    python tools/bench_centroid.py                 # CPU
-    python tools/bench_centroid.py --device cuda   # GPU machine
+    python tools/bench_centroid.py                 # CPU (the Triton and compiled rows say why they are skipped)
+    python tools/bench_centroid.py --device cuda   # GPU machine: every row and the target verdicts
     python tools/bench_centroid.py --points 256 1024 --dim 32 --k 8 --repeats 1   # seconds
 
 N in {1024, 4096, 8192, 16384}, M = N / 4 centroids, K = 32 neighbours, C = 128 channels, 4 heads, batch 1.
-Four implementations of one attention step from M centroids to N inputs, with the same projections
-(:func:`attention.bench.centroid_rows`):
+Implementations of one attention step from M centroids to N inputs, with the same projections
+(:data:`attention.bench.CENTROID_PATHS`):
 
 * ``dense-matmul``: softmax(Q K^T) V with the (B, H, M, N) score matrix materialized (a plain implementation);
 * ``dense-sdpa``:   the layer's dense path, ``scaled_dot_product_attention`` (fused kernels where torch has them);
 * ``knn``:          the layer's KNN path (K nearest inputs in feature space, gathered keys and values);
-* ``knn-masked``:   the same neighbours, attention as dense products under the (B, M, N) neighbour mask
-  (``attn_backend="masked"``).
+* ``knn-masked``:   the same neighbours, attention as dense products under the (B, M, N) neighbour mask;
+* ``knn-triton``:   the same neighbours, the fused Triton kernel (``attn_backend="triton"``; CUDA only);
+* ``knn-compiled``: ``torch.compile`` of the KNN path in the form ``"auto"`` took before the fused kernel (masked
+  while N / K <= 128, else gather): what the compiler alone gives (``--compiled``, default on CUDA only).
 
 Peak memory is the growth of the peak resident set of a fresh process during forward + backward on CPU (a process
 per configuration), and ``torch.cuda.max_memory_allocated`` on CUDA (all in this process; ``--isolate`` says).
-Ratios are against ``dense-matmul`` and ``dense-sdpa`` of the same N. This bench declares no target (``--json``
-writes the rows and an empty target list).
+Ratios are against ``dense-matmul`` and ``dense-sdpa`` of the same N. Targets (:func:`attention.bench.
+centroid_targets`, verdicts on CUDA): the fused step faster than SDPA at every N from 1K to 16K, with a lower peak.
 """
 
 from __future__ import annotations
@@ -25,8 +27,15 @@ from __future__ import annotations
 import argparse
 import logging
 
-from attention.bench import CENTROID_HEADERS, centroid_rows
-from engine.bench import add_isolate_option, describe_machine, isolate_configs, print_table, write_report
+from attention.bench import CENTROID_HEADERS, CENTROID_PATHS, centroid_results, centroid_rows, centroid_targets
+from engine.bench import (
+    add_isolate_option,
+    describe_machine,
+    format_target,
+    isolate_configs,
+    print_table,
+    write_report,
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -38,19 +47,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--paths", nargs="+", default=list(CENTROID_PATHS), choices=CENTROID_PATHS,
+                        help="rows to time (default: all)")  # fmt: skip
+    parser.add_argument("--compiled", choices=["auto", "yes", "no"], default="auto",
+                        help="time the knn-compiled row (auto: on CUDA only; a CPU compiles for minutes)")  # fmt: skip
     add_isolate_option(parser)
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    parser.add_argument("--json", default=None, help="also write the rows and targets to this JSON file")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="  %(message)s")  # each configuration's result, on stderr
+    compiled = args.compiled == "yes" or (args.compiled == "auto" and args.device.startswith("cuda"))
     print(f"# bench_centroid on {args.device}: {describe_machine(args.device)}")
     print(f"# B={args.batch}, C={args.dim}, H={args.heads}, M=N/4, K={args.k}; forward + backward\n")
-    isolate = isolate_configs(args.isolate, args.device)
-    rows = centroid_rows(args.device, args.points, k=args.k, dim=args.dim, heads=args.heads, batch=args.batch,
-                         repeats=args.repeats, isolate=isolate)  # fmt: skip
-    print_table(CENTROID_HEADERS, rows)
+    results = centroid_results(args.device, args.points, paths=args.paths, compiled=compiled, k=args.k, dim=args.dim,
+                               heads=args.heads, batch=args.batch, repeats=args.repeats,
+                               isolate=isolate_configs(args.isolate, args.device))  # fmt: skip
+    for r in results:
+        if "note" in r and r["N"] == args.points[0]:
+            print(f"# {r['path']}: not measured: {r['note']}")
+    print_table(CENTROID_HEADERS, centroid_rows(results))
+    goals = centroid_targets(results, args.device)
+    print()
+    for t in goals:
+        print(format_target(t))
     if args.json:
-        results = [dict(zip(CENTROID_HEADERS, r)) for r in rows]
-        write_report(args.json, "bench_centroid", args.device, vars(args), results=results, targets=[])
+        write_report(args.json, "bench_centroid", args.device, vars(args), results=results, targets=goals)
 
 
 if __name__ == "__main__":

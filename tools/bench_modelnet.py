@@ -6,10 +6,11 @@
         centroid_transformer_modelnet40_random
 
 Rows, columns and targets are described in :mod:`pointcloud.bench`: the centroid transformer for each T
-(``--steps``), KNN attention form (``--attn-backends``) and chunk budget (``--chunk-mb``), its downsampling-only
-twins and every registered peer, all on the same batch; ``--repeats`` rounds timed round-robin after ``--warmup``
-untimed calls (``--stat min``: the fastest round, the least disturbed by other jobs on a shared machine). The
-verdicts print under the table; ``--json`` writes every row (each round's time included) and the targets.
+(``--steps``), KNN attention form (``--attn-backends``), chunk budget (``--chunk-mb``) and compiled form
+(``--compile``), its downsampling-only twins and every registered peer, all on the same batch; ``--repeats`` rounds
+timed round-robin after ``--warmup`` untimed calls (``--stat min``: the fastest round, the least disturbed by other
+jobs on a shared machine). The verdicts print under the table; ``--json`` writes every row (each round's time
+included) and the targets.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 from attention import backend_names
 from engine.bench import describe_machine, format_target, print_table, write_report
-from pointcloud.bench import benchmark, check_settings, default_models, plan, table, targets
+from pointcloud.bench import COMPILE_FORMS, benchmark, check_settings, default_models, plan, runnable, table, targets
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,6 +37,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="KNN attention forms of the centroid rows (attention.CentroidAttention)")  # fmt: skip
     parser.add_argument("--chunk-mb", nargs="+", type=int, default=[],
                         help="extra centroid rows: the gather form chunked at these budgets (MiB)")  # fmt: skip
+    parser.add_argument("--compile", nargs="+", default=[], choices=COMPILE_FORMS, metavar="FORM",
+                        help="extra centroid rows: torch.compile of the model in these forms (masked is what "
+                        "auto took on CUDA before the fused kernel)")  # fmt: skip
     parser.add_argument("--models", nargs="+", default=None, help="subset of registered names (default: all)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls before timing")
@@ -47,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     models = args.models or default_models()
     try:
-        check_settings(models, args.device, args.amp, args.batch, args.repeats, args.chunk_mb)
+        check_settings(models, args.device, args.amp, args.batch, args.repeats, args.chunk_mb, args.compile)
     except ValueError as e:
         parser.error(str(e))
     if args.threads:
@@ -56,8 +60,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# bench_modelnet on {args.device}: {describe_machine(args.device)}")
     nc = args.num_centroids or "model default"
     print(f"# batch {args.batch}, {args.points} points (xyz), num_centroids {nc}, amp {args.amp}, "
-          f"{args.stat} of {args.repeats} rounds after {args.warmup} warm-up\n")  # fmt: skip
-    rows = plan(models, args.steps, args.num_centroids, args.attn_backends, args.chunk_mb)
+          f"{args.stat} of {args.repeats} rounds after {args.warmup} warm-up")  # fmt: skip
+    planned = plan(models, args.steps, args.num_centroids, args.attn_backends, args.chunk_mb, args.compile)
+    rows, skipped = runnable(planned, args.device)
+    for label, why in skipped.items():
+        print(f"# {label}: not measured: {why}")
+    print()
     results = benchmark(rows, args.device, args.batch, args.points, args.amp, args.repeats, args.warmup, args.stat)
     print_table(*table(results))
     goals = targets(results, args.device, args.amp, args.points)

@@ -57,6 +57,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from engine import (
+    CompileMode,
     DistributedContext,
     Recipe,
     StretchOnResume,
@@ -150,6 +151,7 @@ class DeiTConfig:
     # runtime
     amp: bool = True  # autocast in amp_dtype (CUDA only; ignored on CPU)
     amp_dtype: Literal["bfloat16", "float16"] = "bfloat16"  # autocast dtype (float16 adds a GradScaler)
+    compile: CompileMode | None = None  # torch.compile mode for training (reduce-overhead: CUDA graphs; null: eager)
     log_every: int = 0  # also log loss, lr and throughput every this many steps (0: once per epoch)
     seed: int = 0  # seed of the initialization, data order and augmentation
 

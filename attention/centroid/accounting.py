@@ -46,6 +46,13 @@ def _gather_weighted_sum_flops(a_shape, v_shape, idx_shape, rows: int, *args, ou
     return 2 * L * K * H * v_shape[-1]
 
 
+@register_flop_formula(torch.ops.attention.knn_attention_triton_fwd)
+def _knn_attention_triton_flops(q_shape, k_shape, v_shape, idx_shape, *args, out_shape=None, **kwargs) -> int:
+    """The fused kernel's forward: ``s = q . k`` and ``o = sum_k p v``, the gather path's two formulas above."""
+    B, H, M, D = q_shape
+    return 4 * B * M * idx_shape[-1] * H * D
+
+
 def attention_step_reference(layer: CentroidAttention, x: Tensor, centroids: Tensor) -> Tensor:
     """One dense step of ``layer``, the plain reference: ``u + proj(softmax(q(norm(u)) k(norm(x))^T / sqrt(D))
     v(norm(x)))`` with the layer's weights, the ``(B, H, M, N)`` scores materialized, no mask, dropout or neighbours.

@@ -14,7 +14,10 @@ cost O(M K D) and memory O(M K) instead of O(M N): the ``(B, H, M, N)`` score ma
 neighbours' keys and values are gathered one chunk of centroids at a time (in the forward pass and again in the
 backward pass), so the KNN path's memory is O(M K H) plus a fixed chunk. The KNN path has a second form,
 ``backend="masked"`` (:func:`masked_knn_attention`): the dense products under a (B, M, N) neighbour mask, O(M N D)
-work in matrix products instead of O(M K D) in gathers and scatters, which is faster where N / K is small.
+work in matrix products instead of O(M K D) in gathers and scatters, which is faster where N / K is small; and a
+third, ``backend="triton"`` (:func:`triton_knn_attention`, CUDA, ``normalize="inputs"``): one fused Triton kernel
+per direction that reads each neighbour's key and value by index, with an online softmax, no gathered tensor and no
+mask (:mod:`attention.kernels.knn_attention_triton`).
 
 Two normalizations of the attention weights:
 
@@ -48,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ..backends import resolve
+from ..backends import BACKENDS, resolve
 from ..checks import check_index, check_mask, checks_active, is_tracing
 from ..chunking import chunk_budget, chunk_rows
 from ..points import gather
@@ -61,6 +64,7 @@ __all__ = [
     "edge_attention",
     "knn_centroid_attention",
     "masked_knn_attention",
+    "triton_knn_attention",
 ]
 
 NORMALIZATIONS = ("inputs", "centroids")
@@ -133,10 +137,11 @@ def centroid_attention(
             ``attention.chunking.chunk_budget("knn_attention", device)``, 16 MiB on CPU, 256 MiB on CUDA).
         reference: use the plain gather-everything KNN path.
         backend: the KNN path's form (``idx`` given): ``"gather"`` (chunked gathers, memory O(B M K H) plus a chunk),
-            ``"masked"`` (:func:`masked_knn_attention`, dense matrix products under the neighbour mask) or ``"auto"``
-            (``"gather"``: a caller's ``idx`` may repeat a neighbour, which the masked form counts once; the layer,
-            whose own search never repeats one, takes ``"masked"`` on CUDA where N / K is small: op
-            ``"knn_attention"`` of :func:`attention.backends.resolve`).
+            ``"masked"`` (:func:`masked_knn_attention`, dense matrix products under the neighbour mask), ``"triton"``
+            (:func:`triton_knn_attention`, the fused kernel: CUDA, ``normalize="inputs"``, ``dropout_p=0``) or
+            ``"auto"`` (op ``"knn_attention"`` of :func:`attention.backends.resolve`: on CUDA the fused kernel where
+            it applies, else ``"gather"``; never ``"masked"`` here: a caller's ``idx`` may repeat a neighbour, which
+            the masked form counts once, while the layer's own search never repeats one).
 
     Returns:
         ``(B, H, M, D)`` attended values (before the output projection and skip).
@@ -162,11 +167,21 @@ def centroid_attention(
         kn = gather(k.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
         vn = gather(v.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
         return edge_attention(q, kn, vn, idx, N, mask=mask, normalize=normalize, dropout_p=dropout_p, eps=eps)
-    # "auto" is "gather" here: the caller's idx may repeat an index (attention.backends, "knn_attention")
-    shape = {"N": N, "K": idx.shape[-1], "distinct": False, "normalize": normalize}
-    if resolve("knn_attention", backend, q.device, shape) == "masked":
+    # never "masked" under "auto": the caller's idx may repeat an index (attention.backends, "knn_attention")
+    shape = _knn_attention_shape(N, idx.shape[-1], D, normalize, dropout_p, distinct=False)
+    form = resolve("knn_attention", backend, q.device, shape, q.dtype)
+    if form == "masked":
         return masked_knn_attention(q, k, v, idx, mask, normalize, dropout_p, eps)
+    if form == "triton":
+        return triton_knn_attention(q, k, v, idx, mask)
     return knn_centroid_attention(q, k, v, idx, mask, normalize, dropout_p, eps, chunk_bytes)
+
+
+def _knn_attention_shape(N: int, K: int, D: int, normalize: str, dropout_p: float, distinct: bool) -> dict:
+    """What :func:`attention.backends.resolve` reads to choose the KNN attention's form (op ``"knn_attention"``):
+    N inputs, K neighbours, head dim D, the normalization, the dropout and whether each row's neighbours are
+    distinct (the masked form counts a repeated one once)."""
+    return {"N": N, "K": K, "D": D, "normalize": normalize, "dropout": dropout_p, "distinct": distinct}
 
 
 def dense_centroid_attention(
@@ -209,6 +224,21 @@ def masked_knn_attention(
     if mask is not None:
         edges = edges & mask[:, None, :]
     return _attend(q, k, v, edges[:, None], normalize, dropout_p, eps)
+
+
+def triton_knn_attention(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, mask: Tensor | None = None) -> Tensor:
+    """The KNN path as one fused Triton kernel (``backend="triton"`` of :func:`centroid_attention`), for
+    ``normalize="inputs"`` without dropout: q ``(B, H, M, D)``, k and v ``(B, H, N, D)``, idx ``(B, M, K)``, mask
+    ``(B, N)`` bool or None; returns ``(B, H, M, D)``.
+
+    Per (centroid, head) the kernel reads the K neighbours' keys and values by index, runs an online softmax over
+    them and keeps the log-sum-exp for the backward pass, which scatters the key and value gradients with float32
+    atomics (so they may differ in their last bits between two runs):
+    :mod:`attention.kernels.knn_attention_triton`. Its value and gradients are the gather path's (a repeated index
+    counts twice); memory O(B H M) beyond the inputs and their gradients. No validation (the caller's, or
+    :func:`centroid_attention`'s); CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``. An FX leaf.
+    """
+    return BACKENDS["knn_attention"]["triton"].load()(q, k, v, idx, mask)
 
 
 def _attend(
@@ -358,6 +388,28 @@ def _scatter_outer(w: Tensor, x: Tensor, idx: Tensor, rows: int, like: Tensor) -
 _LIB.impl("gather_dot", _gather_dot, "CompositeExplicitAutograd")
 _LIB.impl("gather_weighted_sum", _gather_weighted_sum, "CompositeExplicitAutograd")
 
+# The fused kernel's two launches (attention.kernels.knn_attention_triton) as operators too, declared here so that
+# importing attention declares them, and their FLOP formula, without importing triton: a FLOP counter or an op count
+# (engine.bench.count_aten_ops) sees one call per launch, which it otherwise could not see at all.
+_LIB.define(
+    "knn_attention_triton_fwd(Tensor q, Tensor k, Tensor v, Tensor idx, Tensor? mask, int? block_k) "
+    "-> (Tensor, Tensor, Tensor)"
+)
+_LIB.define(
+    "knn_attention_triton_bwd(Tensor q, Tensor k, Tensor v, Tensor idx, Tensor? mask, Tensor out32, Tensor g, "
+    "Tensor lse, int? block_k) -> (Tensor, Tensor, Tensor)"
+)
+
+
+def _triton_kernels():
+    from ..kernels import knn_attention_triton as kernels  # triton, imported on the first launch
+
+    return kernels
+
+
+_LIB.impl("knn_attention_triton_fwd", lambda *a: _triton_kernels().launch_forward(*a), "CompositeExplicitAutograd")
+_LIB.impl("knn_attention_triton_bwd", lambda *a: _triton_kernels().launch_backward(*a), "CompositeExplicitAutograd")
+
 
 @torch.library.register_fake("attention::gather_dot", lib=_LIB)
 def _gather_dot_fake(q: Tensor, k: Tensor, idx: Tensor, rows: int) -> Tensor:
@@ -367,6 +419,21 @@ def _gather_dot_fake(q: Tensor, k: Tensor, idx: Tensor, rows: int) -> Tensor:
 @torch.library.register_fake("attention::gather_weighted_sum", lib=_LIB)
 def _gather_weighted_sum_fake(a: Tensor, v: Tensor, idx: Tensor, rows: int) -> Tensor:
     return v.new_empty(a.shape[0], a.shape[2], v.shape[2])
+
+
+@torch.library.register_fake("attention::knn_attention_triton_fwd", lib=_LIB)
+def _knn_attention_triton_fwd_fake(q, k, v, idx, mask, block_k) -> tuple[Tensor, Tensor, Tensor]:
+    B, H, M, D = q.shape
+    low = q.dtype != torch.float32
+    out32 = q.new_empty(B, M, H, D, dtype=torch.float32).transpose(1, 2) if low else q.new_empty(0, dtype=torch.float32)
+    return q.new_empty(B, M, H, D).transpose(1, 2), q.new_empty(B, H, M, dtype=torch.float32), out32
+
+
+@torch.library.register_fake("attention::knn_attention_triton_bwd", lib=_LIB)
+def _knn_attention_triton_bwd_fake(q, k, v, idx, mask, out32, g, lse, block_k) -> tuple[Tensor, Tensor, Tensor]:
+    B, H, M, D = q.shape
+    dk, dv = (t.new_empty(B, k.shape[2], H, D).transpose(1, 2) for t in (k, v))
+    return q.new_empty(B, M, H, D).transpose(1, 2), dk, dv
 
 
 class _GatherDot(torch.autograd.Function):
@@ -417,3 +484,4 @@ class _GatherWeightedSum(torch.autograd.Function):
 
 
 torch.fx.wrap("knn_centroid_attention")  # FX keeps it as one call: its autograd Functions loop over chunks
+torch.fx.wrap("triton_knn_attention")  # and this one: a Triton kernel

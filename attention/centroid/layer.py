@@ -20,10 +20,12 @@ from ..layers import DropPath
 from ..points import knn
 from .functional import (
     NORMALIZATIONS,
+    _knn_attention_shape,
     check_neighbor_idx,
     dense_centroid_attention,
     knn_centroid_attention,
     masked_knn_attention,
+    triton_knn_attention,
 )
 
 __all__ = ["CentroidAttention", "feature_neighbors"]
@@ -36,9 +38,11 @@ def feature_neighbors(u: Tensor, x: Tensor, k: int, mask: Tensor | None, backend
     return idx
 
 
-# FX keeps these as single calls: a no-grad search with backend dispatch, and chunked custom autograd Functions.
+# FX keeps these as single calls: a no-grad search with backend dispatch, chunked custom autograd Functions, and a
+# Triton kernel.
 torch.fx.wrap("feature_neighbors")
 torch.fx.wrap("knn_centroid_attention")
+torch.fx.wrap("triton_knn_attention")
 
 
 class CentroidAttention(nn.Module):
@@ -57,10 +61,12 @@ class CentroidAttention(nn.Module):
         share_norm: use one norm for centroids and inputs (a self-attention block).
         knn_backend: backend of :func:`attention.knn`.
         attn_backend: form of the KNN attention: ``"gather"`` (chunked gathers), ``"masked"`` (dense products under
-            the neighbour mask, :func:`attention.centroid.masked_knn_attention`) or ``"auto"`` (on CUDA ``"masked"``
-            while N / K <= ``attention.backends.MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR`` and ``normalize="inputs"``, else
-            ``"gather"``; on CPU and while traced ``"gather"``). The masked form counts a repeated neighbour index
-            once: under "auto" a given ``neighbor_idx`` must not repeat one.
+            the neighbour mask, :func:`attention.centroid.masked_knn_attention`), ``"triton"`` (the fused kernel,
+            :func:`attention.centroid.triton_knn_attention`: CUDA, ``normalize="inputs"``, no attention dropout while
+            training) or ``"auto"`` (on CUDA ``"triton"`` where it applies, else ``"masked"`` while N / K <=
+            ``attention.backends.MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR`` and ``normalize="inputs"``, else ``"gather"``;
+            on CPU and while traced ``"gather"``). The masked form counts a repeated neighbour index once: under
+            "auto" a given ``neighbor_idx`` must not repeat one.
         drop_path: stochastic depth on each step's update (timm's DropPath; the vision models use it).
         validate_inputs: check the inputs in eager mode (:meth:`check_inputs`, behind
             :func:`attention.checks.checks_active`). False for a layer inside a model that validates its own input:
@@ -181,7 +187,10 @@ class CentroidAttention(nn.Module):
         # TorchScript cannot compile the chunked autograd Functions: a scripted KNN layer raises here.
         # The form is the switchboard's (op "knn_attention"): "auto" sizes it by N / K and the normalization; a KNN
         # search's neighbours never repeat, and a given neighbor_idx must not, under "auto".
-        shape = {"N": k.shape[2], "K": idx.shape[-1], "distinct": True, "normalize": self.normalize}
-        if resolve("knn_attention", self.attn_backend, q.device, shape) == "masked":
+        shape = _knn_attention_shape(k.shape[2], idx.shape[-1], q.shape[-1], self.normalize, dropout_p, distinct=True)
+        form = resolve("knn_attention", self.attn_backend, q.device, shape, q.dtype)
+        if form == "masked":
             return masked_knn_attention(q, k, v, idx, mask, self.normalize, dropout_p)
+        if form == "triton":
+            return triton_knn_attention(q, k, v, idx, mask)
         return knn_centroid_attention(q, k, v, idx, mask, self.normalize, dropout_p)

@@ -6,7 +6,13 @@ switchboard knows a kernel's shapes without importing the kernel's package.
 
 from __future__ import annotations
 
-__all__ = ["FPS_TRITON_MAX_CHANNELS", "FPS_TRITON_MAX_POINTS", "MIX_TRITON_MAX_HEAD_DIM"]
+__all__ = [
+    "FPS_TRITON_MAX_CHANNELS",
+    "FPS_TRITON_MAX_POINTS",
+    "KNN_ATTN_TRITON_MAX_HEAD_DIM",
+    "KNN_TRITON_MAX_NEIGHBORS",
+    "MIX_TRITON_MAX_HEAD_DIM",
+]
 
 # attention/kernels/fps_triton.py: one program holds next_pow2(N) distances; beyond this the registers spill and the
 # torch loop is the better choice.
@@ -19,3 +25,12 @@ FPS_TRITON_MAX_CHANNELS = 8
 # BLOCK_N >= 16 for tl.dot): beyond D = 64 they spill out of registers even with 16 warps, and so do the (BLOCK, Dv)
 # operands beyond Dv = 64 (ptxas for sm_90). Larger heads (D or Dv) take the chunked PyTorch path.
 MIX_TRITON_MAX_HEAD_DIM = 64
+
+# attention/kernels/knn_attention_triton.py: a program holds one (BLOCK_K, next_pow2(D)) tile of keys and one of values
+# (BLOCK_K shrinks as D grows, to 4096 values a tile); beyond D = 128 BLOCK_K would fall below 32 neighbours a step.
+KNN_ATTN_TRITON_MAX_HEAD_DIM = 128
+
+# attention/kernels/knn_triton.py: a program keeps a sorted (BLOCK_M, next_pow2(k)) list of the nearest points so far
+# in registers and merges every tile of next_pow2(k) candidates into it with two bitonic sorts; beyond 64 neighbours
+# the sorts dominate and the chunked reference is used.
+KNN_TRITON_MAX_NEIGHBORS = 64

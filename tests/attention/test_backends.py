@@ -75,6 +75,8 @@ def test_declared_limits_are_the_kernels() -> None:
             "D": limits.MIX_TRITON_MAX_HEAD_DIM,
             "Dv": limits.MIX_TRITON_MAX_HEAD_DIM,
         }
+    assert dict(BACKENDS["knn"]["triton"].limits) == {"k": limits.KNN_TRITON_MAX_NEIGHBORS}
+    assert dict(BACKENDS["knn_attention"]["triton"].limits) == {"D": limits.KNN_ATTN_TRITON_MAX_HEAD_DIM}
     if backends.HAS_TRITON:
         fps_kernel = importlib.import_module("attention.kernels.fps_triton")
         assert (fps_kernel.MAX_POINTS, fps_kernel.MAX_CHANNELS) == (
@@ -82,6 +84,10 @@ def test_declared_limits_are_the_kernels() -> None:
             limits.FPS_TRITON_MAX_CHANNELS,
         )
         assert importlib.import_module("attention.kernels.mixers_triton").MAX_HEAD_DIM == limits.MIX_TRITON_MAX_HEAD_DIM
+        knn_kernel = importlib.import_module("attention.kernels.knn_triton")
+        assert knn_kernel.MAX_NEIGHBORS == limits.KNN_TRITON_MAX_NEIGHBORS
+        attn_kernel = importlib.import_module("attention.kernels.knn_attention_triton")
+        assert attn_kernel.MAX_HEAD_DIM == limits.KNN_ATTN_TRITON_MAX_HEAD_DIM
 
 
 def test_importing_attention_imports_no_optional_package() -> None:
@@ -97,7 +103,8 @@ def test_importing_attention_imports_no_optional_package() -> None:
         "    for device in ('cpu', 'cuda'):\n"
         "        resolve(op, 'auto', device, {})\n"
         "lazy = ('numba', 'torch_cluster', 'pytorch3d', 'fpsample', 'attention.kernels.fps_triton',\n"
-        "        'attention.kernels.fps_numba', 'attention.kernels.mixers_triton')\n"
+        "        'attention.kernels.fps_numba', 'attention.kernels.mixers_triton', 'attention.kernels.knn_triton',\n"
+        "        'attention.kernels.knn_attention_triton')\n"
         "print(sorted(m for m in lazy if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -120,6 +127,19 @@ def test_every_auto_order_names_declared_exact_backends_and_ends_with_one_that_t
         assert last.package is None and last.prefer is None and not last.limits and last.check is None, (op, device)
 
 
+# Inputs that each entry's ``check`` refuses: (shape, what the error names).
+_CHECKED = {
+    # the KNN kd-tree / pytorch3d: every cloud needs k real points
+    ("knn", "cluster"): [({"k": 4, "min_real": 3}, "got k=4 and a cloud of 3")],
+    ("knn", "pytorch3d"): [({"k": 4, "min_real": 3}, "got k=4 and a cloud of 3")],
+    # the fused KNN attention: the softmax over inputs, without dropout
+    ("knn_attention", "triton"): [
+        ({"normalize": "centroids"}, "supports normalize='inputs' only, got 'centroids'"),
+        ({"normalize": "inputs", "dropout": 0.1}, r"supports dropout_p == 0 only .*got dropout_p=0.1"),
+    ],
+}
+
+
 # One input each restriction of an entry refuses: (op, backend, device, shape, dtype, what the error names).
 def _refused_inputs() -> list[tuple[str, str, str, dict, torch.dtype | None, str]]:
     cases = []
@@ -131,8 +151,8 @@ def _refused_inputs() -> list[tuple[str, str, str, dict, torch.dtype | None, str
             device = b.devices[0]
             for key, limit in b.limits.items():
                 cases.append((op, name, device, {key: limit + 1}, None, f"supports {key} <= {limit}, got {key}="))
-            if b.check is not None:  # the KNN kd-tree / pytorch3d: every cloud needs k real points
-                cases.append((op, name, device, {"k": 4, "min_real": 3}, None, "got k=4 and a cloud of 3"))
+            if b.check is not None:
+                cases += [(op, name, device, shape, None, match) for shape, match in _CHECKED[op, name]]
     return cases
 
 
@@ -166,15 +186,18 @@ def _shapes(op: str) -> list[tuple[dict, torch.dtype]]:
     if op == "fps":
         grid = [{"B": 2, "N": n, "C": c, "M": 5, "masked": m} for n in (100, 70_000) for c in (3, 16) for m in (0, 1)]
     elif op == "knn":
-        grid = [{"N": 20, "C": c, "k": 4, "min_real": r} for c in (3, 16) for r in (None, 3, 10, lambda: 3)]
+        grid = [
+            {"N": 20, "C": c, "k": k, "min_real": r} for c in (3, 16) for k in (4, 65) for r in (None, 3, lambda: 3)
+        ]
     elif op == "chamfer":
         grid = [{"B": b, "N": n, "M": n, "C": c, "itemsize": 4} for b in (1, 8) for n in (10, 2048) for c in (3, 8)]
     elif op in ("cauchy_mix", "vandermonde_mix"):
         grid = [{"D": d, "Dv": dv} for d in (16, 65) for dv in (16, 65)]
     elif op == "knn_attention":
         grid = [
-            {"N": n, "K": 8, "distinct": d, "normalize": z}
-            for n in (64, 1024, 1028) for d in (True, False) for z in ("inputs", "centroids")
+            {"N": n, "K": 8, "D": dim, "dropout": p, "distinct": d, "normalize": z}
+            for n in (64, 1024, 1028) for dim in (32, 129) for p in (0.0, 0.1) for d in (True, False)
+            for z in ("inputs", "centroids")
         ]  # fmt: skip
     else:
         grid = [{}]
@@ -195,7 +218,11 @@ def test_auto_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
     """What "auto" takes, per device and shape (each from a bench, docs/benchmarks.md), with every package present."""
     for package in backends.INSTALLED:
         monkeypatch.setitem(backends.INSTALLED, package, True)
-    f32, f64 = torch.float32, torch.float64
+    f32, f64, bf16 = torch.float32, torch.float64, torch.bfloat16
+
+    def attn(n: int, k: int, d: int, normalize: str, dropout: float, distinct: bool) -> dict:
+        return {"N": n, "K": k, "D": d, "normalize": normalize, "dropout": dropout, "distinct": distinct}
+
     cases = [
         ("fps", "cpu", {"N": 1024, "C": 3}, f32, "numba"),  # the kd-tree pays for coordinates only
         ("fps", "cpu", {"N": 1024, "C": 16}, f32, "torch"),
@@ -204,7 +231,9 @@ def test_auto_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
         ("knn", "cpu", {"N": 1024, "C": 3, "k": 16, "min_real": None}, f32, "cluster"),
         ("knn", "cpu", {"N": 1024, "C": 64, "k": 16, "min_real": None}, f32, "torch"),
         ("knn", "cpu", {"N": 1024, "C": 3, "k": 16, "min_real": 15}, f32, "torch"),  # the reference pads with inf
-        ("knn", "cuda", {"N": 1024, "C": 3, "k": 16, "min_real": None}, f32, "torch"),
+        ("knn", "cuda", {"N": 1024, "C": 3, "k": 16, "min_real": None}, f32, "triton"),
+        ("knn", "cuda", {"N": 1024, "C": 64, "k": 16, "min_real": 15}, f32, "triton"),  # pads with inf too
+        ("knn", "cuda", {"N": 1024, "C": 64, "k": 65, "min_real": None}, f32, "torch"),  # beyond the kernel's list
         ("chamfer", "cpu", {"B": 2, "N": 10, "M": 12, "C": 3, "itemsize": 4}, f32, "dense"),
         ("chamfer", "cpu", {"B": 8, "N": 2048, "M": 2048, "C": 3, "itemsize": 4}, f32, "knn_cluster"),
         ("chamfer", "cpu", {"B": 8, "N": 2048, "M": 2048, "C": 3, "itemsize": 8}, f64, "chunked"),
@@ -216,14 +245,33 @@ def test_auto_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
         ("vandermonde_mix", "cpu", {"D": 16, "Dv": 16}, f32, "torch"),
         ("fsat_edges", "cpu", {}, f32, "csr"),
         ("fsat_edges", "cuda", {}, f32, "gather"),
-        ("knn_attention", "cuda", {"N": 128 * 8, "K": 8, "distinct": True, "normalize": "inputs"}, f32, "masked"),
-        ("knn_attention", "cuda", {"N": 1028, "K": 8, "distinct": True, "normalize": "inputs"}, f32, "gather"),
-        ("knn_attention", "cuda", {"N": 64, "K": 8, "distinct": False, "normalize": "inputs"}, f32, "gather"),
-        ("knn_attention", "cuda", {"N": 64, "K": 8, "distinct": True, "normalize": "centroids"}, f32, "gather"),
-        ("knn_attention", "cpu", {"N": 64, "K": 8, "distinct": True, "normalize": "inputs"}, f32, "gather"),
+        # the fused kernel wherever it applies, any N / K and repeated neighbours included
+        ("knn_attention", "cuda", attn(128 * 8, 8, 32, "inputs", 0.0, True), f32, "triton"),
+        ("knn_attention", "cuda", attn(16384, 32, 32, "inputs", 0.0, True), bf16, "triton"),
+        ("knn_attention", "cuda", attn(64, 8, 32, "inputs", 0.0, False), f32, "triton"),
+        # else the masked form while N / K is small, else gather
+        ("knn_attention", "cuda", attn(128 * 8, 8, 32, "inputs", 0.1, True), f32, "masked"),  # dropout in training
+        ("knn_attention", "cuda", attn(128 * 8, 8, 129, "inputs", 0.0, True), f32, "masked"),  # heads too large
+        ("knn_attention", "cuda", attn(128 * 8, 8, 32, "inputs", 0.0, True), f64, "masked"),  # float64's precision
+        ("knn_attention", "cuda", attn(1028, 8, 32, "inputs", 0.1, True), f32, "gather"),
+        ("knn_attention", "cuda", attn(64, 8, 32, "inputs", 0.1, False), f32, "gather"),
+        ("knn_attention", "cuda", attn(64, 8, 32, "centroids", 0.0, True), f32, "gather"),
+        ("knn_attention", "cpu", attn(64, 8, 32, "inputs", 0.0, True), f32, "gather"),
     ]
     for op, device, shape, dtype, expected in cases:
         assert resolve(op, "auto", device, shape, dtype) == expected, (op, device, shape, dtype)
+
+
+def test_fused_knn_attention_is_not_taken_under_deterministic_algorithms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its gradients are float32 atomic sums in no fixed order: with deterministic algorithms on, "auto" moves on and
+    an explicit request says why."""
+    monkeypatch.setitem(backends.INSTALLED, "triton", True)
+    shape = {"N": 1024, "K": 32, "D": 32, "normalize": "inputs", "dropout": 0.0, "distinct": True}
+    assert resolve("knn_attention", "auto", "cuda", shape, torch.float32) == "triton"
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert resolve("knn_attention", "auto", "cuda", shape, torch.float32) == "masked"
+    with pytest.raises(ValueError, match=r"float32 atomics .*use_deterministic_algorithms\(True\)"):
+        resolve("knn_attention", "triton", "cuda", shape, torch.float32)
 
 
 def test_auto_is_the_reference_while_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -235,9 +283,9 @@ def test_auto_is_the_reference_while_tracing(monkeypatch: pytest.MonkeyPatch) ->
 def test_triton_takes_cpu_tensors_only_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(backends.INSTALLED, "triton", True)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    for op in ("fps", "cauchy_mix", "vandermonde_mix"):
+    for op in ("fps", "cauchy_mix", "vandermonde_mix", "knn", "knn_attention"):
         assert resolve(op, "triton", "cpu", {}) == "triton"
-        assert resolve(op, "auto", "cpu", {"C": 3, "D": 16, "Dv": 16}) != "triton"  # auto on CPU: never timed there
+        assert resolve(op, "auto", "cpu", {"C": 3, "D": 16, "Dv": 16, "k": 4}) != "triton"  # never timed on CPU
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         resolve("cauchy_mix", "triton", "cpu", {})

@@ -233,17 +233,23 @@ def test_masked_knn_path_counts_a_repeated_index_once() -> None:
     assert not torch.allclose(out[:, :, :2], centroid_attention(q, k, v, idx, reference=True)[:, :, :2])
 
 
-def test_auto_knn_attention_form_by_device_and_inputs_per_neighbor() -> None:
-    """ "auto": masked on CUDA up to MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR, gather above, on CPU and for an unknown N / K
-    (a caller's idx); explicit names are kept."""
+def test_auto_knn_attention_form_by_device_and_inputs_per_neighbor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ "auto": on CUDA the fused kernel for any N / K (repeated neighbours too); without triton masked up to
+    MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR, gather above, on CPU and for an unknown N / K (a caller's idx); explicit names
+    are kept."""
     from attention import backends
 
     cuda, cpu, limit = torch.device("cuda"), torch.device("cpu"), backends.MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR
 
     def form(backend: str, device: torch.device, N: float, K: int = 1, distinct: bool = True) -> str:
-        shape = {"N": N, "K": K, "distinct": distinct, "normalize": "inputs"}
-        return backends.resolve("knn_attention", backend, device, shape)
+        shape = {"N": N, "K": K, "D": 32, "dropout": 0.0, "distinct": distinct, "normalize": "inputs"}
+        return backends.resolve("knn_attention", backend, device, shape, torch.float32)
 
+    monkeypatch.setitem(backends.INSTALLED, "triton", True)
+    assert form("auto", cuda, limit) == form("auto", cuda, 16 * limit) == "triton"
+    assert form("auto", cuda, 4, distinct=False) == "triton"  # it counts a repeated neighbour twice, as gather
+    assert form("auto", cpu, 1) == "gather"
+    monkeypatch.setitem(backends.INSTALLED, "triton", False)
     assert form("auto", cuda, limit) == "masked"
     assert form("auto", cuda, 1024, 24) == "masked"  # the point model's first stage
     assert form("auto", cuda, limit + 0.5) == "gather"

@@ -57,6 +57,7 @@ def test_targets_against_pointnet2_are_cuda_ratios_of_the_same_run() -> None:
     assert vs_random["met"] is None and vs_random["detail"] == "needs both in --models"
     assert auto["target"] == "centroid T=1 train samples/s vs PointNet++ (AMP, 1024 points)"
     assert auto["measured"] == pytest.approx(1.5) and auto["met"] is True and auto["detail"] == "ops/step 1434 vs 511"
+    assert auto["wanted"] == ">= 1.3x" and gather["wanted"] == ">= 1x"  # auto: the fused kernels
     assert gather["target"].startswith("centroid T=1, attn_backend=gather, train samples/s vs PointNet++")
     assert gather["measured"] == pytest.approx(2.5) and gather["met"] is True
     on_cpu = bench.targets(results, "cpu")[1]  # CUDA targets: the ratio, but no verdict on CPU
@@ -77,6 +78,27 @@ def test_default_models_include_registered_peers(monkeypatch: pytest.MonkeyPatch
     chunks = bench.plan([CT], [1], None, ["auto"], [16])
     assert [r[0] for r in chunks] == [f"{CT} T=1", f"{CT} T=1 chunks 16 MiB"]
     assert chunks[1][3]["_chunk_mb"] == 16 and chunks[1][3]["attn_backend"] == "gather"
+    compiled = bench.plan([CT], [1], None, ["auto", "triton"], compile_forms=["masked", "auto"])
+    assert [r[0] for r in compiled] == [f"{CT} T=1", f"{CT} T=1 triton", f"{CT} T=1 masked compiled",
+                                        f"{CT} T=1 compiled"]  # fmt: skip
+    assert compiled[2][3]["_compile"] is True and compiled[2][3]["attn_backend"] == "masked"
+
+
+def test_a_compiled_row_trains_and_infers_through_torch_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The row's closures call the compiled model (static shapes); it counts no aten ops (generated kernels)."""
+    calls = []
+
+    def spy(model, **kwargs):
+        calls.append(kwargs)
+        return lambda x: calls.append("call") or model(x)
+
+    monkeypatch.setattr(torch, "compile", spy)
+    kwargs = {"num_classes": 40, "num_centroids": (32, 16), "num_steps": 1, "attn_backend": "masked", "_compile": True}
+    stats, train_step, infer = bench.prepare(CT, kwargs, "cpu", batch=2, num_points=64)
+    assert calls == [{"dynamic": False}] and stats["ops_per_step"] is None and stats["gmacs"] > 0
+    train_step()
+    infer()
+    assert calls[1:] == ["call", "call"]
 
 
 def test_chunk_budget_sets_every_default_within_and_restores_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,9 +131,25 @@ def test_chunk_budget_sets_every_default_within_and_restores_them(monkeypatch: p
         ({"models": ["no_such_model"]}, "unknown models ['no_such_model']"),
         ({"batch": 1}, "--batch must be >= 2"),
         ({"chunk_mb": [0]}, "--chunk-mb budgets must be >= 1 MiB"),
+        ({"compile_forms": ["triton"]}, "--compile takes the forms torch.compile traces"),
     ],
 )
 def test_bad_settings(settings: dict, message: str) -> None:
     kwargs = {"models": [CT], "device": "cpu", "amp": False, "batch": 2, "repeats": 1, "chunk_mb": [], **settings}
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         bench.check_settings(**kwargs)
+
+
+def test_rows_that_need_another_device_are_skipped_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU run times the torch forms and names the fused kernel's row it cannot run; CUDA keeps every row."""
+    from attention import backends
+
+    monkeypatch.setitem(backends.INSTALLED, "triton", True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    rows = bench.plan([CT, TINY], [1], None, ["auto", "triton", "masked"])
+    kept, skipped = bench.runnable(rows, "cpu")
+    assert [r[0] for r in kept] == [f"{CT} T=1", f"{CT} T=1 masked", TINY]
+    assert list(skipped) == [f"{CT} T=1 triton"] and "runs on cuda" in skipped[f"{CT} T=1 triton"]
+    assert bench.runnable(rows, "cuda") == (rows, {})
+    monkeypatch.setitem(backends.INSTALLED, "triton", False)
+    assert "needs triton" in bench.runnable(rows, "cuda")[1][f"{CT} T=1 triton"]

@@ -121,3 +121,25 @@ def test_cuda_train_step_without_input_checks_has_no_host_sync() -> None:
             loss.backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.slow
+def test_compiled_centroid_transformer_equals_eager() -> None:
+    """torch.compile (inductor on CPU) of the centroid transformer: the train-mode output and every parameter's
+    gradient equal eager's, in float64 so that fused rounding cannot flip a neighbour (no dropout: inductor draws
+    other random numbers). Under compile the switchboard's "auto" takes the traceable reference forms
+    (attention.backends)."""
+    torch.manual_seed(0)
+    eager = create_model("centroid_transformer_modelnet40", num_classes=5, drop=0.0, **SMALL).double()
+    twin = create_model("centroid_transformer_modelnet40", num_classes=5, drop=0.0, **SMALL).double()
+    twin.load_state_dict(eager.state_dict())
+    compiled = torch.compile(twin)
+    points, labels = torch.rand(2, 128, 3, dtype=torch.float64), torch.tensor([1, 3])
+    outs = []
+    for model in (eager, compiled):
+        logits = model(points)
+        torch.nn.functional.cross_entropy(logits, labels).backward()
+        outs.append(logits.detach())
+    torch.testing.assert_close(outs[1], outs[0])
+    for (name, a), b in zip(eager.named_parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, msg=lambda m, name=name: f"{name}: {m}")

@@ -1,26 +1,67 @@
-"""tools/bench_centroid.py (logic in attention.bench) at a tiny size, run as a script and read through --json: every
-path measured in its own process (the CPU default), the ratios, no target."""
+"""tools/bench_centroid.py (logic in attention.bench): the rows a CPU run times and those it skips with a reason, and
+the fused KNN step's targets against SDPA, ratios of the same run."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from attention.bench import CENTROID_PATHS
+import pytest
+
+from attention import bench
 from engine.testing import run_tool
 
 
-def test_tiny_run_measures_every_path_in_a_fresh_process(tmp_path: Path) -> None:
+def _rows(ms: dict[str, tuple[float, float]], sizes=(1024, 4096, 16384)) -> list[dict]:
+    return [{"N": n, "path": p, "ms": t, "peak_mb": mb} for n in sizes for p, (t, mb) in ms.items()]
+
+
+def test_targets_are_the_worst_ratio_over_every_n() -> None:
+    rows = _rows({"dense-sdpa": (2.0, 10.0), "knn-triton": (1.0, 5.0)})
+    rows[-1]["ms"] = 2.5  # slower than SDPA at N = 16384 only
+    speed, memory = bench.centroid_targets(rows, "cuda")
+    assert speed["target"] == "fused KNN step vs SDPA speedup at every N = 1K-16K" and speed["wanted"] == "> 1x"
+    assert speed["measured"] == pytest.approx(0.8) and speed["met"] is False and "worst at N=16384" in speed["detail"]
+    assert memory["measured"] == pytest.approx(0.5) and memory["met"] is True
+    on_cpu = bench.centroid_targets(rows, "cpu")
+    assert all(t["met"] is None and "no verdict" in t["detail"] for t in on_cpu)  # CUDA targets
+
+
+def test_targets_without_the_fused_rows_say_why() -> None:
+    rows = _rows({"dense-sdpa": (2.0, 10.0)}) + [
+        {"N": n, "path": "knn-triton", "note": "needs CUDA (the fused Triton kernel)"} for n in (1024, 4096, 16384)
+    ]
+    speed, memory = bench.centroid_targets(rows, "cpu")
+    assert speed["measured"] is None and speed["detail"] == "needs CUDA (the fused Triton kernel) (N=1024, 4096, 16384)"
+    speed, _ = bench.centroid_targets(_rows({"dense-sdpa": (2.0, 10.0)}, sizes=(1024,)), "cuda")
+    assert speed["met"] is None and "no knn-triton row (--paths)" in speed["detail"]
+    assert bench.centroid_targets(_rows({"dense-sdpa": (1.0, 1.0)}, sizes=(512,)), "cuda")[0]["detail"] == (
+        "no N in range measured"
+    )
+
+
+def test_paths_skipped_on_cpu_and_why() -> None:
+    assert bench.centroid_path_skipped("knn-triton", "cpu", compiled=True) == "needs CUDA (the fused Triton kernel)"
+    assert "not requested" in bench.centroid_path_skipped("knn-compiled", "cuda", compiled=False)
+    assert bench.centroid_path_skipped("knn-compiled", "cpu", compiled=True) is None
+    assert bench.centroid_path_skipped("knn-masked", "cpu", compiled=False) is None
+
+
+def test_cli_on_cpu_times_the_torch_rows_each_in_a_fresh_process_and_names_the_skipped_ones(tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
     run = run_tool("bench_centroid", ["--points", "64", "--dim", "16", "--heads", "2", "--k", "8", "--repeats", "1",
                                       "--json", str(path)])  # fmt: skip
     assert run.returncode == 0, run.stderr
-    payload = json.loads(path.read_text())
-    assert payload["tool"] == "bench_centroid" and payload["targets"] == [] and payload["args"]["isolate"] == "auto"
-    rows = {r["path"]: r for r in payload["results"]}
-    assert list(rows) == list(CENTROID_PATHS)
-    for r in rows.values():
-        assert (r["N"], r["M"]) == (64, 16) and isinstance(r["ms"], float) and r["ms"] > 0, r
-    assert rows["dense-matmul"]["speedup vs matmul"] == 1.0 and rows["dense-sdpa"]["speedup vs sdpa"] == 1.0
-    assert "| N " in run.stdout and "knn-masked" in run.stdout
+    assert "# knn-triton: not measured: needs CUDA (the fused Triton kernel)" in run.stdout
+    assert "# knn-compiled: not measured: torch.compile row not requested" in run.stdout
+    assert "target: fused KNN step vs SDPA speedup at every N = 1K-16K > 1x: no verdict" in run.stdout
     assert "  N=64 knn: {'ms':" in run.stderr  # each configuration's result as it comes
+    payload = json.loads(path.read_text())
+    assert payload["tool"] == "bench_centroid" and payload["args"]["isolate"] == "auto"  # a process per configuration
+    rows = {r["path"]: r for r in payload["results"]}
+    assert list(rows) == list(bench.CENTROID_PATHS)
+    assert [p for p, r in rows.items() if "ms" in r] == ["dense-matmul", "dense-sdpa", "knn", "knn-masked"]
+    for r in rows.values():
+        assert (r["N"], r["M"]) == (64, 16) and ("note" in r or r["ms"] > 0), r
+    assert [t["verdict"] for t in payload["targets"]] == ["no verdict", "no verdict"]
+    assert "| N " in run.stdout and "knn-masked" in run.stdout

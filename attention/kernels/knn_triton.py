@@ -1,0 +1,136 @@
+"""Exact k-nearest-neighbour search as a tiled Triton kernel with a running top-k per query: the ``(B, M, N)``
+distance matrix is never built, not even a chunk of it in memory.
+
+A program owns ``BLOCK_M`` queries of one batch element and walks the N reference points in tiles of ``BLOCK_K``
+(``next_pow2(k)``, at least 16). For each tile it computes the exact squared distances ``sum_c (q_c - r_c)^2`` in
+float32 (channels in chunks of ``BLOCK_C``, square then add without fused multiply-adds, as the reference's final
+distances are computed) and merges the tile into the sorted list of the ``BLOCK_K`` nearest points so far, all in
+registers::
+
+    key   = (float32 bits of d) << 32 | n       (d >= 0, so the bits order like the distances; ties by lower index)
+    best  = sort(min(best, sort_descending(tile)))
+
+The elementwise minimum of an ascending and a descending list holds the ``BLOCK_K`` smallest keys of both (the first
+half-cleaner of a bitonic merge), so two bitonic sorts per tile keep the list exact; a tile none of whose keys beats
+any query's current last entry is skipped. Masked reference points get ``d = inf`` and the columns past N a key above
+every distance, so a query whose cloud has fewer than k real points gets ``inf`` in its last slots with indices of
+padded points, as the reference (:func:`attention.knn`, ``backend="torch"``) returns them. The neighbour sets equal
+the reference's up to the order of exactly equal distances (their float32 sums over channels may round differently
+in the last bit, so near-ties too may resolve differently).
+
+Limits (:mod:`attention.kernels.limits`): k <= 64. Tests: ``tests/attention/test_knn_triton.py`` (under Triton's
+interpreter on CPU against the reference, compiled on CUDA, and an ahead-of-time compile for sm_90).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._triton_compat import loop_bound
+from .limits import KNN_TRITON_MAX_NEIGHBORS as MAX_NEIGHBORS
+
+__all__ = ["MAX_NEIGHBORS", "knn_triton"]
+
+# a key above every real one: the float32 bits of a NaN above +inf's 0x7f800000, and the largest index
+_PAST_END: tl.constexpr = tl.constexpr(0x7FFFFFFF_FFFFFFFF)
+_LOW32: tl.constexpr = tl.constexpr(0xFFFFFFFF)
+
+
+@triton.jit
+def _knn_kernel(
+    q_ptr,  # (B, M, C) float32, contiguous
+    r_ptr,  # (B, N, C) float32, contiguous
+    mask_ptr,  # (B, N) uint8 (unused without HAS_MASK)
+    dist_ptr,  # (B, M, k) float32
+    idx_ptr,  # (B, M, k) int64
+    M, N, C, k,
+    HAS_MASK: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(1).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_t = tl.arange(0, BLOCK_K)  # column within a tile, and slot of the running list
+    offs_c = tl.arange(0, BLOCK_C)
+    in_m = offs_m < M
+    q_base, r_base = q_ptr + b * M * C, r_ptr + b * N * C
+    best = tl.full([BLOCK_M, BLOCK_K], _PAST_END, tl.int64)
+    for n0 in range(0, loop_bound(N), BLOCK_K):
+        offs_n = n0 + offs_t
+        in_n = offs_n < N
+        d = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+        for c0 in range(0, loop_bound(C), BLOCK_C):
+            in_c = c0 + offs_c < C
+            qc = tl.load(q_base + offs_m[:, None] * C + (c0 + offs_c)[None, :], mask=in_m[:, None] & in_c[None, :],
+                         other=0.0)  # fmt: skip
+            rc = tl.load(r_base + offs_n[:, None] * C + (c0 + offs_c)[None, :], mask=in_n[:, None] & in_c[None, :],
+                         other=0.0)  # fmt: skip
+            diff = qc[:, None, :] - rc[None, :, :]  # (BLOCK_M, BLOCK_K, BLOCK_C)
+            d += tl.sum(diff * diff, axis=2)
+        if HAS_MASK:
+            real = tl.load(mask_ptr + b * N + offs_n, mask=in_n, other=0) != 0
+            d = tl.where(real[None, :], d, float("inf"))
+        bits = d.to(tl.int32, bitcast=True).to(tl.int64)
+        key = tl.where(in_n[None, :], (bits << 32) | offs_n[None, :].to(tl.int64), _PAST_END)
+        # merge only when some query's list can change: a key below its current last (largest) entry
+        if tl.sum((tl.min(key, axis=1) < tl.max(best, axis=1)).to(tl.int32), axis=0) > 0:
+            best = tl.sort(tl.minimum(best, tl.sort(key, dim=1, descending=True)), dim=1)
+    dist = (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    idx = best & _LOW32
+    out = (b * M + offs_m[:, None]) * k + offs_t[None, :]
+    keep = in_m[:, None] & (offs_t[None, :] < k)
+    tl.store(dist_ptr + out, dist, mask=keep)
+    tl.store(idx_ptr + out, idx, mask=keep)
+
+
+def _blocks(k: int, C: int) -> tuple[int, int, int, int]:
+    """``BLOCK_M`` queries per program, ``BLOCK_K`` list slots (= tile columns), ``BLOCK_C`` channels per step and the
+    warps: the ``(BLOCK_M, BLOCK_K, BLOCK_C)`` difference tile stays at 4096 values."""
+    bk = max(16, triton.next_power_of_2(k))
+    bm = 32 if bk <= 32 else 16
+    bc = max(1, min(triton.next_power_of_2(C), 4096 // (bm * bk)))
+    return bm, bk, bc, 8 if bk >= 64 else 4  # 8 warps at k = 64: 77 registers a thread instead of 145 (sm_90)
+
+
+def _device(t: Tensor) -> contextlib.AbstractContextManager:
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()  # launch on the tensors' GPU
+
+
+def knn_triton(
+    query: Tensor, ref: Tensor, k: int, mask: Tensor | None = None, chunk_bytes: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """The k nearest reference points of every query, :func:`attention.knn`'s contract (``backend="triton"``).
+
+    Args:
+        query: ``(B, M, C)`` (searched in float32, without gradient).
+        ref: ``(B, N, C)``, ``k <= N``.
+        k: neighbours per query, ``k <= MAX_NEIGHBORS``.
+        mask: ``(B, N)`` bool, True for real reference points, or None.
+        chunk_bytes: unused (the kernel holds no distance matrix); the backends share one signature.
+
+    Returns:
+        ``(dist, idx)``: ``(B, M, k)`` float32 squared distances in ascending order and int64 indices.
+    """
+    B, M, C = query.shape
+    N = ref.shape[1]
+    if k > MAX_NEIGHBORS:  # attention.backends refuses these before they get here
+        raise ValueError(f"knn_triton supports k <= {MAX_NEIGHBORS}, got k={k}")
+    q = query.detach().float().contiguous()
+    r = ref.detach().float().contiguous()
+    m8 = mask.contiguous().view(torch.uint8) if mask is not None else q  # any pointer when unused
+    dist = torch.empty(B, M, k, dtype=torch.float32, device=q.device)
+    idx = torch.empty(B, M, k, dtype=torch.int64, device=q.device)
+    bm, bk, bc, warps = _blocks(k, C)
+    with _device(q):
+        _knn_kernel[(triton.cdiv(M, bm), B)](
+            q, r, m8, dist, idx, M, N, C, k,
+            HAS_MASK=mask is not None, BLOCK_M=bm, BLOCK_K=bk, BLOCK_C=bc, num_warps=warps,
+            enable_fp_fusion=False,  # square, then add: the reference's rounding of each term
+        )  # fmt: skip
+    return dist, idx

@@ -1,0 +1,133 @@
+"""The Triton KNN search == the chunked reference (``attention.knn(backend="torch")``): neighbour sets (ties aside),
+distances, padding of clouds with fewer than k real points.
+
+Without a GPU the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, a subprocess) on CPU tensors; the
+``gpu`` tests run it compiled on CUDA, and a ``slow`` test compiles it for sm_90 ahead of time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attention import backends, knn
+
+HAS_TRITON = backends.HAS_TRITON
+
+
+def _clouds(B: int, M: int, N: int, C: int, real: int | None, device: str = "cpu", seed: int = 0):
+    """Queries, references (with an exact duplicate point: a tie) and a mask keeping ``real`` points of the last
+    cloud (None: no mask)."""
+    g = torch.Generator().manual_seed(seed)
+    q, r = torch.randn(B, M, C, generator=g), torch.randn(B, N, C, generator=g)
+    r[:, 1] = r[:, 0]
+    mask = None
+    if real is not None:
+        mask = torch.ones(B, N, dtype=torch.bool)
+        mask[-1, torch.randperm(N, generator=g)[: N - real]] = False
+    return q.to(device), r.to(device), None if mask is None else mask.to(device)
+
+
+def assert_same_neighbours(got, ref, q, r, mask, what: str) -> None:
+    """Ascending distances equal to the reference's; each returned index is at its returned distance; the sets are
+    equal except among distances within rounding of the k-th; an infinite slot points at a padded point."""
+    (d1, i1), (d0, i0) = got, ref
+    assert d1.dtype == torch.float32 and i1.dtype == torch.int64 and d1.shape == i1.shape == d0.shape, what
+    torch.testing.assert_close(d1, d0, rtol=1e-5, atol=1e-5, msg=lambda m: f"{what}: {m}")
+    assert bool((d1[..., 1:] >= d1[..., :-1]).all()), f"{what}: distances not ascending"
+    finite = torch.isfinite(d1)
+    B, M, k = i1.shape
+    exact = (r.float()[torch.arange(B)[:, None, None], i1] - q.float()[:, :, None]).square().sum(-1)
+    torch.testing.assert_close(exact[finite], d1[finite], rtol=1e-5, atol=1e-5, msg=lambda m: f"{what} (idx): {m}")
+    kth = d0[..., -1:]
+    clear = (d0 < kth - 1e-4 * kth.clamp_min(1)) & torch.isfinite(d0)  # not a near-tie with the k-th
+    for b in range(B):
+        for m in range(M):
+            want = set(i0[b, m][clear[b, m]].tolist())
+            assert want <= set(i1[b, m].tolist()), f"{what}: query ({b}, {m}) misses {want - set(i1[b, m].tolist())}"
+    if mask is not None:
+        padded = ~torch.gather(mask, 1, i1.reshape(B, -1)).view(B, M, k)
+        assert bool((padded == ~finite).all()), f"{what}: an infinite distance must point at a padded point"
+
+
+_INTERPRETED = """
+import torch
+from test_knn_triton import _clouds, assert_same_neighbours
+from attention import knn
+from attention.kernels.knn_triton import knn_triton
+
+# odd sizes; C = 3 (coordinates) and feature widths that are not powers of two; k from 1 to 64 (several tiles, a
+# ragged last one); a last cloud with fewer real points than k (inf padding)
+for B, M, N, C, k, real in [(2, 7, 37, 3, 5, None), (2, 9, 70, 19, 20, 40), (1, 5, 33, 24, 33, None),
+                            (2, 6, 19, 3, 10, 6), (1, 3, 100, 5, 64, None), (2, 4, 9, 2, 1, 3)]:
+    q, r, mask = _clouds(B, M, N, C, real)
+    what = f"B={{B}} M={{M}} N={{N}} C={{C}} k={{k}} real={{real}}"
+    ref = knn(q, r, k, mask=mask, backend="torch")
+    assert_same_neighbours(knn_triton(q, r, k, mask), ref, q, r, mask, what)
+    assert_same_neighbours(knn(q, r, k, mask=mask, backend="triton"), ref, q, r, mask, what + " backend='triton'")
+print("ok")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
+def test_triton_knn_under_interpreter_equals_reference() -> None:
+    here = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(here), str(here.parents[1]), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    script = _INTERPRETED.format()
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-5000:]
+    assert out.stdout.strip().splitlines()[-1] == "ok"
+
+
+def test_triton_knn_limits_are_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(backends.INSTALLED, "triton", True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, r, _ = _clouds(1, 3, 80, 3, None)
+    with pytest.raises(ValueError, match=r"runs on cuda \(CPU tensors under TRITON_INTERPRET=1.*got a cpu tensor"):
+        knn(q, r, 4, backend="triton")
+    monkeypatch.setattr(backends, "_triton_interpreted", lambda: True)
+    with pytest.raises(ValueError, match=r"backend 'triton' of knn supports k <= 64, got k=65"):
+        knn(q, r, 65, backend="triton")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
+@pytest.mark.parametrize("k", [1, 16, 24, 64])
+def test_triton_knn_on_cuda_equals_reference(k: int) -> None:
+    """The point model's searches: coordinates (C = 3) and features (C = 64, 128), a ragged batch."""
+    for B, M, N, C, real in [(4, 513, 1031, 3, None), (3, 257, 1024, 64, 500), (2, 128, 4097, 128, None)]:
+        q, r, mask = _clouds(B, M, N, C, real, device="cuda")
+        ref = knn(q, r, k, mask=mask, backend="torch")
+        got = knn(q, r, k, mask=mask, backend="triton")
+        assert_same_neighbours(got, ref, q, r, mask, f"cuda B={B} M={M} N={N} C={C} k={k} real={real}")
+        assert knn(q, r, k, mask=mask)[1].equal(got[1])  # auto takes the kernel
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
+def test_triton_knn_kernel_compiles_for_an_h100() -> None:
+    """The sorts of int64 keys, the 3-d difference tiles: compiled for sm_90 ahead of time at k = 16, 32, 64."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from attention.kernels import knn_triton as kt
+
+    if not isinstance(kt._knn_kernel, triton.runtime.JITFunction):
+        pytest.skip("the kernel module was imported under TRITON_INTERPRET=1")
+    ptrs = {"q_ptr": "*fp32", "r_ptr": "*fp32", "mask_ptr": "*u8", "dist_ptr": "*fp32", "idx_ptr": "*i64"}
+    for k, C in ((16, 3), (32, 128), (64, 64)):
+        bm, bk, bc, warps = kt._blocks(k, C)
+        consts = {"HAS_MASK": True, "BLOCK_M": bm, "BLOCK_K": bk, "BLOCK_C": bc}
+        sig = {**ptrs, "M": "i32", "N": "i32", "C": "i32", "k": "i32", **dict.fromkeys(consts, "constexpr")}
+        options = {"num_warps": warps, "enable_fp_fusion": False}
+        compiled = triton.compile(ASTSource(kt._knn_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                                  options=options)  # fmt: skip
+        assert compiled.asm["cubin"], (k, C)
