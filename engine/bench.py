@@ -340,6 +340,16 @@ def format_target(t: dict) -> str:
     return f"target: {t['target']} {t['wanted']}: {t['verdict']} ({measured}{detail})"
 
 
+def finish(tool: str, device: torch.device | str, args: Any, targets: list[dict], **payload: object) -> None:
+    """The end of every bench script: a blank line, each target's verdict line (:func:`format_target`), and with
+    ``args.json`` the report (:func:`write_report`, the script's flags as ``args``; ``payload`` holds ``results``)."""
+    print()
+    for t in targets:
+        print(format_target(t))
+    if getattr(args, "json", None):
+        write_report(args.json, tool, device, vars(args), **payload, targets=targets)
+
+
 def write_report(path: str | os.PathLike, tool: str, device: torch.device | str, args: dict, **payload: object) -> None:
     """A bench's ``--json``: ``{"tool", "machine", "args", **payload}`` written atomically; ``payload`` holds its
     ``results`` (the rows) and its ``targets`` (:func:`target`), and whatever else that bench reports."""

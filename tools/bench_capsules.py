@@ -45,7 +45,7 @@ import torch
 from capsules import CHAMFER_DEFINITION, list_models
 from capsules.bench import benchmark, check_settings, decoder_table, table, targets
 from capsules.model import DECODERS, ROUTING_IMPLS
-from engine.bench import describe_machine, format_target, print_table, write_report
+from engine.bench import describe_machine, finish, print_table
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -98,12 +98,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print_table(*table(results, args.routing_impls, args.budget_gb, args.train_steps, args.decoders[0]))
     print(f"\n# decoders: Chamfer and part purity after {args.train_steps} steps ({args.chamfer_points} points)\n")
     print_table(*decoder_table(decoded, args.train_steps))
-    print()
-    for t in goals:
-        print(format_target(t))
-    if args.json:
-        write_report(args.json, "bench_capsules", args.device, vars(args), chamfer_definition=CHAMFER_DEFINITION,
-                     results=results, decoders=decoded, targets=goals)  # fmt: skip
+    finish("bench_capsules", args.device, args, goals, chamfer_definition=CHAMFER_DEFINITION, results=results,
+           decoders=decoded)  # fmt: skip
     return results
 
 

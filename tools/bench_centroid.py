@@ -31,10 +31,9 @@ from attention.bench import CENTROID_HEADERS, CENTROID_PATHS, centroid_results, 
 from engine.bench import (
     add_isolate_option,
     describe_machine,
-    format_target,
+    finish,
     isolate_configs,
     print_table,
-    write_report,
 )
 
 
@@ -66,11 +65,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"# {r['path']}: not measured: {r['note']}")
     print_table(CENTROID_HEADERS, centroid_rows(results))
     goals = centroid_targets(results, args.device)
-    print()
-    for t in goals:
-        print(format_target(t))
-    if args.json:
-        write_report(args.json, "bench_centroid", args.device, vars(args), results=results, targets=goals)
+    finish("bench_centroid", args.device, args, goals, results=results)
 
 
 if __name__ == "__main__":

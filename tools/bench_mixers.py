@@ -32,7 +32,7 @@ import argparse
 import logging
 
 from attention.bench import BENCH_MIXERS, fsat_target, mixer_rows, mixer_table
-from engine.bench import add_isolate_option, describe_machine, format_target, isolate_configs, print_table, write_report
+from engine.bench import add_isolate_option, describe_machine, finish, isolate_configs, print_table
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -57,11 +57,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          repeats=args.repeats, max_quadratic_len=args.max_quadratic_len, isolate=isolate)  # fmt: skip
     print_table(*mixer_table(results))
     targets = [fsat_target(results, args.device)]
-    print()
-    for t in targets:
-        print(format_target(t))
-    if args.json:
-        write_report(args.json, "bench_mixers", args.device, vars(args), results=results, targets=targets)
+    finish("bench_mixers", args.device, args, targets, results=results)
     return results
 
 

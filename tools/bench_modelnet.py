@@ -20,7 +20,7 @@ import argparse
 import torch
 
 from attention import backend_names
-from engine.bench import describe_machine, format_target, print_table, write_report
+from engine.bench import describe_machine, finish, print_table
 from pointcloud.bench import COMPILE_FORMS, benchmark, check_settings, default_models, plan, runnable, table, targets
 
 
@@ -69,11 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     results = benchmark(rows, args.device, args.batch, args.points, args.amp, args.repeats, args.warmup, args.stat)
     print_table(*table(results))
     goals = targets(results, args.device, args.amp, args.points)
-    print()
-    for t in goals:
-        print(format_target(t))
-    if args.json:
-        write_report(args.json, "bench_modelnet", args.device, vars(args), results=results, targets=goals)
+    finish("bench_modelnet", args.device, args, goals, results=results)
 
 
 if __name__ == "__main__":

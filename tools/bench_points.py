@@ -44,7 +44,7 @@ from attention.bench import (
     point_op_rows,
     points_results,
 )
-from engine.bench import describe_machine, format_target, print_table, write_report
+from engine.bench import describe_machine, finish, print_table
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,11 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n# load average after the run: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     results = points_results(fps_rows, knn_rows, large_rows)
     targets = [fps_cluster_target(results["fps"], args.device)]
-    print()
-    for t in targets:
-        print(format_target(t))
-    if args.json:
-        write_report(args.json, "bench_points", device, vars(args), results=results, targets=targets)
+    finish("bench_points", device, args, targets, results=results)
 
 
 if __name__ == "__main__":

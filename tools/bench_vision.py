@@ -30,7 +30,7 @@ import logging
 
 import torch
 
-from engine.bench import describe_machine, format_target, print_table, write_report
+from engine.bench import describe_machine, finish, print_table
 from vision.bench import benchmark, model_names, ours_target, table
 
 
@@ -62,11 +62,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"# batch {args.batch}, {args.img_size} px, fp32 weights, {what}\n")
     print_table(*table(results, train=not args.no_train))
     targets = [ours_target(results, device)]
-    print()
-    for t in targets:
-        print(format_target(t))
-    if args.json:
-        write_report(args.json, "bench_vision", device, vars(args), results=results, targets=targets)
+    finish("bench_vision", device, args, targets, results=results)
     return results
 
 
