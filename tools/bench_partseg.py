@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--points", type=int, default=2048)
     parser.add_argument("--models", nargs="+", default=None, help="subset of registered names (default: all)")
     parser.add_argument("--no-main-job", action="store_true", help="leave out the centroid model at main-job size")
+    parser.add_argument("--no-normals", action="store_true", help="x, y, z only (default: with normals, 6 channels)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls before timing")
     parser.add_argument("--stat", default="median", choices=["median", "min"],
@@ -44,10 +45,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"# bench_partseg on {args.device}: {describe_machine(args.device)}")
-    print(f"# batch {args.batch}, {args.points} points (xyz), 50 parts, 16 categories, amp {args.amp}, "
+    channels = "xyz" if args.no_normals else "xyz + normals"
+    print(f"# batch {args.batch}, {args.points} points ({channels}), 50 parts, 16 categories, amp {args.amp}, "
           f"{args.stat} of {args.repeats} rounds after {args.warmup} warm-up\n")  # fmt: skip
     rows = plan(models, main_job=not args.no_main_job)
-    results = benchmark(rows, args.device, args.batch, args.points, args.amp, args.repeats, args.warmup, args.stat)
+    results = benchmark(rows, args.device, args.batch, args.points, args.amp, args.repeats, args.warmup, args.stat,
+                        use_normals=not args.no_normals)  # fmt: skip
     print_table(*table(results))
     if args.json:
         write_report(args.json, "bench_partseg", args.device, vars(args), results=results)

@@ -4,7 +4,8 @@ samples/s of the centroid model and the PointNet++ peer, every row measured in o
 Rows (:func:`plan`): every registered part-segmentation model at its own defaults (the ShapeNet Part configs'
 models), and with ``main_job`` the centroid model at the main job's widths and K (``PartSegConfig``'s defaults, the
 model of the CPU comparison on the synthetic parts), all on the same random batch of unit-sphere clouds with random
-categories, 50 parts and 16 categories as in ShapeNet Part.
+categories, 50 parts and 16 categories as in ShapeNet Part, with normals (``use_normals``: random unit vectors
+after x, y, z, six input channels) as both ShapeNet Part configs and the main job feed them.
 
 * train step: forward + per-point cross-entropy + backward + AdamW step, in train mode;
 * inference: eval-mode forward under ``torch.no_grad``;
@@ -52,18 +53,35 @@ def plan(models: Sequence[str] | None = None, main_job: bool = True) -> list[Row
     return rows
 
 
+def _clouds(batch: int, num_points: int, normals: bool, seed: int = 0) -> torch.Tensor:
+    """Unit-sphere clouds ``(B, N, 3)``, with random unit normals after x, y, z ``(B, N, 6)`` if ``normals``."""
+    xyz = unit_sphere_clouds(batch, num_points, seed=seed)
+    if not normals:
+        return xyz
+    n = torch.randn(batch, num_points, 3, generator=torch.Generator().manual_seed(seed + 1))
+    return torch.cat([xyz, F.normalize(n, dim=-1)], dim=-1)
+
+
 def prepare(
-    name: str, kwargs: dict, device: torch.device | str, batch: int, num_points: int, amp: bool = False
+    name: str,
+    kwargs: dict,
+    device: torch.device | str,
+    batch: int,
+    num_points: int,
+    amp: bool = False,
+    use_normals: bool = True,
 ) -> tuple[dict, Callable[[], None], Callable[[], None]]:
     """Params and GMACs of one model, and its train-step and inference closures on ``batch`` clouds."""
     device = torch.device(device)
     torch.manual_seed(0)
-    model = create_model(name, num_parts=NUM_PARTS, num_categories=NUM_CATEGORIES, **kwargs).to(device)
+    in_channels = 6 if use_normals else 3
+    model = create_model(name, num_parts=NUM_PARTS, num_categories=NUM_CATEGORIES, in_channels=in_channels, **kwargs)
+    model.to(device)
     one = torch.zeros(1, dtype=torch.long, device=device)
     stats = {"params_m": count_params(model) / 1e6,
-             "gmacs": count_gmacs(model, unit_sphere_clouds(1, num_points).to(device), one)}  # fmt: skip
+             "gmacs": count_gmacs(model, _clouds(1, num_points, use_normals).to(device), one)}  # fmt: skip
     gen = torch.Generator().manual_seed(1)
-    points = unit_sphere_clouds(batch, num_points, seed=1).to(device)  # (B, N, 3)
+    points = _clouds(batch, num_points, use_normals, seed=1).to(device)  # (B, N, in_channels)
     category = torch.randint(0, NUM_CATEGORIES, (batch,), generator=gen).to(device)
     labels = torch.randint(0, NUM_PARTS, (batch, num_points), generator=gen).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
@@ -109,12 +127,13 @@ def benchmark(
     repeats: int = 3,
     warmup: int = 1,
     stat: str = "median",
+    use_normals: bool = True,
 ) -> list[dict]:
     """Measures every row of :func:`plan`: one dict per row with its stats, ``{train,infer}_ms`` (and each round's
     ``_ms_rounds``), ``{train,infer}_sps`` and their ratios to the peer's in the same run (None without it)."""
     results, train_fns, infer_fns = [], [], []
     for label, name, kwargs in rows:
-        stats, train_step, infer = prepare(name, kwargs, device, batch, num_points, amp)
+        stats, train_step, infer = prepare(name, kwargs, device, batch, num_points, amp, use_normals)
         results.append({"label": label, "model": name, "kwargs": kwargs, **stats})
         train_fns.append(train_step)
         infer_fns.append(infer)

@@ -22,8 +22,9 @@ from capsules.recipe import CapsulesRecipe
 from capsules.testing import TINY_CAPSULES_SETS
 from engine.testing import REPO, tool_env
 from lra.testing import TINY_LISTOPS_SETS
+from pointcloud.partseg.recipe import PartSegRecipe
 from pointcloud.recipe import ModelNetRecipe
-from pointcloud.testing import TINY_MODELNET_SETS
+from pointcloud.testing import TINY_MODELNET_SETS, TINY_PARTSEG_SETS
 from vision.recipe import DeiTRecipe
 from vision.testing import TINY_DEIT_SETS
 
@@ -32,8 +33,14 @@ TINY_RUNS = {
     CapsulesRecipe: TINY_CAPSULES_SETS,
     DeiTRecipe: TINY_DEIT_SETS,
     lra.ListOpsRecipe: TINY_LISTOPS_SETS,
+    # the main job's five categories and 24 test shapes each, so that the README's picture command finds its shapes
+    PartSegRecipe: (
+        *TINY_PARTSEG_SETS,
+        "synthetic_classes=[table,chair,airplane,lamp,mug]",
+        "synthetic_test_per_class=24",
+    ),
 }
-OPENS_A_RUN = ("--resume", "--eval-only", "export_weights.py", "visualize_capsules.py")
+OPENS_A_RUN = ("--resume", "--eval-only", "export_weights.py", "visualize_capsules.py", "visualize_partseg.py")
 
 
 def readme_commands() -> list[str]:
@@ -72,11 +79,13 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("command", readme_commands())
 def test_readme_command_runs_as_written(command: str, trained: Path) -> None:
     argv = shlex.split(command)[1:]  # drop "python"
-    if "visualize_capsules.py" in argv[0]:
+    if argv[0].endswith(("visualize_capsules.py", "visualize_partseg.py")):
         pytest.importorskip("open3d", exc_type=ImportError)
     env = {k: v for k, v in tool_env().items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}  # render PNGs, no window
     argv[0] = str(REPO / argv[0])
-    if argv[0].endswith(("train_modelnet.py", "train_capsules.py", "train_deit.py", "lra_listops.py")):
+    if argv[0].endswith(
+        ("train_modelnet.py", "train_partseg.py", "train_capsules.py", "train_deit.py", "lra_listops.py")
+    ):
         argv.append("--no-progress")
     done = subprocess.run([sys.executable, *argv], cwd=trained, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"

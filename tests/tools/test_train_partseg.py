@@ -110,7 +110,7 @@ def test_cli_on_both_shapenet_part_layouts(tmp_path: Path, dataset: str) -> None
                 np.savetxt(folder / synset / f"{shape_id}.txt", table, fmt="%.6f")
         (folder / "train_test_split" / f"shuffled_{split}_file_list.json").write_text(json.dumps(entries))
     sets = [s for s in TINY_PARTSEG_SETS if not s.startswith("synthetic")]
-    extra = ["use_normals=true"] if layout == "normal" else []
+    extra = [] if layout == "normal" else ["use_normals=false"]  # v0 stores no normals
     metrics = train_partseg(["--no-progress", "--device", "cpu", "--epochs", "1", "--data-root", str(tmp_path),
                              "--output-dir", str(tmp_path / "run"), "--set", *sets, f"dataset={dataset}",
                              "train_split=trainval", *extra])  # fmt: skip
