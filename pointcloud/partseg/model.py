@@ -4,10 +4,11 @@ Wu et al., "Centroid Transformers: Learning to Abstract with Attention", arXiv:2
 network on classification only; this is its encoder with the per-point head that DGCNN (Wang et al., arXiv:1801.07829)
 and PCT put on theirs for ShapeNet Part::
 
-    xyz (B, N, 3[+3]) -> the classifier's encoder, CentroidTransformer.forward_features (pointcloud/model.py):
-      SA -> CA -> SA -> CA; each block's features back at the N input points, fused -> f (B, N, fuse_dim)
+    p = xyz (B, N, 3[+3 normals]) -> the classifier's encoder, CentroidTransformer.forward_features
+      (pointcloud/model.py): SA -> CA -> SA -> CA; each block's features back at the N input points, fused
+      -> f (B, N, fuse_dim)
     g = LeakyReLU(W_g [max_n f, mean_n f, onehot(category)])              per shape     (B, global_dim)
-    logits = MLP([f_n, g])                                                 per point     (B, N, num_parts)
+    logits = MLP([f_n, p_n, g])                                            per point     (B, N, num_parts)
 
 The encoder carries every centroid stage back to the input points itself, with one KNN search in xyz per point set
 (from the N inputs to the stage's points, FPS-chosen by the stored centroid indices of the CA block); the head reads
@@ -16,9 +17,12 @@ input point reads the inverse-distance weighted mean of its 3 nearest stage poin
 propagation, :func:`attention.interpolate_neighbors`) instead of the classifier's nearest neighbour, so part
 boundaries between two centroids are not cut along their Voronoi cell.
 
-The category enters as a one-hot vector, as ShapeNet Part's protocol gives it (PointNet++ concatenates it to the
-last feature-propagation input, DGCNN and PCT to the global feature as here). The logits cover all ``num_parts``
-global part labels; evaluation takes the arg-max over the category's parts (:mod:`pointcloud.partseg.metrics`).
+The category enters as a one-hot vector, as ShapeNet Part's protocol gives it (PointNet++ concatenates it to the last
+feature-propagation input, DGCNN and PCT to the global feature as here). Each point's own input channels (xyz, and
+normals when given) join its features in the head, as in PointNet++'s last feature propagation: the head sees the
+exact position and normal that interpolated stage features only approximate (measured in docs/benchmarks.md). The
+logits cover all ``num_parts`` global part labels; evaluation takes the arg-max over the category's parts
+(:mod:`pointcloud.partseg.metrics`).
 
 The part-segmentation models have their own registry (``list_models()`` here: this module's model and the PointNet++
 peer of :mod:`pointcloud.partseg.peers`), because their forward takes ``(points, category)`` and returns per-point
@@ -114,7 +118,7 @@ class CentroidPartSeg(PartSegModel):
         drop: dropout in the per-point head.
 
     Shapes:
-        points: ``(B, N, in_channels)``; category: ``(B,)`` int64; features ``(B, N, fuse_dim)``;
+        points: ``(B, N, in_channels)``; category: ``(B,)`` int64; features ``(B, N, fuse_dim + in_channels)``;
         output logits ``(B, N, num_parts)``.
     """
 
@@ -152,22 +156,26 @@ class CentroidPartSeg(PartSegModel):
             kmeans_iters=kmeans_iters, mlp_ratio=mlp_ratio, fuse_dim=fuse_dim, head_dims=(), upsample=upsample,
             mixer=mixer, mixer_kwargs=mixer_kwargs, attn_backend=attn_backend,
         )  # fmt: skip
-        self.num_features = fuse_dim
+        self.fuse_dim = fuse_dim
+        self.num_features = fuse_dim + in_channels
         # No BatchNorm on the per-shape vector: its statistics would come from the few shapes of a batch.
         self.global_proj = nn.Sequential(nn.Linear(2 * fuse_dim + num_categories, global_dim), _leaky())
-        self.head_hidden = point_head(fuse_dim + global_dim, head_dims, _leaky, drop)
-        self.head = nn.Linear(head_dims[-1] if head_dims else fuse_dim + global_dim, num_parts)
+        self.head_hidden = point_head(self.num_features + global_dim, head_dims, _leaky, drop)
+        self.head = nn.Linear(head_dims[-1] if head_dims else self.num_features + global_dim, num_parts)
 
     def forward_features(self, points: Tensor) -> Tensor:
-        """Per-point fused encoder features ``(B, N, fuse_dim)`` (every centroid stage carried back to the points)."""
-        return self.encoder.forward_features(points)
+        """Per-point features ``(B, N, fuse_dim + in_channels)``: the fused encoder features (every centroid stage
+        carried back to the points), then the point's own input channels."""
+        return torch.cat([self.encoder.forward_features(points), points], dim=-1)
 
     def forward_head(self, x: Tensor, category: Tensor, pre_logits: bool = False) -> Tensor:
-        """Per-point logits ``(B, N, num_parts)`` from features ``(B, N, fuse_dim)`` and categories ``(B,)``."""
+        """Per-point logits ``(B, N, num_parts)`` from features ``(B, N, fuse_dim + in_channels)`` and categories
+        ``(B,)``; the per-shape vector pools the encoder's part of the features."""
         B, N, C = x.shape
         self.check_category(category, B)
         onehot = category_one_hot(category, self.num_categories, x.dtype)  # (B, num_categories)
-        g = self.global_proj(torch.cat([x.amax(dim=1), x.mean(dim=1), onehot], dim=-1))  # (B, global_dim)
+        f = x[..., : self.fuse_dim]  # (B, N, fuse_dim)
+        g = self.global_proj(torch.cat([f.amax(dim=1), f.mean(dim=1), onehot], dim=-1))  # (B, global_dim)
         x = self.head_hidden(torch.cat([x, g[:, None, :].expand(B, N, -1)], dim=-1))  # (B, N, head_dims[-1])
         return x if pre_logits else self.head(x)
 
