@@ -64,6 +64,7 @@ __all__ = [
     "farthest_point_sample",
     "gather",
     "interpolate",
+    "interpolate_neighbors",
     "knn",
     "knn_chunked",
     "lengths_to_mask",
@@ -538,8 +539,24 @@ def interpolate(
             f"got {tuple(ref_feats.shape)}"
         )
     dist, idx = knn(query_pos, ref_pos, k, backend=backend)
+    return interpolate_neighbors(ref_feats, dist, idx, eps=eps)
+
+
+def interpolate_neighbors(ref_feats: Tensor, dist: Tensor, idx: Tensor, *, eps: float = 1e-8) -> Tensor:
+    """:func:`interpolate` from neighbours found already (e.g. by a model's own :func:`knn`, which it then reuses).
+
+    Args:
+        ref_feats: ``(B, M, C)`` features of the reference points.
+        dist: ``(B, N, k)`` squared distances of each query point to its k references (as :func:`knn` returns them).
+        idx: ``(B, N, k)`` indices of those references into M.
+        eps: added to the squared distances, so coincident points do not divide by zero.
+
+    Returns:
+        ``(B, N, C)``: ``sum_j w_j f(r_j) / sum_j w_j`` with ``w_j = 1 / (dist_j + eps)``; the nearest reference's
+        features when k = 1.
+    """
     nbr = gather(ref_feats, idx)  # (B, N, k, C)
-    if k == 1:
+    if idx.shape[-1] == 1:
         return nbr.squeeze(2)
     w = 1.0 / (dist + eps)
     w = (w / w.sum(-1, keepdim=True)).to(ref_feats.dtype)

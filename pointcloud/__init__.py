@@ -5,9 +5,12 @@
 * :mod:`pointcloud.data`: ModelNet40 / ModelNet10 in their real layouts and the embedded synthetic shapes.
 * :mod:`pointcloud.transforms`: augmentations (deterministic per seed, epoch, index) and test-time voting.
 * :mod:`pointcloud.recipe`: the training recipe behind ``tools/train_modelnet.py``.
+* :mod:`pointcloud.parts`: ShapeNet Part (both layouts) and the embedded synthetic part shapes, with part labels.
+* :mod:`pointcloud.partseg`: part segmentation: the centroid model on the same encoder, a PointNet++ peer, the
+  ShapeNet Part metric and recipe (``tools/train_partseg.py``); its own registry, ``pointcloud.partseg.list_models()``.
 """
 
-from . import peers  # noqa: F401  (registers the peer models)
+from . import partseg, peers  # noqa: F401  (register the peer and part-segmentation models)
 from .data import (
     DATASETS,
     ModelNet40H5,

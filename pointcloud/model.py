@@ -34,13 +34,22 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from attention import CentroidBlock, MixerBlock, SelfAttentionBlock, build_mixer, gather, input_checks, knn
+from attention import (
+    CentroidBlock,
+    MixerBlock,
+    SelfAttentionBlock,
+    build_mixer,
+    input_checks,
+    interpolate_neighbors,
+    knn,
+)
 from attention.centroid import resolve_num_centroids
 from attention.checks import check_points
 from engine.registry import ModelRegistry
 
 __all__ = [
     "MODELS",
+    "UPSAMPLE",
     "CentroidTransformer",
     "PointBatchNorm",
     "PointClassifier",
@@ -49,6 +58,11 @@ __all__ = [
     "list_models",
     "register_model",
 ]
+
+
+UPSAMPLE: dict[str, int] = {"nearest": 1, "inverse_distance": 3}
+"""How a stage's features reach the N input points -> the neighbours (in xyz) each input point reads: its nearest
+stage point, or the inverse-distance weighted mean of the 3 nearest (PointNet++'s feature propagation)."""
 
 
 def _leaky() -> nn.Module:
@@ -122,6 +136,9 @@ class CentroidTransformer(PointClassifier):
         fuse_dim: width of the per-point fusion layer (its max and mean pools feed the head).
         head_dims: hidden widths of the 3-layer head.
         drop: dropout in the head.
+        upsample: how each block's features reach the N input points (:data:`UPSAMPLE`): ``"nearest"`` (the paper)
+            or ``"inverse_distance"`` (3 nearest, as PointNet++'s feature propagation). Either is one KNN search per
+            point set in xyz, from the input points to the stage's.
         mixer: None (default): the SA blocks attend over each point's K nearest points in xyz. A name from
             :data:`attention.MIXERS` (``"softmax"``, ``"hydra"``, ``"fsat"``, ...) replaces that KNN attention in both
             SA blocks by a global sequence mixer over all points of the stage (a :class:`attention.MixerBlock`).
@@ -135,7 +152,8 @@ class CentroidTransformer(PointClassifier):
             docs/benchmarks.md; on CPU the gather form).
 
     Shapes:
-        points: ``(B, N, in_channels)``; output logits ``(B, num_classes)``.
+        points: ``(B, N, in_channels)``; output logits ``(B, num_classes)`` (``num_classes=0``: the pooled features
+        ``(B, 2 * fuse_dim)`` after the hidden head layers).
     """
 
     def __init__(
@@ -153,6 +171,7 @@ class CentroidTransformer(PointClassifier):
         fuse_dim: int = 512,
         head_dims: Sequence[int] = (512, 256),
         drop: float = 0.5,
+        upsample: str = "nearest",
         mixer: str | None = None,
         mixer_kwargs: dict | None = None,
         attn_backend: str = "auto",
@@ -162,8 +181,11 @@ class CentroidTransformer(PointClassifier):
             raise ValueError(f"widths needs 4 entries and num_centroids 2, got {widths} and {num_centroids}")
         if init not in ("fps", "random", "kmeans"):
             raise ValueError(f"init must be 'fps', 'random' or 'kmeans', got {init!r}")
+        if upsample not in UPSAMPLE:
+            raise ValueError(f"upsample must be one of {sorted(UPSAMPLE)}, got {upsample!r}")
         self.num_centroids = tuple(num_centroids)
         self.num_neighbors = num_neighbors
+        self.upsample_neighbors = UPSAMPLE[upsample]
         self.num_features = 2 * fuse_dim
         act = _leaky
         block = partial(dict, num_heads=num_heads, mlp_ratio=mlp_ratio, act_layer=act, attn_backend=attn_backend)
@@ -198,7 +220,8 @@ class CentroidTransformer(PointClassifier):
         # BatchNorm in the per-point layers the network did not learn at all (measured, 5 epochs at chance).
         self.fuse = nn.Sequential(nn.Linear(sum(widths), fuse_dim, bias=False), PointBatchNorm(fuse_dim), act())
         self.head_hidden = classifier_head(self.num_features, head_dims, act, drop)
-        self.head = nn.Linear(head_dims[-1] if head_dims else self.num_features, num_classes)
+        head_in = head_dims[-1] if head_dims else self.num_features
+        self.head = nn.Linear(head_in, num_classes) if num_classes > 0 else nn.Identity()
 
     @staticmethod
     def _sa_block(dim: int, num_neighbors: int, mixer: str | None, mixer_kwargs: dict | None, kw: dict) -> nn.Module:
@@ -233,7 +256,7 @@ class CentroidTransformer(PointClassifier):
         outs = []
         with input_checks(False):  # validated once above; the blocks need not re-check each call
             cur_pos = pos
-            up_pos, up_idx = pos, None  # the points whose nearest neighbours up_idx holds
+            up_pos, up = pos, None  # the points whose neighbours (dist, idx) of the input points up holds
             for transition, block in zip(self.transitions, self.blocks):
                 x = transition(x)
                 if isinstance(block, SelfAttentionBlock):
@@ -246,11 +269,11 @@ class CentroidTransformer(PointClassifier):
                 if x.shape[1] == N:
                     outs.append(x)
                     continue
-                # Back to the N input points by nearest neighbour in xyz (nearest_upsample); a block that keeps
-                # its input points (SA after CA) reuses the search of the block before it.
-                if up_idx is None or up_pos is not cur_pos:
-                    up_pos, up_idx = cur_pos, knn(pos, cur_pos, 1)[1]  # (B, N, 1)
-                outs.append(gather(x, up_idx).squeeze(2))
+                # Back to the N input points in xyz (nearest neighbour or inverse-distance weights); a block that
+                # keeps its input points (SA after CA) reuses the search of the block before it.
+                if up is None or up_pos is not cur_pos:
+                    up_pos, up = cur_pos, knn(pos, cur_pos, min(self.upsample_neighbors, x.shape[1]))  # (B, N, k)
+                outs.append(interpolate_neighbors(x, *up))
         return self.fuse(torch.cat(outs, dim=-1))  # (B, N, fuse_dim)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:

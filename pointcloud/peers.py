@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from attention import farthest_point_sample, gather, input_checks, knn
+from attention.centroid import resolve_num_centroids
 from attention.checks import check_points, input_checks_enabled
 
 from .model import PointClassifier, classifier_head, register_model
@@ -115,7 +116,8 @@ class SetAbstraction(nn.Module):
     Args:
         in_channels: C, features per input point (0 when the points carry positions only).
         dims: output widths of the shared MLP (its input width is ``C + 3``).
-        num_centroids: M, centres chosen by farthest point sampling (clamped to N).
+        num_centroids: M, centres chosen by farthest point sampling: a count (clamped to N) or a fraction of N (a
+            float in (0, 1]).
         num_neighbors: K, the nearest points grouped around each centre (clamped to N).
         radius: ball-query radius; neighbours farther than it are dropped (the nearest, the centre itself, is
             always kept). None keeps all K.
@@ -128,15 +130,16 @@ class SetAbstraction(nn.Module):
         self,
         in_channels: int,
         dims: Sequence[int],
-        num_centroids: int,
+        num_centroids: int | float,
         num_neighbors: int,
         radius: float | None = None,
     ) -> None:
         super().__init__()
         from torch_geometric.nn import PointNetConv
 
-        if num_centroids < 1 or num_neighbors < 1:
-            raise ValueError(f"num_centroids and num_neighbors must be >= 1, got {num_centroids}, {num_neighbors}")
+        resolve_num_centroids(num_centroids, 1)  # a positive count or a fraction in (0, 1], else a ValueError
+        if num_neighbors < 1:
+            raise ValueError(f"num_neighbors must be >= 1, got {num_neighbors}")
         if radius is not None and radius <= 0:
             raise ValueError(f"radius must be positive or None (plain k-NN grouping), got {radius}")
         self.num_centroids = num_centroids
@@ -147,7 +150,7 @@ class SetAbstraction(nn.Module):
 
     def forward(self, x: Tensor | None, pos: Tensor) -> tuple[Tensor, Tensor]:
         B, N, _ = pos.shape
-        M, K = min(self.num_centroids, N), min(self.num_neighbors, N)
+        M, K = min(resolve_num_centroids(self.num_centroids, N), N), min(self.num_neighbors, N)
         centres = gather(pos, farthest_point_sample(pos, M))  # (B, M, 3)
         dist, idx = knn(centres, pos, K)  # (B, M, K), ascending
         keep = None

@@ -10,7 +10,7 @@ from torch.testing import assert_close
 
 from .model import create_model
 
-__all__ = ["TINY_MODELNET_SETS", "TinyPeer", "check_registered_model"]
+__all__ = ["TINY_MODELNET_SETS", "TINY_PARTSEG_SETS", "TinyPeer", "check_registered_model"]
 
 # A 32-point centroid transformer (16 then 8 centroids, K = 4) on 4 synthetic classes x 4 shapes: the ``--set``
 # values of the train_modelnet tests. Peer models take the same items without num_centroids and fuse_dim.
@@ -24,6 +24,22 @@ TINY_MODELNET_SETS = (
     "synthetic_test_per_class=2",
     "batch_size=8",
     "eval_batch_size=8",
+)
+
+
+# A 32-point part-segmentation run (centroid model: 16 then 8 centroids, K = 4, narrow widths) on 2 synthetic
+# categories (table, mug: 4 parts) x 4 shapes: the ``--set`` values of the train_partseg tests.
+TINY_PARTSEG_SETS = (
+    "num_points=32",
+    "num_centroids=[16,8]",
+    "num_neighbors=4",
+    "fuse_dim=32",
+    "model_kwargs={widths: [16, 32, 32, 32], global_dim: 16, head_dims: [16]}",
+    "synthetic_classes=[table,mug]",
+    "synthetic_train_per_class=4",
+    "synthetic_test_per_class=2",
+    "batch_size=4",
+    "eval_batch_size=4",
 )
 
 

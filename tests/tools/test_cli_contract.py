@@ -1,10 +1,10 @@
 """The contract every training CLI shares (they all run on ``engine.run``), one parametrized test per clause.
 
-Covered for ``train_modelnet``, ``train_capsules``, ``train_deit`` and ``lra_listops`` alike: the main-job smoke run
-and its run folder, eval-only, resume with an allowed change, SIGKILL + resume bit for bit, SIGTERM, two gloo
-processes under torchrun, and every refusal of issue 14: a folder holding a run, a live lock, a changed config on
-resume, a checkpoint that needs pickle, bad config values, a batch larger than the data. Defect numbers refer to
-issue 14; each test named ``*_defect_N`` fails on the code before it.
+Covered for ``train_modelnet``, ``train_partseg``, ``train_capsules``, ``train_deit`` and ``lra_listops`` alike: the
+main-job smoke run and its run folder, eval-only, resume with an allowed change, SIGKILL + resume bit for bit,
+SIGTERM, two gloo processes under torchrun, and every refusal of issue 14: a folder holding a run, a live lock, a
+changed config on resume, a checkpoint that needs pickle, bad config values, a batch larger than the data. Defect
+numbers refer to issue 14; each test named ``*_defect_N`` fails on the code before it.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from engine.config import config_help, config_to_dict
 from engine.export import load_exported
 from engine.testing import read_log, run_tool, start_tool, stop_after_first_checkpoint, strip_timing, torchrun
 from lra.testing import TINY_LISTOPS_SETS
+from pointcloud.partseg.recipe import PartSegRecipe
 from pointcloud.recipe import ModelNetRecipe
-from pointcloud.testing import TINY_MODELNET_SETS
+from pointcloud.testing import TINY_MODELNET_SETS, TINY_PARTSEG_SETS
 from vision.recipe import DeiTRecipe
 from vision.testing import TINY_DEIT_SETS
 
@@ -71,6 +72,12 @@ CLIS = {
             ModelNetRecipe,
             (*COMMON, *TINY_MODELNET_SETS, "model_kwargs.widths=[16,32,32,32]", "model_kwargs.head_dims=[32,32]"),
             ("test_oa", "test_macc", "best_test_oa", "params", "gmacs"),
+        ),
+        CLI(
+            "train_partseg",
+            PartSegRecipe,
+            (*COMMON, *TINY_PARTSEG_SETS),
+            ("test_instance_miou", "test_class_miou", "class_ious", "best_test_instance_miou", "params", "gmacs"),
         ),
         CLI(
             "train_capsules",
@@ -264,9 +271,9 @@ def test_eval_only_resume_and_export_rebuild_a_set_run_without_its_sets(cli: CLI
     recipe.train_set, recipe.eval_set = recipe.build_datasets()
     model = recipe.build_model().eval()
     model.load_state_dict(state["model"])
-    x = default_collate([recipe.eval_set[i] for i in range(2)])[0]
+    inputs = default_collate([recipe.eval_set[i] for i in range(2)])[:-1]  # a sample's last item is its target
     with torch.no_grad():
-        assert torch.equal(exported(x), model(x))
+        assert torch.equal(exported(*inputs), model(*inputs))
     meta = json.loads((tmp_path / "export" / "config.json").read_text())
     assert meta["model_args"] == recipe.model_spec()[1] == state["model_spec"]["kwargs"]
 

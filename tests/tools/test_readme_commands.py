@@ -24,8 +24,9 @@ from capsules.recipe import CapsulesRecipe
 from capsules.testing import TINY_CAPSULES_SETS
 from engine.testing import REPO, tool_env
 from lra.testing import TINY_LISTOPS_SETS
+from pointcloud.partseg.recipe import PartSegRecipe
 from pointcloud.recipe import ModelNetRecipe
-from pointcloud.testing import TINY_MODELNET_SETS
+from pointcloud.testing import TINY_MODELNET_SETS, TINY_PARTSEG_SETS
 from vision.recipe import DeiTRecipe
 from vision.testing import TINY_DEIT_SETS
 
@@ -34,8 +35,14 @@ TINY_RUNS = {
     CapsulesRecipe: TINY_CAPSULES_SETS,
     DeiTRecipe: TINY_DEIT_SETS,
     lra.ListOpsRecipe: TINY_LISTOPS_SETS,
+    # the main job's five categories and 24 test shapes each, so that the README's picture command finds its shapes
+    PartSegRecipe: (
+        *TINY_PARTSEG_SETS,
+        "synthetic_classes=[table,chair,airplane,lamp,mug]",
+        "synthetic_test_per_class=24",
+    ),
 }
-OPENS_A_RUN = ("--resume", "--eval-only", "export_weights.py", "visualize_capsules.py")
+OPENS_A_RUN = ("--resume", "--eval-only", "export_weights.py", "visualize_capsules.py", "visualize_partseg.py")
 
 
 SAMPLE = REPO.parent / "shared" / "data" / "modelnet40_normal_resampled_sample"
@@ -101,7 +108,7 @@ def _run(argv: list[str], cwd: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("command", readme_commands())
 def test_readme_command_runs_as_written(command: str, trained: Path) -> None:
-    if "visualize_capsules.py" in command:
+    if "visualize_capsules.py" in command or "visualize_partseg.py" in command:
         pytest.importorskip("open3d", exc_type=ImportError)
     opened = re.search(r"(runs/\S+?)/(?:latest/)?best\.pt", command)
     if opened and not (trained / opened.group(0)).exists() and not SAMPLE.is_dir():

@@ -1,0 +1,149 @@
+"""Predicted parts beside the ground truth: the view of a trained part-segmentation run (tools/visualize_partseg.py).
+
+Each chosen shape is drawn twice side by side, its ground-truth labels on the left and the model's prediction (the
+arg-max over its category's parts, as the metric takes it) on the right, every point in the colour of its part
+(:func:`pointcloud.render.palette` over the global part labels, so a part has one colour in every shape). The legend
+lists the parts of the shown categories; the title gives each shape's IoU (ShapeNet Part's per-shape IoU).
+
+:func:`visualize_checkpoint` rebuilds the model and the data from the config saved in the checkpoint, as every
+command that opens a run does, and writes a ``.ply`` per shape and, without a display, a PNG (Open3D, headless:
+:func:`pointcloud.render.render_png`); ``together`` puts all chosen shapes into one picture, one row each.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine import UsageError, load_checkpoint, load_config, saved_config
+
+from ..parts import PartSegmentation
+from ..render import VIEWS, palette, render_png, show, write_ply
+from .metrics import category_part_mask, restricted_argmax, shape_ious
+from .recipe import PartSegConfig, build_datasets, build_model
+
+__all__ = ["predict", "segmentation_view", "visualize_checkpoint"]
+
+_logger = logging.getLogger(__name__)
+
+
+def segmentation_view(
+    points: np.ndarray, labels: np.ndarray, pred: np.ndarray, num_parts: int, up: str = "z", gap: float = 0.5
+) -> tuple[np.ndarray, np.ndarray]:
+    """Ground truth (left) and prediction (right) of one shape side by side, coloured by part.
+
+    Shapes:
+        points: ``(N, 3)``; labels, pred: ``(N,)`` global part labels; output: xyz ``(2N, 3)`` (ground truth first,
+        shifted left; prediction shifted right along x) and rgb ``(2N, 3)``.
+    """
+    if up not in VIEWS:
+        raise ValueError(f"up must be one of {sorted(VIEWS)}, got {up!r}")
+    points = np.asarray(points, dtype=np.float64)[:, :3]
+    labels, pred = np.asarray(labels, dtype=np.int64), np.asarray(pred, dtype=np.int64)
+    if labels.shape != (len(points),) or pred.shape != (len(points),):
+        raise ValueError(f"labels and pred must be ({len(points)},), one part per point")
+    colours = palette(num_parts)
+    centred = points - points.mean(0)
+    shift = np.array([(np.ptp(points[:, 0]) + gap) / 2, 0.0, 0.0])
+    return np.concatenate([centred - shift, centred + shift]), np.concatenate([colours[labels], colours[pred]])
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, dataset: PartSegmentation, index: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """The model's restricted prediction of shape ``index``: ``(labels, pred, IoU)``."""
+    points, category, labels = dataset[index]
+    logits = model(points[None], category[None])
+    mask = category_part_mask(dataset.part_classes, logits.shape[-1])
+    pred = restricted_argmax(logits, category[None], mask)
+    iou = float(shape_ious(pred, labels[None], category[None], mask)[0])
+    return labels.numpy(), pred[0].numpy(), iou
+
+
+def visualize_checkpoint(
+    checkpoint: str | PathLike,
+    indices: Sequence[int] = (0, 1, 2, 3),
+    split: str = "test",
+    output_dir: str | PathLike | None = None,
+    data_root: str | None = None,
+    headless: bool = False,
+    together: bool = False,
+    width: int = 960,
+    height: int = 480,
+    point_size: float = 6.0,
+    allow_pickle: bool = False,
+) -> list[dict]:
+    """Shows (or renders) ground truth and prediction of shapes ``indices`` of ``split`` for a trained run.
+
+    Per shape ``<output_dir>/<split>_<index>.ply`` and, without a display or with ``headless``, ``<split>_<index>.png``
+    with a legend; with ``together`` one ``<split>_<i>-<j>-....png`` holding every shape as a row. The model, data
+    and point count come from the checkpoint's config; ``data_root`` only says where the data lies.
+
+    Returns:
+        One dict per shape: ``index``, ``name``, ``category``, ``iou``, ``ply`` and ``png`` (when rendered).
+
+    Raises:
+        UsageError: The checkpoint holds no config, or an index is outside the split.
+    """
+    checkpoint = Path(checkpoint)
+    state = load_checkpoint(checkpoint, allow_pickle=allow_pickle)
+    saved = saved_config(state, checkpoint)
+    if not saved:
+        raise UsageError(f"{checkpoint} holds no config: expected a checkpoint written by tools/train_partseg.py")
+    cfg = load_config(PartSegConfig, defaults=saved, defaults_source=f"checkpoint {checkpoint}")
+    train_set, test_set = build_datasets(cfg, data_root)
+    dataset = test_set if split == "test" else PartSegmentation(train_set.parts, cfg.use_normals)  # no augmentation
+    bad = [i for i in indices if not 0 <= i < len(dataset)]
+    if bad:
+        raise UsageError(f"shape indices {bad} are outside the {split} split's {len(dataset)} shapes")
+    model = build_model(cfg, dataset.num_parts, dataset.num_categories)
+    model.load_state_dict(state["model"])
+    model.eval()
+    out_dir = Path(output_dir) if output_dir is not None else checkpoint.parent / "viz"
+    interactive = bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and not headless
+    up = "z" if cfg.dataset == "synthetic_parts" else "y"
+    up_axis = {"z": 2, "y": 1}[up]
+    names = dataset.part_names
+    rows, clouds = [], []
+    for row, index in enumerate(indices):
+        labels, pred, iou = predict(model, dataset, index)
+        points = dataset[index][0].numpy()
+        xyz, rgb = segmentation_view(points, labels, pred, dataset.num_parts, up)
+        category = dataset.category_names[dataset.parts.categories[index]]
+        stem = f"{split}_{index}"
+        result = {"index": index, "name": dataset.names[index], "category": category, "iou": iou,
+                  "ply": str(write_ply(out_dir / f"{stem}.ply", xyz, rgb))}  # fmt: skip
+        _logger.info("%s (%s, %s): IoU %.3f", stem, result["name"], category, iou)
+        offset = np.zeros(3)
+        offset[up_axis] = -2.4 * row  # rows of a picture that shows several shapes
+        clouds.append((xyz + offset, rgb, dataset.parts.categories[index], f"{category} {iou:.2f}"))
+        if interactive:
+            show(xyz, rgb, title=f"{result['name']}: ground truth | prediction", point_size=point_size)
+        elif not together:
+            title = f"{result['name']} ({category}): ground truth | prediction, IoU {iou:.2f}"
+            legend = _legend(dataset, [clouds[-1][2]], names)
+            result["png"] = str(render_png(out_dir / f"{stem}.png", xyz, rgb, width, height, up, point_size,
+                                           legend, title))  # fmt: skip
+        rows.append(result)
+    if together and not interactive:
+        xyz = np.concatenate([c[0] for c in clouds])
+        rgb = np.concatenate([c[1] for c in clouds])
+        title = "ground truth | prediction; IoU: " + ", ".join(c[3] for c in clouds)
+        legend = _legend(dataset, [c[2] for c in clouds], names)
+        path = out_dir / f"{split}_{'-'.join(str(i) for i in indices)}.png"
+        png = str(render_png(path, xyz, rgb, width, height, up, point_size, legend, title))
+        for result in rows:
+            result["png"] = png
+    return rows
+
+
+def _legend(dataset: PartSegmentation, categories: Sequence[int], names: Sequence[str]) -> list:
+    """``(colour, part name)`` for every part of the shown categories, in label order."""
+    colours = palette(dataset.num_parts)
+    labels = sorted({p for c in categories for p in dataset.part_classes[c]})
+    return [(tuple(float(v) for v in colours[p]), names[p] if p < len(names) else f"part {p}") for p in labels]

@@ -1,0 +1,212 @@
+"""Headless rendering of coloured point clouds with Open3D: a PNG without a display, a ``.ply``, an interactive window.
+
+Shared by the capsule part-decomposition view (:mod:`capsules.visualize`) and the part-segmentation view
+(:mod:`pointcloud.partseg.visualize`): :func:`render_png` (Open3D's ``OffscreenRenderer``, which needs Debian's
+``libvulkan1 mesa-vulkan-drivers`` or a GPU driver; else the legacy ``Visualizer`` with a hidden window, which needs an
+X display such as ``xvfb-run``), :func:`write_ply`, :func:`show`, a legend panel drawn with Pillow
+(:func:`add_legend`) and a palette of distinct colours (:func:`palette`). Open3D is imported only inside these
+functions.
+"""
+
+from __future__ import annotations
+
+import colorsys
+import logging
+from collections.abc import Sequence
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["FIELD_OF_VIEW", "GREY", "VIEWS", "add_legend", "palette", "render_png", "show", "write_ply"]
+
+_logger = logging.getLogger(__name__)
+
+GREY = (0.72, 0.72, 0.72)
+
+#: Vertical field of view of the rendered pictures, in degrees.
+FIELD_OF_VIEW = 40.0
+# Camera direction per up axis (eye offset from the centre) and the up vector; the distance is fitted (_camera).
+VIEWS = {
+    "z": (np.array([1.6, -4.2, 2.4]), np.array([0.0, 0.0, 1.0])),
+    "y": (np.array([1.6, 2.0, 4.2]), np.array([0.0, 1.0, 0.0])),
+}
+
+
+def palette(num_colors: int) -> np.ndarray:
+    """``(M, 3)`` distinct saturated colours in [0, 1] (hues spaced by the golden ratio, two brightness levels)."""
+    hues = (np.arange(num_colors) * 0.618033988749895) % 1.0
+    return np.array(
+        [colorsys.hsv_to_rgb(h, 0.85, 0.95 if i % 2 == 0 else 0.7) for i, h in enumerate(hues)], dtype=np.float64
+    ).reshape(num_colors, 3)
+
+
+def add_legend(
+    image: np.ndarray, entries: Sequence[tuple[Sequence[float], str]], title: str | None = None, panel: int = 0
+) -> np.ndarray:
+    """The image with ``panel`` white columns appended on the right holding the legend, and the title on top.
+
+    Args:
+        image: ``(H, W, 3)`` uint8 render.
+        entries: ``(rgb in [0, 1], text)`` per legend line (e.g. :func:`capsules.visualize.legend_entries`).
+        title: drawn in the top-left corner of the image.
+        panel: width in pixels of the legend panel.
+    """
+    from PIL import Image, ImageDraw, ImageFont
+
+    H, W = image.shape[:2]
+    canvas = Image.new("RGB", (W + panel, H), "white")
+    canvas.paste(Image.fromarray(np.ascontiguousarray(image[..., :3]).astype(np.uint8)), (0, 0))
+    draw = ImageDraw.Draw(canvas)
+    line = max(8, min(26, (H - 8) // max(len(entries) + 1, 1)))  # every entry fits the height
+    font = ImageFont.load_default(size=max(7, int(line * 0.7)))
+    if title:
+        draw.text((8, 6), title, fill=(0, 0, 0), font=font)
+    y = max(4, (H - line * len(entries)) // 2)
+    for rgb, text in entries:
+        colour = tuple(round(255 * c) for c in rgb)
+        box = max(4, int(line * 0.6))
+        draw.rectangle([W + 6, y + (line - box) // 2, W + 6 + box, y + (line + box) // 2], fill=colour)
+        draw.text((W + 12 + box, y + (line - box) // 2 - 1), text, fill=(0, 0, 0), font=font)
+        y += line
+    return np.asarray(canvas)
+
+
+def _point_cloud(xyz: np.ndarray, rgb: np.ndarray):
+    import open3d as o3d
+
+    cloud = o3d.geometry.PointCloud(o3d.utility.Vector3dVector(np.asarray(xyz, dtype=np.float64)))
+    cloud.colors = o3d.utility.Vector3dVector(np.clip(np.asarray(rgb, dtype=np.float64), 0.0, 1.0))
+    return cloud
+
+
+def write_ply(path: str | PathLike, xyz: np.ndarray, rgb: np.ndarray) -> Path:
+    """Write a coloured point cloud (ASCII .ply, readable by Open3D, MeshLab, CloudCompare)."""
+    import open3d as o3d
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not o3d.io.write_point_cloud(str(path), _point_cloud(xyz, rgb), write_ascii=True):
+        raise OSError(f"Open3D could not write {path}")
+    return path
+
+
+def _camera(
+    xyz: np.ndarray, up: str, aspect: float = 2.0, fov: float = FIELD_OF_VIEW, margin: float = 0.05
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Look-at centre, eye and up vector of a pinhole camera (vertical field of view ``fov`` degrees, width / height
+    ``aspect``) that sees every point of ``xyz`` with ``margin`` of the picture left free on each side.
+
+    The view direction is fixed per up axis (:data:`VIEWS`); the distance is the smallest at which every point
+    projects inside the picture, so shapes long along any axis (tables, cars, sofas) are framed whole.
+    """
+    offset, up_vec = VIEWS[up]
+    centre = (xyz.min(0) + xyz.max(0)) / 2
+    back = offset / np.linalg.norm(offset)  # from the centre towards the eye
+    right = np.cross(up_vec, back)
+    right /= np.linalg.norm(right)
+    true_up = np.cross(back, right)
+    rel = xyz - centre
+    depth = rel @ back  # towards the eye: a point closer to the camera needs more distance
+    half_v = np.tan(np.radians(fov) / 2) * (1 - 2 * margin)
+    half_h = half_v * aspect
+    need = np.maximum(np.abs(rel @ right) / half_h, np.abs(rel @ true_up) / half_v) + depth
+    distance = max(float(need.max()), 1e-6)
+    return centre, centre + back * distance, up_vec
+
+
+def _render_offscreen(xyz: np.ndarray, rgb: np.ndarray, width: int, height: int, up: str, point_size: float):
+    import open3d as o3d
+
+    rendering = o3d.visualization.rendering
+    renderer = rendering.OffscreenRenderer(width, height)
+    material = rendering.MaterialRecord()
+    material.shader = "defaultUnlit"
+    material.point_size = point_size
+    renderer.scene.set_background([1.0, 1.0, 1.0, 1.0])
+    renderer.scene.view.set_post_processing(False)  # no tone mapping: the palette's colours as they are
+    renderer.scene.add_geometry("points", _point_cloud(xyz, rgb), material)
+    centre, eye, up_vec = _camera(xyz, up, aspect=width / height)
+    renderer.setup_camera(FIELD_OF_VIEW, centre, eye, up_vec)
+    return np.asarray(renderer.render_to_image())
+
+
+def _render_legacy(xyz: np.ndarray, rgb: np.ndarray, width: int, height: int, up: str, point_size: float):
+    import open3d as o3d
+
+    vis = o3d.visualization.Visualizer()
+    if not vis.create_window(visible=False, width=width, height=height):
+        raise RuntimeError("the legacy Open3D Visualizer could not open a window (no X display: use xvfb-run)")
+    try:
+        vis.add_geometry(_point_cloud(xyz, rgb))
+        vis.get_render_option().point_size = point_size
+        centre, eye, up_vec = _camera(xyz, up, aspect=width / height)
+        ctrl = vis.get_view_control()
+        ctrl.set_lookat(centre)
+        ctrl.set_front((eye - centre) / np.linalg.norm(eye - centre))
+        ctrl.set_up(up_vec)
+        vis.poll_events()
+        vis.update_renderer()
+        image = np.asarray(vis.capture_screen_float_buffer(do_render=True))
+        return (image * 255).astype(np.uint8)
+    finally:
+        vis.destroy_window()
+
+
+def render_png(
+    path: str | PathLike,
+    xyz: np.ndarray,
+    rgb: np.ndarray,
+    width: int = 960,
+    height: int = 480,
+    up: str = "z",
+    point_size: float = 6.0,
+    legend: Sequence[tuple[Sequence[float], str]] | None = None,
+    title: str | None = None,
+) -> Path:
+    """Render a coloured cloud to a ``width`` x ``height`` PNG without a display; returns the path.
+
+    Tries Open3D's ``OffscreenRenderer`` (Filament; Vulkan or EGL), then the legacy ``Visualizer`` with a hidden
+    window (needs an X display, e.g. ``xvfb-run``). Raises ``RuntimeError`` naming what to install if both fail.
+    With ``legend`` (``(rgb, text)`` lines) the right part of the picture is a legend panel (:func:`add_legend`);
+    ``title`` goes in the top-left corner.
+    """
+    import open3d as o3d
+
+    panel = 0
+    if legend:
+        panel = min(max(140, int(width * 0.3)), width // 2)
+    errors = []
+    image = None
+    for name, fn in (("OffscreenRenderer", _render_offscreen), ("legacy Visualizer", _render_legacy)):
+        try:
+            image = fn(xyz, rgb, width - panel, height, up, point_size)
+            break
+        except Exception as err:
+            errors.append(f"{name}: {err}")
+            _logger.info("%s failed (%s), trying the next renderer", name, err)
+    if image is None:
+        raise RuntimeError(
+            "no headless Open3D renderer works here (" + "; ".join(errors) + "). Install Debian's libvulkan1 "
+            "mesa-vulkan-drivers (OffscreenRenderer) or run under xvfb-run (legacy Visualizer); tools/bootstrap.sh "
+            "installs them when run as root"
+        )
+    if legend or title:
+        image = add_legend(image, legend or [], title, panel)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not o3d.io.write_image(str(path), o3d.geometry.Image(np.ascontiguousarray(image))):
+        raise OSError(f"Open3D could not write {path}")
+    return path
+
+
+def show(xyz: np.ndarray, rgb: np.ndarray, title: str = "point cloud", point_size: float = 6.0) -> None:
+    """Open an interactive Open3D window (needs a display)."""
+    import open3d as o3d
+
+    vis = o3d.visualization.Visualizer()
+    vis.create_window(window_name=title)
+    vis.add_geometry(_point_cloud(xyz, rgb))
+    vis.get_render_option().point_size = point_size
+    vis.run()
+    vis.destroy_window()

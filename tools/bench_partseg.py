@@ -1,0 +1,61 @@
+"""Throughput of the part-segmentation models: params, GMACs, train and inference samples/s, as ratios to PointNet++.
+
+    python tools/bench_partseg.py                                   # CPU, batch 8, 2048 points (ShapeNet Part's)
+    python tools/bench_partseg.py --points 256 --batch 16           # the main job's clouds
+    python tools/bench_partseg.py --device cuda --amp --batch 32    # GPU, bf16 autocast
+
+Rows and columns are described in :mod:`pointcloud.partseg.bench`: every registered part-segmentation model at its
+defaults and the centroid model at the main job's size, 50 parts and 16 categories, all on the same batch, timed
+round-robin (``--repeats`` rounds after ``--warmup`` untimed calls; ``--stat min``: the fastest round, the least
+disturbed by other jobs on a shared machine). ``--json`` writes every row (each round's time included).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from engine.bench import describe_machine, print_table, write_report
+from pointcloud.partseg import list_models
+from pointcloud.partseg.bench import benchmark, check_settings, plan, table
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--points", type=int, default=2048)
+    parser.add_argument("--models", nargs="+", default=None, help="subset of registered names (default: all)")
+    parser.add_argument("--no-main-job", action="store_true", help="leave out the centroid model at main-job size")
+    parser.add_argument("--no-normals", action="store_true", help="x, y, z only (default: with normals, 6 channels)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed calls before timing")
+    parser.add_argument("--stat", default="median", choices=["median", "min"],
+                        help="summary of the rounds; min resists background load on a shared machine")  # fmt: skip
+    parser.add_argument("--amp", action="store_true", help="bf16 autocast (CUDA only)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    args = parser.parse_args(argv)
+    models = args.models or list_models()
+    try:
+        check_settings(models, args.device, args.amp, args.batch, args.repeats)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"# bench_partseg on {args.device}: {describe_machine(args.device)}")
+    channels = "xyz" if args.no_normals else "xyz + normals"
+    print(f"# batch {args.batch}, {args.points} points ({channels}), 50 parts, 16 categories, amp {args.amp}, "
+          f"{args.stat} of {args.repeats} rounds after {args.warmup} warm-up\n")  # fmt: skip
+    rows = plan(models, main_job=not args.no_main_job)
+    results = benchmark(rows, args.device, args.batch, args.points, args.amp, args.repeats, args.warmup, args.stat,
+                        use_normals=not args.no_normals)  # fmt: skip
+    print_table(*table(results))
+    if args.json:
+        write_report(args.json, "bench_partseg", args.device, vars(args), results=results)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Show a trained part-segmentation run's predicted parts beside the ground truth, one colour per part.
+
+    python tools/visualize_partseg.py --checkpoint runs/partseg/main/latest/best.pt           # shapes 0..3 of test
+    python tools/visualize_partseg.py --checkpoint best.pt --index 0 24 48 --together --headless --output-dir viz/
+
+For every chosen shape the ground truth (left) and the prediction (right: the arg-max over the shape's category's
+parts, as the metric takes it) are written to ``<output-dir>/<split>_<index>.ply``. With a display (``$DISPLAY`` or
+``$WAYLAND_DISPLAY``) and without ``--headless`` an Open3D window opens per shape; otherwise ``<split>_<index>.png``
+is rendered off screen (Open3D's OffscreenRenderer with Debian's ``libvulkan1 mesa-vulkan-drivers``, or the legacy
+visualizer under ``xvfb-run``), or with ``--together`` one PNG holding every chosen shape as a row. The legend names
+the parts of the shown categories, the title gives each shape's IoU. The model, data and point count come from the
+checkpoint's config.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from engine import setup_logging, user_errors
+from pointcloud.partseg.visualize import visualize_checkpoint
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, help="a last.pt / best.pt written by tools/train_partseg.py")
+    parser.add_argument("--split", default="test", choices=("train", "test"), help="which split's shapes to show")
+    parser.add_argument("--index", type=int, nargs="+", default=[0, 1, 2, 3], help="shape indices in the split")
+    parser.add_argument("--together", action="store_true", help="one PNG with every chosen shape as a row")
+    parser.add_argument("--output-dir", default=None, help="default: <checkpoint folder>/viz")
+    parser.add_argument("--data-root", default=None, help="dataset root (default: the checkpoint config's)")
+    parser.add_argument("--headless", action="store_true", help="render PNGs even when a display is present")
+    parser.add_argument("--width", type=int, default=960)
+    parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--point-size", type=float, default=6.0)
+    parser.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="load a checkpoint that needs pickle (can run arbitrary code: only files you trust)",
+    )
+    parser.add_argument("--debug", action="store_true", help="errors show their traceback")
+    args = parser.parse_args(argv)
+    setup_logging(None)
+    with user_errors(args.debug):
+        return visualize_checkpoint(
+            args.checkpoint, args.index, args.split, args.output_dir, args.data_root, args.headless, args.together,
+            args.width, args.height, args.point_size, allow_pickle=args.trust_checkpoint,
+        )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
