@@ -89,7 +89,7 @@ for backend in ("csr", "triton"):
     out = m(x)
     grads.append([out, *torch.autograd.grad(out.square().sum(), [x, *m.parameters()])])
 for a, b in zip(*grads):
-    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4 * a.abs().max().item())
 print("ok")
 """
 
@@ -188,4 +188,4 @@ def test_fsat_layer_on_cuda_takes_the_kernel_and_equals_gather() -> None:
         out = m(x)
         grads.append([out, *torch.autograd.grad(out.square().sum(), [x, *m.parameters()])])
     for a, b in zip(*grads):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4 * a.abs().max().item())
