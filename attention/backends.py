@@ -1,7 +1,7 @@
 """The backend switchboard: which optional packages are installed, what each fast kernel supports, and one resolver.
 
-Every op with fast paths (FPS, KNN, Chamfer, the Cauchy / Vandermonde mixers, FSAT's edge products, the KNN
-attention's form) has a plain PyTorch reference and optional backends. Each backend is declared once here
+Every op with fast paths (FPS, KNN, Chamfer, the Cauchy / Vandermonde mixers, FSAT's edge products, Hydra's scan,
+the KNN attention's form) has a plain PyTorch reference and optional backends. Each backend is declared once here
 (:class:`Backend`): the callable that runs it (imported when it first runs), the package it needs, the devices it
 runs on, whether its result is exact (identical to the reference), the shapes it supports (limits read from the
 kernel module, :mod:`attention.kernels.limits`) and, apart from those hard limits, the shapes where ``"auto"``
@@ -34,15 +34,18 @@ from .checks import is_tracing
 from .kernels.limits import (
     FPS_TRITON_MAX_CHANNELS,
     FPS_TRITON_MAX_POINTS,
+    FSAT_TRITON_MAX_HEAD_DIM,
     KNN_ATTN_TRITON_MAX_HEAD_DIM,
     KNN_TRITON_MAX_NEIGHBORS,
     MIX_TRITON_MAX_HEAD_DIM,
+    SSD_TRITON_MAX_DIM,
 )
 
 __all__ = [
     "AUTO_ORDER",
     "BACKENDS",
     "HAS_FPSAMPLE",
+    "HAS_MAMBA_SSM",
     "HAS_NUMBA",
     "HAS_PYTORCH3D",
     "HAS_TORCH_CLUSTER",
@@ -61,6 +64,7 @@ HAS_PYTORCH3D = importlib.util.find_spec("pytorch3d") is not None
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_FPSAMPLE = importlib.util.find_spec("fpsample") is not None
 HAS_NUMBA = importlib.util.find_spec("numba") is not None
+HAS_MAMBA_SSM = importlib.util.find_spec("mamba_ssm") is not None
 
 INSTALL_HINTS = {
     "torch_cluster": "torch-cluster: `pip install --no-build-isolation torch-cluster` after torch (or `pip install "
@@ -69,6 +73,7 @@ INSTALL_HINTS = {
     "triton": "triton (installed with CUDA builds of torch) and a CUDA device",
     "fpsample": "fpsample: `pip install fpsample` (or `pip install -e '.[fps]'`)",
     "numba": "numba: `pip install numba` (or `pip install -e '.[fps]'`)",
+    "mamba_ssm": "mamba-ssm: `pip install --no-build-isolation mamba-ssm` (CUDA only; it compiles against your torch)",
 }
 
 # package -> installed, probed once (tests may override an entry to exercise a dispatch path)
@@ -79,6 +84,7 @@ INSTALLED: dict[str | None, bool] = {
     "triton": HAS_TRITON,
     "fpsample": HAS_FPSAMPLE,
     "numba": HAS_NUMBA,
+    "mamba_ssm": HAS_MAMBA_SSM,
 }
 
 Shape = Mapping[str, object]
@@ -96,7 +102,7 @@ class Backend:
 
     Attributes:
         op: the op (``"fps"``, ``"knn"``, ``"chamfer"``, ``"cauchy_mix"``, ``"vandermonde_mix"``, ``"fsat_edges"``,
-            ``"knn_attention"``).
+            ``"quasiseparable_mix"``, ``"knn_attention"``).
         name: the backend name users pass (``backend="cluster"``).
         impl: the callable, as ``"module:function"`` (imported when it first runs, so that importing
             :mod:`attention` imports no optional package) or the callable itself. FPS and KNN, whose backends share
@@ -227,6 +233,29 @@ def _small_dense_chamfer(shape: Shape, dtype: torch.dtype | None) -> bool:
 
 def _not_float64(shape: Shape, dtype: torch.dtype | None) -> bool:
     return dtype != torch.float64  # the Triton mixers compute in float32; float64 keeps the reference's precision
+
+
+def _fsat_kernel_supported(shape: Shape, dtype: torch.dtype | None) -> str | None:
+    """The fused FSAT edge attention sums the queries' gradients with float32 atomics, in no fixed order."""
+    if torch.are_deterministic_algorithms_enabled():
+        return (
+            "backend 'triton' of fsat_edges sums the queries' gradients with float32 atomics in no fixed order, got "
+            "torch.use_deterministic_algorithms(True)"
+        )
+    return None
+
+
+def _separate_dt_and_a(shape: Shape, dtype: torch.dtype | None) -> str | None:
+    """Mamba-2's scan takes the steps dt and the rates A apart (``exp(A dt)``, ``dt B``), which only Hydra's
+    :func:`attention.mixers.functional.hydra_mix` still holds: the factored ``quasiseparable_mix`` cannot call it."""
+    if not shape.get("separate_dt"):
+        return (
+            "backend 'mamba' of quasiseparable_mix takes Hydra's dt and A apart: use hydra_mix "
+            "(MatrixMixer(matrix='hydra', backend='mamba')), not the factored quasiseparable_mix"
+        )
+    if dtype == torch.float64:
+        return "backend 'mamba' of quasiseparable_mix takes float32, bfloat16 or float16 tensors, got float64"
+    return None
 
 
 def _masked_attention_preferred(shape: Shape, dtype: torch.dtype | None) -> bool:
@@ -361,6 +390,39 @@ _register(
     # FSAT's edge products (attention.mixers.fsat.sparse_edge_attention branches on the name)
     Backend("fsat_edges", "csr"),
     Backend("fsat_edges", "gather"),
+    # attention/kernels/fsat_triton.py: the fused edge attention (edges grouped by query, online softmax, gathered rows)
+    Backend(
+        "fsat_edges",
+        "triton",
+        "attention.kernels.fsat_triton:EdgeAttentionTriton",
+        "triton",
+        devices=("cuda",),
+        limits={"D": FSAT_TRITON_MAX_HEAD_DIM},
+        check=_fsat_kernel_supported,
+        prefer=_not_float64,
+        interpreted=True,
+    ),
+    # Hydra's scan (attention.mixers.functional.hydra_mix branches on the name): the chunked PyTorch scan, the chunked
+    # SSD Triton kernels (attention/kernels/ssd_triton.py), Mamba-2's SSD kernels from mamba_ssm (explicit only)
+    Backend("quasiseparable_mix", "torch", "attention.mixers.functional:quasiseparable_mix"),
+    Backend(
+        "quasiseparable_mix",
+        "triton",
+        "attention.kernels.ssd_triton:quasiseparable_mix_triton",
+        "triton",
+        devices=("cuda",),
+        limits={"N": SSD_TRITON_MAX_DIM, "Dv": SSD_TRITON_MAX_DIM},
+        prefer=_not_float64,
+        interpreted=True,
+    ),
+    Backend(
+        "quasiseparable_mix",
+        "mamba",
+        "mamba_ssm.ops.triton.ssd_combined:mamba_chunk_scan_combined",
+        "mamba_ssm",
+        devices=("cuda",),
+        check=_separate_dt_and_a,
+    ),
     # attention.centroid: the KNN path as chunked gathers (memory O(B M K H) + a chunk) or as dense products under the
     # neighbour mask (O(M N) work, faster where N / K is small). The layer and centroid_attention branch on the name
     # (FX keeps each form's function as a leaf).
@@ -405,7 +467,14 @@ AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     ("vandermonde_mix", "cpu"): ("torch",),
     ("vandermonde_mix", "cuda"): ("triton", "torch"),
     ("fsat_edges", "cpu"): ("csr",),  # 20x faster there than gathering
-    ("fsat_edges", "cuda"): ("gather",),  # CUDA's index_add is fast; csr is not measured on a GPU
+    # CUDA: the fused kernel for float32 / bf16 heads up to its limit (one pass over the edges, against gather's
+    # chunked round trips through memory; tools/bench_mixers.py --device cuda times fsat against fsat-torch, gather),
+    # then gather (CUDA's index_add is fast; csr is not measured on a GPU)
+    ("fsat_edges", "cuda"): ("triton", "gather"),
+    ("quasiseparable_mix", "cpu"): ("torch",),
+    # the SSD kernels (a few launches over every chunk) against the chunked scan's loop over chunks; timed by
+    # tools/bench_mixers.py --device cuda (hydra against hydra-torch)
+    ("quasiseparable_mix", "cuda"): ("triton", "torch"),
     # "masked" was 2.2x faster on one CPU thread at the point model's first stage (M=512, N=1024, K=24) but keeps
     # O(B H M N) memory, so CPU stays on "gather"; on CUDA the fused kernel where it applies (normalize="inputs", no
     # dropout, D <= KNN_ATTN_TRITON_MAX_HEAD_DIM, not float64), else "masked" while N / K <=

@@ -42,6 +42,7 @@ __all__ = [
     "FPS_HEADERS",
     "FSAT_MIN_LEN",
     "GRID_POINTS",
+    "KERNEL_MIXERS",
     "KERNEL_TARGETS",
     "KNN_HEADERS",
     "LARGE_CLOUDS",
@@ -61,6 +62,8 @@ __all__ = [
     "large_clouds",
     "measure_centroid",
     "measure_mixer",
+    "mixer_kernel_targets",
+    "mixer_path",
     "mixer_rows",
     "mixer_table",
     "numba_first_call_ms",
@@ -182,6 +185,56 @@ def fsat_target(results: Sequence[dict], device: str) -> dict:
         detail = f"L = {r['L']}: {r.get('error', 'no SDPA baseline')}"
         return target(name, None, "<", 1, device=device, on="cuda", unit="", detail=detail)
     return target(name, 1 / speedup, "<", 1, device=device, on="cuda", unit="", detail=f"L = {r['L']}")
+
+
+# FSAT and Hydra with their fused kernels, on CUDA at B = 1 and 8 (bench_mixers' rows; each a fraction of a baseline)
+FSAT_MAX_TIME_VS_MATMUL_4K = 0.4  # the paper's 2.5x speed at 4K tokens
+FSAT_MAX_MEMORY_VS_MATMUL_4K = 0.16  # and its 0.16x peak memory there
+FSAT_BEATS_SDPA_FROM = 8192
+HYDRA_BEATS_SDPA_FROM = 4096
+HYDRA_MAX_GROWTH_8K_TO_16K = 2.2  # time 16K / 8K: linear in L, up to noise
+
+
+def mixer_kernel_targets(results: Sequence[dict], device: str) -> list[dict]:
+    """The targets of the fused FSAT and Hydra kernels, from ``tools/bench_mixers.py``'s rows of ``fsat`` and
+    ``hydra`` (what "auto" runs; each row's ``path`` names the backend): FSAT's time and peak memory as fractions of
+    vanilla attention's at 4K, FSAT's and Hydra's time as fractions of SDPA's from 8K / 4K on (the largest), and
+    Hydra's time growth from 8K to 16K. No verdict for a row not measured (the detail says which)."""
+    by = {(r["L"], r["mixer"]): r for r in results}
+
+    def ratio(mixer: str, L: int, key: str) -> tuple[float | None, str]:
+        r = by.get((L, mixer))
+        if r is None or "ms" not in r:
+            return None, f"{mixer} at L = {L}: " + (r.get("error", "failed") if r else "not measured")
+        value = r.get(key)
+        value = None if not value or value != value else value
+        return value, f"{mixer} at L = {L} ran {r.get('path', mixer)}"
+
+    out = []
+    t, detail = ratio("fsat", 4096, "speedup vs attention-matmul")
+    out.append(target("FSAT time vs attention (matmul) at L = 4K (fraction)", t and 1 / t, "<=",
+                      FSAT_MAX_TIME_VS_MATMUL_4K, device=device, on="cuda", unit="", detail=detail))  # fmt: skip
+    mem, detail = ratio("fsat", 4096, "memory vs attention-matmul")
+    out.append(target("FSAT peak memory vs attention (matmul) at L = 4K (fraction)", mem, "<=",
+                      FSAT_MAX_MEMORY_VS_MATMUL_4K, device=device, on="cuda", unit="", detail=detail))  # fmt: skip
+    for mixer, label, start in (("fsat", "FSAT", FSAT_BEATS_SDPA_FROM), ("hydra", "Hydra", HYDRA_BEATS_SDPA_FROM)):
+        name = f"{label} time vs SDPA at every L >= {start // 1024}K (the largest fraction)"
+        measured = [
+            (*ratio(mixer, L, "speedup vs attention-sdpa"), L) for L, m in sorted(by) if m == mixer and L >= start
+        ]
+        gaps = [d for s, d, _ in measured if s is None]
+        if gaps or not measured:
+            detail = "; ".join(gaps) or f"{mixer} not measured at L >= {start}"
+            out.append(target(name, None, "<", 1, device=device, on="cuda", unit="", detail=detail))
+            continue
+        speedup, detail, _ = min(measured)  # the smallest speedup: the largest fraction of SDPA's time
+        out.append(target(name, 1 / speedup, "<", 1, device=device, on="cuda", unit="", detail=detail))
+    (t8, d8), (t16, d16) = ratio("hydra", 8192, "ms"), ratio("hydra", 16384, "ms")
+    detail = d16 if t8 and t16 else "; ".join(d for t, d in ((t8, d8), (t16, d16)) if not t)
+    growth = t16 / t8 if t8 and t16 else None
+    out.append(target("Hydra time at L = 16K / at 8K", growth, "<=", HYDRA_MAX_GROWTH_8K_TO_16K, device=device,
+                      on="cuda", detail=detail))  # fmt: skip
+    return out
 
 
 # ------------------------------------------------------------------------------------ point ops (bench_points)
@@ -494,15 +547,42 @@ def centroid_targets(rows: Sequence[dict], device: str) -> list[dict]:
 # ------------------------------------------------------------------------------ sequence mixers (bench_mixers)
 
 MIXER_BASELINES = ("attention-matmul", "attention-sdpa")
-BENCH_MIXERS = (*MIXER_BASELINES, "fsat", "fat", "linear", "lowrank", "toeplitz", "hydra", "cauchy", "vandermonde")
+# The mixers with fused kernels: "fsat" and "hydra" run what "auto" picks (the Triton kernels on CUDA), "<name>-torch"
+# the plain PyTorch path auto picks without them, "<name>-compiled" that path under torch.compile.
+KERNEL_MIXERS = {"fsat": ("fsat_edges", "edge_backend"), "hydra": ("quasiseparable_mix", "backend")}
+BENCH_MIXERS = (*MIXER_BASELINES, "fsat", "fsat-torch", "fsat-compiled", "fat", "linear", "lowrank", "toeplitz",
+                "hydra", "hydra-torch", "hydra-compiled", "cauchy", "vandermonde")  # fmt: skip
 QUADRATIC_MIXERS = ("cauchy", "vandermonde", "cauchy_static", "vandermonde_static")  # O(L^2 D) operations
+_COMPILED_PATHS = {"fsat": "gather"}  # dynamo does not trace the csr products' sparse tensors
 
 
-def _bench_mixer(name: str, dim: int, heads: int, max_len: int) -> torch.nn.Module:
+def mixer_path(name: str, device: torch.device | str, head_dim: int) -> str | None:
+    """The backend a row of :data:`KERNEL_MIXERS` runs (``"triton"``, ``"gather"``, ...; None for other rows)."""
+    base, _, variant = name.partition("-")
+    if base not in KERNEL_MIXERS:
+        return None
+    op = KERNEL_MIXERS[base][0]
+    if variant == "compiled" and base in _COMPILED_PATHS:
+        return _COMPILED_PATHS[base]
+    if variant:  # the first plain PyTorch backend of the auto order
+        order = backends.AUTO_ORDER.get((op, torch.device(device).type), ())
+        return next(n for n in (*order, *backends.backend_names(op)) if backends.BACKENDS[op][n].package is None)
+    shape = {"D": head_dim, "N": head_dim, "Dv": head_dim, "separate_dt": True}  # Hydra's state size is D
+    return backends.resolve(op, "auto", device, shape, torch.float32)
+
+
+def _bench_mixer(name: str, dim: int, heads: int, max_len: int, device: torch.device) -> torch.nn.Module:
     if name == "attention-matmul":
         return build_mixer("softmax", dim, heads, sdpa=False)
     if name == "attention-sdpa":
         return build_mixer("softmax", dim, heads)
+    base, _, variant = name.partition("-")
+    if base in KERNEL_MIXERS and variant:
+        path = {KERNEL_MIXERS[base][1]: mixer_path(name, device, dim // heads)}
+        layer = build_mixer(base, dim, heads, max_len=max_len, **path).to(device)
+        if variant == "compiled":
+            layer.compile()  # in place (torch.compile's wrapper would run the memory tracker's module hooks twice)
+        return layer
     return build_mixer(name, dim, heads, max_len=max_len)
 
 
@@ -512,7 +592,7 @@ def measure_mixer(cfg: dict) -> dict:
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
     B, L, C, H = cfg["B"], cfg["L"], cfg["C"], cfg["H"]
-    layer = _bench_mixer(cfg["mixer"], C, H, L).to(device).train()
+    layer = _bench_mixer(cfg["mixer"], C, H, L, device).to(device).train()
     x = torch.randn(B, L, C, device=device, requires_grad=True)
 
     def step() -> None:
@@ -560,12 +640,17 @@ def mixer_rows(
     """
     names = [*MIXER_BASELINES, *(m for m in mixers if m not in MIXER_BASELINES)]
     B, C, H = batch, dim, heads
+    paths = {name: mixer_path(name, device, C // H) for name in names}
     results: list[dict] = []
     for L in lengths:
         res: dict[str, dict] = {}
         for name in names:
             if name in QUADRATIC_MIXERS and max_quadratic_len is not None and L > max_quadratic_len:
                 res[name] = {"error": f"skipped (L > --max-quadratic-len {max_quadratic_len})"}
+                continue
+            base = name.partition("-")[0]
+            if name.endswith("-torch") and paths[name] == mixer_path(base, device, C // H):
+                res[name] = {"error": f"skipped: the {base} row runs this path ({paths[name]}) on {device}"}
                 continue
             # the O(L^2 D) mixers skip the warm-up step on CPU: one step is minutes there, one-time costs negligible
             # and time the memory step itself (the tracker's per-op overhead is nothing against their few large ops)
@@ -576,6 +661,8 @@ def mixer_rows(
             _logger.info("L=%d %s: %s", L, name, res[name])
         for name, r in res.items():
             row = {"L": L, "mixer": name, **r}
+            if paths[name] is not None:
+                row["path"] = paths[name] + (" compiled" if name.endswith("-compiled") else "")
             if "ms" in r:
                 for base in MIXER_BASELINES:
                     row[f"speedup vs {base}"] = _ratio(res[base].get("ms"), r["ms"])
@@ -598,7 +685,8 @@ def mixer_table(results: Sequence[dict]) -> tuple[list[str], list[list]]:
         if "ms" not in r:
             rows.append([r["L"], r["mixer"], r.get("error", "")[:60], *[""] * (len(headers) - 3)])
             continue
-        cells = [r["L"], r["mixer"], r["ms"], r["peak_mb"] if r["peak_mb"] is not None else float("nan")]
+        mixer = f"{r['mixer']} ({r['path']})" if r.get("path") else r["mixer"]
+        cells = [r["L"], mixer, r["ms"], r["peak_mb"] if r["peak_mb"] is not None else float("nan")]
         for b in MIXER_BASELINES:
             cells += [1 / r[f"speedup vs {b}"] if r[f"speedup vs {b}"] else float("nan"), r[f"memory vs {b}"]]
         cells += [r["dense_bhlld_mb"], r["vs_bhlld"]] if "dense_bhlld_mb" in r else ["", ""]

@@ -361,12 +361,17 @@ def bench_args(ctx: Ctx, name: str) -> list[str]:
         amp = [*d, "--amp", "--batch", "512"]
         return [*amp, "--models", DEIT_TINY, OURS_1] if quick else amp
     if name == "bench_mixers":
-        if not cuda:
-            return [*d, "--lengths", "128", "--dim", "32", "--heads", "2", "--mixers", "fsat", "cauchy"]
-        if quick:  # the targets' rows only: FSAT vs SDPA at 16K, Cauchy / Vandermonde at 4K
-            targets = ["--mixers", "fsat", "cauchy", "vandermonde", "--max-quadratic-len", "4096"]
-            return [*d, "--lengths", "4096", "16384", *targets]
-        return [*d, "--lengths", "1024", "2048", "4096", "8192", "16384"]
+        if not cuda:  # a compiled row (tens of seconds to compile on CPU) and the skipped line of a torch row
+            mixers = ["fsat", "fsat-torch", "fsat-compiled", "hydra", "cauchy"]
+            return [*d, "--lengths", "128", "--dim", "32", "--heads", "2", "--mixers", *mixers]
+        if quick:  # the targets' rows only: FSAT and Hydra against SDPA from 4K to 16K, Cauchy / Vandermonde at 4K
+            mixers = ["fsat", "fsat-torch", "hydra", "hydra-torch", "cauchy", "vandermonde"]
+            return [*d, "--lengths", "4096", "8192", "16384", "--mixers", *mixers, "--max-quadratic-len", "4096"]
+        # every mixer but the compiled rows, whose compiles (one per mixer and length) would not fit the section's
+        # time: `tools/bench_mixers.py --device cuda` alone runs them
+        mixers = ["fsat", "fsat-torch", "fat", "linear", "lowrank", "toeplitz", "hydra", "hydra-torch", "cauchy",
+                  "vandermonde"]  # fmt: skip
+        return [*d, "--lengths", "1024", "2048", "4096", "8192", "16384", "--mixers", *mixers]
     if name == "bench_capsules":
         small = ["--models", "pointcaps_routing_small", "pointcaps_centroid_small", "--routing-impls", "einsum"]
         if not cuda:

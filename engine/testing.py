@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -20,9 +22,11 @@ from engine.trainer import TIMING_KEYS
 
 __all__ = [
     "REPO",
+    "compile_for_sm90",
     "free_port",
     "host_syncs",
     "read_log",
+    "run_interpreted",
     "run_tool",
     "start_tool",
     "stop_after_first_checkpoint",
@@ -137,3 +141,38 @@ def torchrun(name: str, args: list[str], nproc: int = 2, timeout: float = 300) -
         "--master-port", str(free_port()), str(REPO / "tools" / f"{name}.py"), *args,
     ]  # fmt: skip
     return subprocess.run(cmd, env=tool_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def run_interpreted(script: str, test_dir: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Runs ``script`` in a fresh Python under Triton's interpreter (``TRITON_INTERPRET=1``, which triton reads when it
+    is imported, hence a process of its own), where Triton kernels run on CPU tensors. ``test_dir`` (a test file's
+    folder, whose helpers the script imports) and this checkout lead the child's ``PYTHONPATH``."""
+    path = os.pathsep.join([str(test_dir), str(REPO), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def compile_for_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], num_warps: int) -> dict | None:
+    """Compiles the Triton kernel ``fn`` for an H100 (sm_90) ahead of time, without a GPU (Triton bundles ptxas), so
+    that what the interpreter never checks (``tl.dot`` shapes, layouts, types) fails on CPU too.
+
+    Returns:
+        ``{"registers", "spill_bytes"}`` per thread, read off the cubin with the ``cuobjdump`` that triton bundles, or
+        None where it bundles none.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {**signature, **dict.fromkeys(constexprs, "constexpr")}
+    options = {"num_warps": num_warps, "enable_fp_fusion": True}
+    compiled = triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32), options=options)
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.is_file():
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    fields = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
+    return {"registers": int(fields["REG"]), "spill_bytes": int(fields["STACK"]) + int(fields["LOCAL"])}

@@ -16,14 +16,28 @@ Ratios are against two baselines of the same L measured in the same run:
 
 ``hydra`` is Hydra's quasiseparable mixer (two SSMs, chunked scans: O(L) time and memory), ``linear`` normalized
 linear attention and ``lowrank`` the framework's unnormalized low-rank mixer (both O(L D^2)).
+
+``fsat`` and ``hydra`` run what ``"auto"`` picks: on CUDA the fused Triton kernels
+(``attention/kernels/fsat_triton.py``, ``attention/kernels/ssd_triton.py``). Beside them, ``fsat-torch`` /
+``hydra-torch`` run the plain PyTorch path auto picks without the kernels (FSAT: gather on CUDA, csr on CPU; Hydra:
+the chunked scan; a CPU run skips these rows, the same paths as ``fsat`` / ``hydra`` there), and ``fsat-compiled`` /
+``hydra-compiled`` that path under ``torch.compile`` (FSAT's gather products: dynamo does not trace csr's sparse
+tensors), compiled in the warm-up step. The table names each of these rows' path.
+
 Cauchy and Vandermonde cost O(L^2 D) operations (their matrices are sums over D): on CPU they run up to
 ``--max-quadratic-len``; their ``dense BHLLD MB`` column is what materializing the ``(B, H, L, L, D)`` tensor of the
 public code would take (computed, float32), and ``vs BHLLD`` the ratio of our measured peak to it. They are built with
 the default ``backend="auto"``: the chunked PyTorch path on CPU, the Triton kernels of
 ``attention/kernels/mixers_triton.py`` with ``--device cuda``.
 
-Target (:func:`attention.bench.fsat_target`, on CUDA): FSAT faster than SDPA at L >= 16K (time as a fraction of
-SDPA's < 1); printed under the table and written with every row to ``--json``.
+Targets (on CUDA; printed under the table and written with every row to ``--json``): FSAT faster than SDPA at
+L >= 16K (:func:`attention.bench.fsat_target`), and those of the fused kernels
+(:func:`attention.bench.mixer_kernel_targets`, for B = 1 and B = 8): FSAT at most 0.4x vanilla attention's time
+and 0.16x its peak memory at 4K and faster than SDPA from 8K, Hydra faster than SDPA from 4K and at most 2.2x
+slower at 16K than at 8K::
+
+    python tools/bench_mixers.py --device cuda --lengths 1024 2048 4096 8192 16384 --batch 1
+    python tools/bench_mixers.py --device cuda --lengths 1024 2048 4096 8192 16384 --batch 8
 """
 
 from __future__ import annotations
@@ -31,7 +45,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from attention.bench import BENCH_MIXERS, fsat_target, mixer_rows, mixer_table
+from attention.bench import BENCH_MIXERS, fsat_target, mixer_kernel_targets, mixer_rows, mixer_table
 from engine.bench import add_isolate_option, describe_machine, finish, isolate_configs, print_table
 
 
@@ -56,7 +70,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     results = mixer_rows(args.device, args.lengths, args.mixers, dim=args.dim, heads=args.heads, batch=args.batch,
                          repeats=args.repeats, max_quadratic_len=args.max_quadratic_len, isolate=isolate)  # fmt: skip
     print_table(*mixer_table(results))
-    targets = [fsat_target(results, args.device)]
+    targets = [fsat_target(results, args.device), *mixer_kernel_targets(results, args.device)]
     finish("bench_mixers", args.device, args, targets, results=results)
     return results
 

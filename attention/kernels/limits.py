@@ -9,9 +9,11 @@ from __future__ import annotations
 __all__ = [
     "FPS_TRITON_MAX_CHANNELS",
     "FPS_TRITON_MAX_POINTS",
+    "FSAT_TRITON_MAX_HEAD_DIM",
     "KNN_ATTN_TRITON_MAX_HEAD_DIM",
     "KNN_TRITON_MAX_NEIGHBORS",
     "MIX_TRITON_MAX_HEAD_DIM",
+    "SSD_TRITON_MAX_DIM",
 ]
 
 # attention/kernels/fps_triton.py: one program holds next_pow2(N) distances; beyond this the registers spill and the
@@ -34,3 +36,13 @@ KNN_ATTN_TRITON_MAX_HEAD_DIM = 128
 # in registers and merges every tile of next_pow2(k) candidates into it with two bitonic sorts; beyond 64 neighbours
 # the sorts dominate and the chunked reference is used.
 KNN_TRITON_MAX_NEIGHBORS = 64
+
+# attention/kernels/fsat_triton.py: its tiles are (rows, next_pow2(D)) with rows = 512 / next_pow2(D), so registers do
+# not grow with D; past D = 128 a program would hold fewer than 4 rows, and the gathered loads in flight thin out.
+# Larger heads take the torch paths.
+FSAT_TRITON_MAX_HEAD_DIM = 128
+
+# attention/kernels/ssd_triton.py: the chunk kernels hold (T, N), (T, Dv), (T, T) and (N, Dv) tiles; the backward
+# kernel holds about a dozen of them, which past 64 (state size N or head dim Dv) spill out of registers (ptxas,
+# sm_90). Larger states or heads take the chunked PyTorch scan.
+SSD_TRITON_MAX_DIM = 64

@@ -152,15 +152,18 @@ def sparse_edge_attention(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Te
 
     Backends: ``"csr"`` runs both products on ``torch.sparse`` CSR matrices (``sampled_addmm`` and CSR @ dense, with
     the keys' rows and a destination-sorted copy for the transposed products), nothing of size ``(B H L, E, D)`` is
-    formed; ``"gather"`` gathers ``(keys, E, D)`` blocks a chunk of keys at a time (``index_select``, ``index_add``).
-    ``"auto"``: csr on CPU (20x faster there than gathering), gather on other devices (CUDA's ``index_add`` is fast;
-    the csr path is not measured on a GPU). Both are tested against the dense reference.
+    formed; ``"gather"`` gathers ``(keys, E, D)`` blocks a chunk of keys at a time (``index_select``, ``index_add``);
+    ``"triton"`` (CUDA, D <= 128) is one fused kernel per pass (:mod:`attention.kernels.fsat_triton`: edges grouped
+    by query with one sort, online softmax, saved normalizer; float32 math, dq by atomic adds).
+    ``"auto"``: csr on CPU (20x faster there than gathering); on CUDA triton for float32 / bf16 inputs it supports,
+    else gather (CUDA's ``index_add`` is fast; the csr path is not measured on a GPU). All are tested against the
+    dense reference.
 
     Args:
         q, k, v: ``(B, H, L, D)``.
         idx: ``(B, H, L, E)`` int64 query positions in ``[0, L)``, or negative for no edge.
         conf: ``(B, H, L, E)`` edge confidences.
-        backend: ``"auto"``, ``"csr"`` or ``"gather"``.
+        backend: ``"auto"``, ``"csr"``, ``"gather"`` or ``"triton"``.
 
     Returns:
         ``(B, H, L, D)``.
@@ -169,9 +172,15 @@ def sparse_edge_attention(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Te
     E = idx.shape[-1]
     if idx.shape != (B, H, L, E) or conf.shape != idx.shape:
         raise ValueError(f"idx and conf must be (B, H, L, E) = {(B, H, L, E)}, got {tuple(idx.shape)}, {conf.shape}")
-    backend = resolve("fsat_edges", backend, q.device)  # auto: CSR on CPU, gather on CUDA (attention.backends)
+    backend = resolve("fsat_edges", backend, q.device, {"D": D, "E": E}, q.dtype)  # attention.backends decides
     if checks_active() and idx.numel() and int(idx.max()) >= L:
         raise ValueError(f"idx must hold query positions < L = {L} (or < 0 for no edge), got max {int(idx.max())}")
+    if backend == "triton":
+        from ..kernels.fsat_triton import EdgeAttentionTriton
+
+        ins = [t.float() if t.dtype == torch.float64 else t for t in (q, k, v)]  # the kernel computes in float32
+        # no truncation here: the module truncates the confidences' gradient itself (TruncateGrad in edges())
+        return EdgeAttentionTriton.apply(*ins, idx, conf, False, None).to(v.dtype)
     acc = torch.promote_types(q.dtype, torch.float32)  # softmax in float32 (or float64) even for bf16 inputs
     N = B * H * L
     valid = (idx >= 0).reshape(N, E)
@@ -491,7 +500,7 @@ class FourierSparseAttention(nn.Module):
         feature_map: ``"mlp"`` or ``"conv"``.
         qkv_bias: bias of the q / kv projections.
         proj_drop: dropout on the output.
-        edge_backend: ``"auto"``, ``"csr"`` or ``"gather"`` (see :func:`sparse_edge_attention`).
+        edge_backend: ``"auto"``, ``"csr"``, ``"gather"`` or ``"triton"`` (see :func:`sparse_edge_attention`).
 
     Shapes:
         x: ``(B, L, C)`` with L <= max_len; output: ``(B, L, C)``.

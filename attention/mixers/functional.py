@@ -16,7 +16,12 @@ an optional Triton kernel for CUDA); tensors are ``(B, H, L, D)``.
 * :func:`toeplitz_mix`: FFT convolution with a kernel of length 2L-1, O(L log L).
 * :func:`quasiseparable_mix`: Hydra's bidirectional quasiseparable matrix (a forward and a backward SSM, shift and
   free diagonal) as one batched chunked selective scan (SSD form): O(L T D) for chunk length T, O(L / T) sequential
-  steps, no ``(L, L)`` tensor. Plain autograd (no custom Function), so TorchScript can compile it.
+  steps, no ``(L, L)`` tensor. Plain autograd (no custom Function), so TorchScript can compile it; that chunked scan
+  (``backend="torch"``) is the reference. ``backend="triton"`` (:mod:`attention.kernels.ssd_triton`) runs the same
+  SSD form as a few Triton launches over every chunk, both directions at once; :func:`hydra_mix` can also run
+  Mamba-2's kernels (``backend="mamba"``, the ``mamba_ssm`` package, explicit only). ``"auto"``: the Triton kernels
+  for CUDA tensors (float32 / bf16, N and Dv <= 64), else the chunked scan (op ``"quasiseparable_mix"`` of
+  :func:`attention.backends.resolve`).
 """
 
 from __future__ import annotations
@@ -297,6 +302,29 @@ def _causal_scan(q: Tensor, k: Tensor, v: Tensor, log_a: Tensor, chunk: int) -> 
     return y.reshape(B, H, n * T, Dv)[:, :, :L]
 
 
+def _scan_backend(backend: str, v: Tensor, N: int, separate_dt: bool) -> str:
+    """The switchboard's choice for Hydra's scan (``"auto"`` is the chunked scan while tracing, on CPU, in float64)."""
+    return resolve("quasiseparable_mix", backend, v.device, {"N": N, "Dv": v.shape[-1], "separate_dt": separate_dt},
+                   v.dtype)  # fmt: skip
+
+
+def _quasiseparable_mix_triton(
+    c_fwd: Tensor,
+    b_fwd: Tensor,
+    c_bwd: Tensor,
+    b_bwd: Tensor,
+    v: Tensor,
+    log_fwd: Tensor,
+    log_bwd: Tensor,
+    diag: Tensor,
+) -> Tensor:
+    from ..kernels.ssd_triton import quasiseparable_mix_triton
+
+    with torch.autocast(device_type=v.device.type, enabled=False):
+        ins = (t.float() for t in (c_fwd, b_fwd, c_bwd, b_bwd, v, log_fwd, log_bwd, diag))
+        return quasiseparable_mix_triton(*ins).to(v.dtype)
+
+
 def _quasiseparable_mix(
     c_fwd: Tensor,
     b_fwd: Tensor,
@@ -328,6 +356,7 @@ def quasiseparable_mix(
     log_bwd: Tensor,
     diag: Tensor,
     chunk: int = 64,
+    backend: str = "auto",
 ) -> Tensor:
     """Hydra's quasiseparable mixer ``y = M v`` by two chunked selective scans, never an ``(L, L)`` matrix::
 
@@ -343,11 +372,17 @@ def quasiseparable_mix(
         v: ``(B, H, L, Dv)``.
         log_fwd, log_bwd: ``(B, H, L)`` log decays (<= 0).
         diag: ``(B, H, L)`` the diagonal.
-        chunk: scan chunk length T.
+        chunk: scan chunk length T of the chunked PyTorch scan.
+        backend: ``"torch"`` (the chunked scan), ``"triton"`` (CUDA, N and Dv <= 64; CPU tensors only under
+            ``TRITON_INTERPRET=1``) or ``"auto"`` (triton for CUDA tensors when it applies, else torch).
 
     Returns:
-        ``(B, H, L, Dv)`` in ``v``'s dtype (computed in float32 for half-precision inputs).
+        ``(B, H, L, Dv)`` in ``v``'s dtype (computed in float32 for half-precision inputs; the Triton kernels also
+        compute float64 inputs in float32).
     """
+    if not torch.jit.is_scripting():  # TorchScript compiles the chunked scan only
+        if _scan_backend(backend, v, c_fwd.shape[-1], separate_dt=False) == "triton":
+            return _quasiseparable_mix_triton(c_fwd, b_fwd, c_bwd, b_bwd, v, log_fwd, log_bwd, diag)
     acc = _acc(v)
     cf, bf, cb, bb, vv = c_fwd.to(acc), b_fwd.to(acc), c_bwd.to(acc), b_bwd.to(acc), v.to(acc)
     lf, lb, d = log_fwd.to(acc), log_bwd.to(acc), diag.to(acc)
@@ -383,7 +418,40 @@ def hydra_factors(
     return c_f, b_f, c_b, b_b, A * dt[..., 0], A * dt[..., 1], g[..., 2]
 
 
-def hydra_mix(q: Tensor, k: Tensor, v: Tensor, g: Tensor, A_log: Tensor, state_dim: int, chunk: int = 64) -> Tensor:
-    """Hydra's mixer ``y = M v`` from the mixer's inputs: :func:`hydra_factors`, then :func:`quasiseparable_mix`."""
+def _hydra_mix_mamba(q: Tensor, k: Tensor, v: Tensor, g: Tensor, A_log: Tensor, state_dim: int, chunk: int) -> Tensor:
+    """:func:`hydra_mix` through Mamba-2's ``mamba_chunk_scan_combined``, as Hydra's own code calls it: one scan over
+    the forward and the flipped backward stream stacked on the batch, then the shift, the flip and the diagonal."""
+    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+
+    N, Bsz = state_dim, v.shape[0]
+    blh = lambda t: t.transpose(1, 2)  # noqa: E731  (B, H, L, .) -> (B, L, H, .), Mamba's layout
+    dt = F.softplus(g[..., :2].float())  # (B, H, L, 2)
+    xs = blh(torch.cat([v, v.flip(2)]))  # (2B, L, H, Dv)
+    dts = blh(torch.cat([dt[..., 0], dt[..., 1].flip(2)]))  # (2B, L, H)
+    bs = blh(torch.cat([k[..., :N], k[..., -N:].flip(2)])).to(v.dtype)  # (2B, L, H, N): one group per head
+    cs = blh(torch.cat([q[..., :N], q[..., -N:].flip(2)])).to(v.dtype)
+    z = mamba_chunk_scan_combined(xs, dts, -torch.exp(A_log.float()), bs, cs, chunk)  # (2B, L, H, Dv)
+    z = F.pad(z.transpose(1, 2)[:, :, :-1], (0, 0, 1, 0))  # (2B, H, L, Dv), shifted down one row
+    return (z[:Bsz] + z[Bsz:].flip(2) + g[..., 2:3].to(z.dtype) * v).to(v.dtype)
+
+
+def hydra_mix(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    A_log: Tensor,
+    state_dim: int,
+    chunk: int = 64,
+    backend: str = "auto",
+) -> Tensor:
+    """Hydra's mixer ``y = M v`` from the mixer's inputs: :func:`hydra_factors`, then :func:`quasiseparable_mix`.
+
+    ``backend``: as :func:`quasiseparable_mix`, or ``"mamba"``: Mamba-2's SSD kernels (``mamba_ssm``, CUDA), called on
+    the steps dt and rates A before they are folded into the factors.
+    """
+    if not torch.jit.is_scripting():  # TorchScript compiles the chunked scan only
+        if _scan_backend(backend, v, state_dim, separate_dt=True) == "mamba":
+            return _hydra_mix_mamba(q, k, v, g, A_log, state_dim, chunk)
     c_f, b_f, c_b, b_b, log_f, log_b, diag = hydra_factors(q, k, g, A_log, state_dim)
-    return quasiseparable_mix(c_f, b_f, c_b, b_b, v, log_f, log_b, diag, chunk=chunk)
+    return quasiseparable_mix(c_f, b_f, c_b, b_b, v, log_f, log_b, diag, chunk=chunk, backend=backend)

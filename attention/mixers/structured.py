@@ -43,7 +43,8 @@ The reference computes the same products with other parameterizations where note
 
 The 1/L factors keep outputs O(1) at any length for the mixers without a normalization of their own. Cauchy and
 Vandermonde take ``backend=``: on CUDA, ``"auto"`` runs the tiled Triton kernels of
-:mod:`attention.kernels.mixers_triton` (no tile beyond ``(block, block, D)``) instead of the chunked PyTorch path.
+:mod:`attention.kernels.mixers_triton` (no tile beyond ``(block, block, D)``) instead of the chunked PyTorch path;
+Hydra's too: the chunked SSD kernels of :mod:`attention.kernels.ssd_triton` instead of the chunked PyTorch scan.
 **Non-data-dependent twins** (``data_dependent=False``, the paper's ablation): the same matrix class with q, k (and
 the Hydra gates: dt, dt' and the diagonal, per position) replaced by learned parameters sized to ``max_len`` (the
 first L rows are used): M no longer depends on the input; only V does. (The reference's Hydra twin keeps a
@@ -332,8 +333,11 @@ class QuasiseparableMatrix(nn.Module):
         num_heads: H (one A per head).
         state_dim: N, the state size of each SSM (default: D).
         shared_bc: one (C, B) pair for both directions (the reference's ``quasiseparable`` mixer).
-        chunk_size: scan chunk length T.
+        chunk_size: scan chunk length T (of the chunked PyTorch scan and of Mamba-2's kernels).
         dt_min, dt_max: range of the initial step sizes.
+        backend: ``"auto"`` (the SSD Triton kernels for CUDA tensors when triton is installed, else the chunked
+            scan), ``"torch"``, ``"triton"`` or ``"mamba"`` (Mamba-2's kernels, from ``mamba_ssm``): see
+            :func:`attention.mixers.functional.hydra_mix`.
     """
 
     num_gates = 3
@@ -347,14 +351,19 @@ class QuasiseparableMatrix(nn.Module):
         chunk_size: int = 64,
         dt_min: float = 1e-3,
         dt_max: float = 0.1,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
+        names = backend_names("quasiseparable_mix")
+        if backend not in ("auto", *names):
+            raise ValueError(f"unknown backend {backend!r}; choose one of {['auto', *names]}")
         if not 0 < dt_min <= dt_max:
             raise ValueError(f"need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         self.num_heads, self.state_dim = num_heads, state_dim or head_dim
         self.shared_bc, self.chunk_size, self.dt_min, self.dt_max = shared_bc, chunk_size, dt_min, dt_max
+        self.backend = backend
         self.qk_dim = self.state_dim if shared_bc else 2 * self.state_dim  # width of q and k per head
         self.A_log = nn.Parameter(torch.zeros(num_heads))  # A = -exp(A_log) = -1 at init, as the reference
 
@@ -390,7 +399,7 @@ class QuasiseparableMatrix(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, attn_mask: Tensor | None = None
     ) -> Tensor:
         assert g is not None, "the quasiseparable matrix needs its gates g (B, H, L, 3)"
-        return hydra_mix(q, k, v, g, self.A_log, self.state_dim, self.chunk_size)
+        return hydra_mix(q, k, v, g, self.A_log, self.state_dim, self.chunk_size, self.backend)
 
 
 MATRIX_MIXERS: dict[str, Callable[..., nn.Module]] = {

@@ -77,6 +77,11 @@ def test_declared_limits_are_the_kernels() -> None:
         }
     assert dict(BACKENDS["knn"]["triton"].limits) == {"k": limits.KNN_TRITON_MAX_NEIGHBORS}
     assert dict(BACKENDS["knn_attention"]["triton"].limits) == {"D": limits.KNN_ATTN_TRITON_MAX_HEAD_DIM}
+    assert dict(BACKENDS["fsat_edges"]["triton"].limits) == {"D": limits.FSAT_TRITON_MAX_HEAD_DIM}
+    assert dict(BACKENDS["quasiseparable_mix"]["triton"].limits) == {
+        "N": limits.SSD_TRITON_MAX_DIM,
+        "Dv": limits.SSD_TRITON_MAX_DIM,
+    }
     if backends.HAS_TRITON:
         fps_kernel = importlib.import_module("attention.kernels.fps_triton")
         assert (fps_kernel.MAX_POINTS, fps_kernel.MAX_CHANNELS) == (
@@ -88,6 +93,8 @@ def test_declared_limits_are_the_kernels() -> None:
         assert knn_kernel.MAX_NEIGHBORS == limits.KNN_TRITON_MAX_NEIGHBORS
         attn_kernel = importlib.import_module("attention.kernels.knn_attention_triton")
         assert attn_kernel.MAX_HEAD_DIM == limits.KNN_ATTN_TRITON_MAX_HEAD_DIM
+        assert importlib.import_module("attention.kernels.fsat_triton").MAX_HEAD_DIM == limits.FSAT_TRITON_MAX_HEAD_DIM
+        assert importlib.import_module("attention.kernels.ssd_triton").MAX_DIM == limits.SSD_TRITON_MAX_DIM
 
 
 def test_importing_attention_imports_no_optional_package() -> None:
@@ -102,9 +109,10 @@ def test_importing_attention_imports_no_optional_package() -> None:
         "for op in BACKENDS:\n"
         "    for device in ('cpu', 'cuda'):\n"
         "        resolve(op, 'auto', device, {})\n"
-        "lazy = ('numba', 'torch_cluster', 'pytorch3d', 'fpsample', 'attention.kernels.fps_triton',\n"
+        "lazy = ('numba', 'torch_cluster', 'pytorch3d', 'fpsample', 'mamba_ssm', 'attention.kernels.fps_triton',\n"
         "        'attention.kernels.fps_numba', 'attention.kernels.mixers_triton', 'attention.kernels.knn_triton',\n"
-        "        'attention.kernels.knn_attention_triton')\n"
+        "        'attention.kernels.knn_attention_triton', 'attention.kernels.fsat_triton',\n"
+        "        'attention.kernels.ssd_triton')\n"
         "print(sorted(m for m in lazy if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -137,6 +145,10 @@ _CHECKED = {
         ({"normalize": "centroids"}, "supports normalize='inputs' only, got 'centroids'"),
         ({"normalize": "inputs", "dropout": 0.1}, r"supports dropout_p == 0 only .*got dropout_p=0.1"),
     ],
+    # the fused FSAT edge attention: its atomics refuse deterministic mode (no input shape does)
+    ("fsat_edges", "triton"): [],
+    # Mamba-2's scan: Hydra's dt and A apart, which only hydra_mix holds
+    ("quasiseparable_mix", "mamba"): [({"N": 16, "Dv": 16}, "takes Hydra's dt and A apart: use hydra_mix")],
 }
 
 
@@ -193,6 +205,10 @@ def _shapes(op: str) -> list[tuple[dict, torch.dtype]]:
         grid = [{"B": b, "N": n, "M": n, "C": c, "itemsize": 4} for b in (1, 8) for n in (10, 2048) for c in (3, 8)]
     elif op in ("cauchy_mix", "vandermonde_mix"):
         grid = [{"D": d, "Dv": dv} for d in (16, 65) for dv in (16, 65)]
+    elif op == "fsat_edges":
+        grid = [{"D": d, "E": 8} for d in (64, 129)]
+    elif op == "quasiseparable_mix":
+        grid = [{"N": n, "Dv": dv, "separate_dt": s} for n in (16, 65) for dv in (16, 65) for s in (True, False)]
     elif op == "knn_attention":
         grid = [
             {"N": n, "K": 8, "D": dim, "dropout": p, "distinct": d, "normalize": z}
@@ -243,8 +259,6 @@ def test_auto_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
         ("cauchy_mix", "cuda", {"D": 16, "Dv": 16}, f64, "torch"),  # the reference's precision
         ("vandermonde_mix", "cuda", {"D": 65, "Dv": 16}, f32, "torch"),
         ("vandermonde_mix", "cpu", {"D": 16, "Dv": 16}, f32, "torch"),
-        ("fsat_edges", "cpu", {}, f32, "csr"),
-        ("fsat_edges", "cuda", {}, f32, "gather"),
         # the fused kernel wherever it applies, any N / K and repeated neighbours included
         ("knn_attention", "cuda", attn(128 * 8, 8, 32, "inputs", 0.0, True), f32, "triton"),
         ("knn_attention", "cuda", attn(16384, 32, 32, "inputs", 0.0, True), bf16, "triton"),
@@ -257,6 +271,18 @@ def test_auto_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
         ("knn_attention", "cuda", attn(64, 8, 32, "inputs", 0.1, False), f32, "gather"),
         ("knn_attention", "cuda", attn(64, 8, 32, "centroids", 0.0, True), f32, "gather"),
         ("knn_attention", "cpu", attn(64, 8, 32, "inputs", 0.0, True), f32, "gather"),
+        ("fsat_edges", "cpu", {"D": 64, "E": 8}, f32, "csr"),
+        # the fused kernel on CUDA for float32 / bf16 heads it holds (tools/bench_mixers.py: fsat vs fsat-torch)
+        ("fsat_edges", "cuda", {"D": 64, "E": 8}, f32, "triton"),
+        ("fsat_edges", "cuda", {"D": 64, "E": 8}, torch.bfloat16, "triton"),
+        ("fsat_edges", "cuda", {"D": 64, "E": 8}, f64, "gather"),  # the reference's precision
+        ("fsat_edges", "cuda", {"D": 129, "E": 8}, f32, "gather"),
+        ("quasiseparable_mix", "cpu", {"N": 64, "Dv": 64, "separate_dt": True}, f32, "torch"),
+        # the SSD kernels on CUDA (tools/bench_mixers.py: hydra vs hydra-torch); Mamba-2's kernels are explicit only
+        ("quasiseparable_mix", "cuda", {"N": 64, "Dv": 64, "separate_dt": True}, f32, "triton"),
+        ("quasiseparable_mix", "cuda", {"N": 64, "Dv": 64, "separate_dt": False}, torch.bfloat16, "triton"),
+        ("quasiseparable_mix", "cuda", {"N": 64, "Dv": 64, "separate_dt": True}, f64, "torch"),
+        ("quasiseparable_mix", "cuda", {"N": 65, "Dv": 64, "separate_dt": True}, f32, "torch"),
     ]
     for op, device, shape, dtype, expected in cases:
         assert resolve(op, "auto", device, shape, dtype) == expected, (op, device, shape, dtype)
@@ -283,9 +309,10 @@ def test_auto_is_the_reference_while_tracing(monkeypatch: pytest.MonkeyPatch) ->
 def test_triton_takes_cpu_tensors_only_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(backends.INSTALLED, "triton", True)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    for op in ("fps", "cauchy_mix", "vandermonde_mix", "knn", "knn_attention"):
+    shape = {"C": 3, "D": 16, "Dv": 16, "k": 4, "N": 16, "E": 8}
+    for op in ("fps", "cauchy_mix", "vandermonde_mix", "knn", "knn_attention", "fsat_edges", "quasiseparable_mix"):
         assert resolve(op, "triton", "cpu", {}) == "triton"
-        assert resolve(op, "auto", "cpu", {"C": 3, "D": 16, "Dv": 16, "k": 4}) != "triton"  # never timed on CPU
+        assert resolve(op, "auto", "cpu", shape) != "triton"  # never timed on CPU
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         resolve("cauchy_mix", "triton", "cpu", {})

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from attention import bench
+from attention import backends, bench
 
 
 def _fps_row(backend: str, speedup: float, B: int = 32, N: int = 1024, M: int = 512) -> dict:
@@ -95,3 +95,61 @@ def test_mixer_table_shows_time_as_a_fraction_of_each_baseline() -> None:
     fsat = dict(zip(headers, rows[2]))
     assert fsat["time vs sdpa"] == pytest.approx(1 / results[2]["speedup vs attention-sdpa"])
     assert rows[3][2].startswith("skipped (L > --max-quadratic-len 16)")
+
+
+def _mixer_row(L: int, mixer: str, ms: float, vs_matmul: float, vs_sdpa: float, memory: float = 0.1) -> dict:
+    ratios = {"speedup vs attention-matmul": vs_matmul, "speedup vs attention-sdpa": vs_sdpa}
+    return {"L": L, "mixer": mixer, "ms": ms, "peak_mb": 1.0, "path": "triton", **ratios,
+            "memory vs attention-matmul": memory}  # fmt: skip
+
+
+def test_mixer_kernel_targets_are_fractions_of_the_baselines_of_the_same_run() -> None:
+    rows = [
+        _mixer_row(4096, "fsat", 1.0, vs_matmul=3.0, vs_sdpa=0.8, memory=0.12),
+        _mixer_row(8192, "fsat", 2.0, vs_matmul=9.0, vs_sdpa=1.5),
+        _mixer_row(16384, "fsat", 4.0, vs_matmul=9.0, vs_sdpa=0.9),  # slower than SDPA at 16K only
+        _mixer_row(4096, "hydra", 1.0, vs_matmul=3.0, vs_sdpa=2.0),
+        _mixer_row(8192, "hydra", 2.0, vs_matmul=9.0, vs_sdpa=3.0),
+        _mixer_row(16384, "hydra", 4.2, vs_matmul=9.0, vs_sdpa=4.0),
+    ]
+    time4k, memory4k, fsat_sdpa, hydra_sdpa, growth = bench.mixer_kernel_targets(rows, "cuda")
+    assert time4k["measured"] == pytest.approx(1 / 3) and time4k["met"] is True and time4k["wanted"] == "<= 0.4"
+    assert memory4k["measured"] == 0.12 and memory4k["met"] is True
+    assert fsat_sdpa["measured"] == pytest.approx(1 / 0.9) and fsat_sdpa["met"] is False
+    assert fsat_sdpa["detail"] == "fsat at L = 16384 ran triton"  # the largest fraction, and the path it measured
+    assert hydra_sdpa["measured"] == pytest.approx(0.5) and hydra_sdpa["met"] is True  # the 4K row, of 4K-16K
+    assert growth["measured"] == pytest.approx(2.1) and growth["met"] is True
+    on_cpu = bench.mixer_kernel_targets(rows, "cpu")  # CUDA targets: the ratios, no verdict
+    assert [t["measured"] for t in on_cpu] == [t["measured"] for t in (time4k, memory4k, fsat_sdpa, hydra_sdpa, growth)]
+    assert all(t["met"] is None for t in on_cpu)
+    rows[2] = {"L": 16384, "mixer": "fsat", "error": "OutOfMemoryError"}
+    del rows[-1]
+    _, _, fsat_sdpa, _, growth = bench.mixer_kernel_targets(rows, "cuda")
+    assert fsat_sdpa["met"] is None and fsat_sdpa["detail"] == "fsat at L = 16384: OutOfMemoryError"
+    assert growth["met"] is None and growth["detail"] == "hydra at L = 16384: not measured"
+
+
+def test_kernel_mixer_rows_name_their_path_and_skip_a_torch_row_that_repeats_auto(monkeypatch) -> None:
+    monkeypatch.setitem(backends.INSTALLED, "triton", True)
+    # CUDA: auto runs the kernels; the torch rows the plain path auto would take without them; compiled: traceable
+    assert bench.mixer_path("fsat", "cuda", 64) == bench.mixer_path("hydra", "cuda", 64) == "triton"
+    assert bench.mixer_path("fsat-torch", "cuda", 64) == bench.mixer_path("fsat-compiled", "cuda", 64) == "gather"
+    assert bench.mixer_path("hydra-torch", "cuda", 64) == bench.mixer_path("hydra-compiled", "cuda", 64) == "torch"
+    assert bench.mixer_path("fsat", "cuda", 256) == "gather"  # beyond the kernel's head size
+    assert bench.mixer_path("fsat-compiled", "cpu", 64) == "gather" and bench.mixer_path("fsat", "cpu", 64) == "csr"
+    assert bench.mixer_path("cauchy", "cuda", 64) is None
+    results = bench.mixer_rows("cpu", [32], ["fsat", "fsat-torch", "hydra"], dim=16, heads=2, batch=1, repeats=1,
+                               max_quadratic_len=None, isolate=False)  # fmt: skip
+    by = {r["mixer"]: r for r in results}
+    assert by["fsat"]["path"] == "csr" and by["hydra"]["path"] == "torch" and "path" not in by["attention-sdpa"]
+    assert by["fsat-torch"]["error"] == "skipped: the fsat row runs this path (csr) on cpu"
+    headers, rows = bench.mixer_table(results)
+    assert [r[1] for r in rows] == ["attention-matmul", "attention-sdpa", "fsat (csr)", "fsat-torch", "hydra (torch)"]
+
+
+@pytest.mark.slow
+def test_torch_path_row_runs_under_dynamo() -> None:
+    cfg = dict(mixer="hydra-compiled", device="cpu", B=1, L=40, C=16, H=2, repeats=1, warmup=True,
+               time_separately=True)  # fmt: skip
+    r = bench.measure_mixer(cfg)
+    assert r["ms"] > 0 and r["peak_mb"] > 0

@@ -1,5 +1,5 @@
 """tools/bench_mixers.py (logic in attention.bench) at a tiny size, run as a script and read through --json: both
-baselines, ratios, the quadratic-mixer skip, the BHLLD column, the FSAT target, and the same peaks in and out of
+baselines, ratios, the quadratic-mixer skip, the BHLLD column, the FSAT targets, and the same peaks in and out of
 process."""
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ def test_tiny_bench(tmp_path: Path) -> None:
     assert "skipped" in by["cauchy"]["error"]
     assert by["cauchy"]["dense_bhlld_mb"] == pytest.approx(2 * 48 * 48 * 16 * 4 / 2**20)  # B H L L D float32
     assert payload["tool"] == "bench_mixers"
-    (fsat,) = payload["targets"]
+    fsat, *kernels = payload["targets"]  # then the fused kernels' targets: CUDA figures, no verdict on CPU
     assert fsat["met"] is None and fsat["detail"] == "L = 16384 not measured"
+    assert len(kernels) == 5 and all(t["met"] is None for t in kernels)
+    assert kernels[0]["detail"].startswith("fsat at L = 4096: not measured")
     assert "| L " in out and "fsat" in out and "skipped" in out and "target: FSAT time vs SDPA" in out
 
 

@@ -1,0 +1,279 @@
+"""FSAT's edge attention (:func:`attention.mixers.fsat.sparse_edge_attention`) as two fused Triton kernels.
+
+Key r (a flat ``(b, h, j)`` row) owns E edges ``r -> i = idx[r, e]`` (a query of the same ``(b, h)``; ``< 0``: no
+edge) with confidences ``c[r, e]``. For each query i, over the edges pointing to it::
+
+    s_e = q_i . k_r / sqrt(D)      p_e = softmax_{e -> i}(s_e)      o_i = sum_{e -> i} p_e c_e v_r
+
+**Forward** (:func:`_edge_fwd_kernel`): the edges are grouped by query once per call (one stable sort of their
+query rows and a ``searchsorted`` for the row starts: a CSR on the device, no host sync). A program owns BLOCK_Q
+queries and walks their edge lists in step, one edge per query per step: the key and value rows are read by index,
+the score, the online-softmax rescaling (FlashAttention's running max and sum) and the weighted sum of values happen
+in registers, and only the output and the normalizer ``lse_i = log sum_e exp(s_e)`` are written. Nothing of size
+``(edges, D)`` exists; the forward reads each edge's key and value row once (``2 D`` values per edge).
+
+**Backward** (:func:`_edge_bwd_kernel`), from the saved normalizer, without the sort: with ``do`` the output
+gradient and ``delta_i = do_i . o_i``::
+
+    dc_e = p_e (do_i . v_r)          ds_e = p_e (c_e (do_i . v_r) - delta_i)
+    dv_r = sum_e p_e c_e do_i        dk_r = sum_e ds_e q_i / sqrt(D)        dq_i += ds_e k_r / sqrt(D)
+
+Every key owns exactly E edges, so a program owns BLOCK_K keys and loops over their E edge slots, reading the query,
+output-gradient, normalizer and delta rows by index: dk, dv and the confidences' gradients are plain sums in
+registers (deterministic), and only dq is scattered, with float32 atomic adds. The order of those adds varies from
+run to run, so dq varies in its last bits between identical calls (under ``torch.use_deterministic_algorithms(True)``
+the switchboard does not take this kernel); everything else is deterministic (the forward's per-query order is fixed
+by the stable sort). ``truncate_conf_grad`` clamps ``dc`` to (-inf, 0] in the kernel (the
+paper's gradient truncation); FSAT's module applies its own truncation to the confidences before this op, so it calls
+the kernel without it.
+
+Work and traffic: the forward reads ``2 D`` values per edge plus ``D`` per query, the backward ``2 D`` per edge
+(q_i, do_i) plus ``2 D`` per key and ``D`` atomics per edge; the arithmetic is ``O(E D)`` per key, a few flops per
+value read: both kernels are bound by memory traffic (gathered rows of ``D`` contiguous values). A query with many
+incoming edges is walked by one program: the forward's time is at least its in-degree times ``2 D`` values read at
+one SM's bandwidth (FSAT's predicted indices can pile onto one query at initialization).
+
+Computed in float32 whatever the inputs' dtype (bf16 / fp16 rows are converted as they are loaded; the caller casts
+float64 to float32). Tested against the dense reference (:func:`attention.mixers.fsat.sparse_edge_attention_reference`)
+under Triton's interpreter on CPU and on CUDA (``tests/attention/test_fsat_triton.py``), and compiled for sm_90 ahead
+of time there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._triton_compat import loop_bound
+from .limits import FSAT_TRITON_MAX_HEAD_DIM as MAX_HEAD_DIM
+
+__all__ = ["MAX_HEAD_DIM", "EdgeAttentionTriton", "edge_blocks", "group_edges_by_query", "sparse_edge_attention_triton"]
+
+_LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+_NEG_BIG: tl.constexpr = tl.constexpr(-1.0e30)  # the running max before any edge: finite, so exp2(m - m_new) is 1
+
+
+@triton.jit
+def _edge_fwd_kernel(
+    q_ptr,  # (N, D) queries, contiguous (float32 / bf16 / fp16)
+    k_ptr,  # (N, D) keys
+    v_ptr,  # (N, D) values
+    conf_ptr,  # (N E,) float32 edge confidences, edge r E + e
+    crow_ptr,  # (N + 1,) int32: query i's edges are order[crow[i]:crow[i + 1]]
+    order_ptr,  # (N E,) int64: edge ids sorted by query
+    out_ptr,  # (N, D) written, in the values' dtype
+    lse_ptr,  # (N,) float32 written: log2 of the softmax normalizer (-inf for a query no edge reaches)
+    N,
+    D,
+    E,
+    qk_scale,  # log2(e) / sqrt(D): the scores in base-2 units
+    BLOCK_Q: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    offs_q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_q, mask_d = offs_q < N, offs_d < D
+    start = tl.load(crow_ptr + offs_q, mask=mask_q, other=0)
+    deg = tl.load(crow_ptr + offs_q + 1, mask=mask_q, other=0) - start
+    md = mask_q[:, None] & mask_d[None, :]
+    q = tl.load(q_ptr + offs_q[:, None] * D + offs_d[None, :], mask=md, other=0.0).to(tl.float32) * qk_scale
+    m = tl.full([BLOCK_Q], _NEG_BIG, dtype=tl.float32)
+    s_sum = tl.zeros([BLOCK_Q], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
+    for t in range(0, loop_bound(tl.max(deg, axis=0))):  # the block's largest in-degree; shorter lists are masked
+        valid = t < deg
+        eid = tl.load(order_ptr + start + t, mask=valid, other=0).to(tl.int32)
+        key = eid // E  # the key row that owns edge eid
+        c = tl.load(conf_ptr + eid, mask=valid, other=0.0)
+        rows = key[:, None] * D + offs_d[None, :]
+        vd = valid[:, None] & mask_d[None, :]
+        kt = tl.load(k_ptr + rows, mask=vd, other=0.0).to(tl.float32)
+        s = tl.where(valid, tl.sum(q * kt, axis=1), float("-inf"))
+        m_new = tl.maximum(m, s)
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new)  # 0 on the masked lanes
+        s_sum = s_sum * alpha + p
+        vt = tl.load(v_ptr + rows, mask=vd, other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + (p * c)[:, None] * vt
+        m = m_new
+    reached = s_sum > 0.0
+    s_sum = tl.where(reached, s_sum, 1.0)
+    out = acc / s_sum[:, None]  # a query no edge reaches: 0
+    tl.store(out_ptr + offs_q[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=md)
+    tl.store(lse_ptr + offs_q, tl.where(reached, m + tl.log2(s_sum), float("-inf")), mask=mask_q)
+
+
+@triton.jit
+def _edge_bwd_kernel(
+    q_ptr,  # (N, D)
+    k_ptr,  # (N, D)
+    v_ptr,  # (N, D)
+    idx_ptr,  # (N E,) int64: the query position (within the sequence) of edge r E + e, < 0 for none
+    conf_ptr,  # (N E,) float32
+    do_ptr,  # (N, D) output gradient
+    lse_ptr,  # (N,) float32, from the forward
+    delta_ptr,  # (N,) float32: do_i . o_i
+    dq_ptr,  # (N, D) float32, zeroed: atomic adds
+    dk_ptr,  # (N, D) written, in the keys' dtype
+    dv_ptr,  # (N, D) written, in the values' dtype
+    dconf_ptr,  # (N E,) float32 written
+    N,
+    L,
+    D,
+    E,
+    qk_scale,  # log2(e) / sqrt(D)
+    sm_scale,  # 1 / sqrt(D)
+    TRUNCATE: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    offs_r = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_r, mask_d = offs_r < N, offs_d < D
+    md = mask_r[:, None] & mask_d[None, :]
+    base = (offs_r // L) * L  # the first row of key r's (b, h): edges stay within it
+    kr = tl.load(k_ptr + offs_r[:, None] * D + offs_d[None, :], mask=md, other=0.0).to(tl.float32)
+    vr = tl.load(v_ptr + offs_r[:, None] * D + offs_d[None, :], mask=md, other=0.0).to(tl.float32)
+    dk = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
+    for e in range(0, loop_bound(E)):
+        pos = tl.load(idx_ptr + offs_r * E + e, mask=mask_r, other=-1).to(tl.int32)
+        valid = pos >= 0
+        i = base + tl.where(valid, pos, 0)
+        vd = valid[:, None] & mask_d[None, :]
+        rows = i[:, None] * D + offs_d[None, :]
+        qi = tl.load(q_ptr + rows, mask=vd, other=0.0).to(tl.float32)
+        doi = tl.load(do_ptr + rows, mask=vd, other=0.0).to(tl.float32)
+        lse = tl.load(lse_ptr + i, mask=valid, other=0.0)
+        delta = tl.load(delta_ptr + i, mask=valid, other=0.0)
+        c = tl.load(conf_ptr + offs_r * E + e, mask=valid, other=0.0)
+        p = tl.where(valid, tl.exp2(tl.sum(qi * kr, axis=1) * qk_scale - lse), 0.0)
+        dov = tl.sum(doi * vr, axis=1)  # do_i . v_r
+        dc = p * dov
+        if TRUNCATE:
+            dc = tl.minimum(dc, 0.0)
+        tl.store(dconf_ptr + offs_r * E + e, dc, mask=mask_r)
+        dv += (p * c)[:, None] * doi
+        ds = p * (c * dov - delta)
+        dk += ds[:, None] * qi
+        tl.atomic_add(dq_ptr + rows, ds[:, None] * kr * sm_scale, mask=vd)
+    tl.store(dk_ptr + offs_r[:, None] * D + offs_d[None, :], (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=md)
+    tl.store(dv_ptr + offs_r[:, None] * D + offs_d[None, :], dv.to(dv_ptr.dtype.element_ty), mask=md)
+
+
+def edge_blocks(D: int) -> dict[str, int]:
+    """Tile sizes: 512 values per ``(block, D)`` tile, 4 per thread of 4 warps. On sm_90 the backward kernel takes
+    110-117 registers at D = 64 (triton 3.9 / 3.6), no spills; with 1K-value tiles it took 168, with 2K it spilled."""
+    bd = triton.next_power_of_2(D)
+    rows = max(1, min(32, 512 // bd))
+    return {"BLOCK_Q": rows, "BLOCK_K": rows, "BLOCK_D": bd, "num_warps": 4}
+
+
+def group_edges_by_query(idx: Tensor) -> tuple[Tensor, Tensor]:
+    """The CSR of the edges by query: ``(crow (N + 1,) int32, order (N E,) int64)``; query row i's edges are
+    ``order[crow[i]:crow[i + 1]]`` (ids ``r E + e``, in key order), absent edges (``idx < 0``) in none.
+
+    One stable sort of the edges' flat query rows (int32 keys: half the radix passes of int64) and a
+    ``searchsorted`` for the row starts, on the tensors' device, without a host sync.
+    """
+    B, H, L, E = idx.shape
+    N = B * H * L
+    base = torch.arange(B * H, device=idx.device, dtype=torch.int32).view(B, H, 1, 1) * L
+    rows = torch.where(idx >= 0, base + idx.to(torch.int32), N)  # absent edges sort after every query row
+    sorted_rows, order = torch.sort(rows.reshape(-1), stable=True)
+    crow = torch.searchsorted(sorted_rows, torch.arange(N + 1, device=idx.device, dtype=torch.int32), out_int32=True)
+    return crow, order
+
+
+def _device(t: Tensor) -> contextlib.AbstractContextManager:
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()  # launch on the tensors' GPU
+
+
+class EdgeAttentionTriton(torch.autograd.Function):
+    """``apply(q, k, v, idx, conf, truncate_conf_grad, block)``: see :func:`sparse_edge_attention_triton`."""
+
+    @staticmethod
+    def forward(
+        ctx, q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Tensor, truncate: bool, block: int | None
+    ) -> Tensor:
+        B, H, L, D = q.shape
+        E = idx.shape[-1]
+        N = B * H * L
+        if N * max(D, E) >= 2**31:
+            raise ValueError(
+                f"the Triton edge attention indexes in int32: needs B H L max(D, E) < 2^31, got {N * max(D, E)}"
+            )
+        q2, k2, v2 = (t.reshape(N, D).contiguous() for t in (q, k, v))
+        idx2 = idx.reshape(N * E).contiguous()
+        conf2 = conf.reshape(N * E).float().contiguous()
+        blk = edge_blocks(D)
+        bq = block or blk["BLOCK_Q"]
+        out = torch.empty(N, D, device=v.device, dtype=v.dtype)
+        lse = torch.empty(N, device=q.device, dtype=torch.float32)
+        crow, order = group_edges_by_query(idx)
+        with _device(q):
+            _edge_fwd_kernel[(triton.cdiv(N, bq),)](
+                q2, k2, v2, conf2, crow, order, out, lse, N, D, E, _LOG2E.value / math.sqrt(D),
+                BLOCK_Q=bq, BLOCK_D=blk["BLOCK_D"], num_warps=blk["num_warps"], enable_fp_fusion=True,
+            )  # fmt: skip
+        ctx.save_for_backward(q2, k2, v2, idx2, conf2, out, lse)
+        ctx.shape, ctx.truncate, ctx.block, ctx.conf_dtype = (B, H, L, D, E), truncate, block, conf.dtype
+        return out.view(B, H, L, D)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> tuple[Tensor | None, ...]:
+        q2, k2, v2, idx2, conf2, out, lse = ctx.saved_tensors
+        B, H, L, D, E = ctx.shape
+        N = B * H * L
+        do = g.reshape(N, D).contiguous()
+        delta = (do.float() * out.float()).sum(-1)  # (N,): do_i . o_i, the softmax's correction term
+        dq = torch.zeros(N, D, device=q2.device, dtype=torch.float32)
+        dk, dv = torch.empty_like(k2), torch.empty_like(v2)
+        dconf = torch.empty(N * E, device=q2.device, dtype=torch.float32)
+        blk = edge_blocks(D)
+        bk = ctx.block or blk["BLOCK_K"]
+        with _device(q2):
+            _edge_bwd_kernel[(triton.cdiv(N, bk),)](
+                q2, k2, v2, idx2, conf2, do, lse, delta, dq, dk, dv, dconf, N, L, D, E,
+                _LOG2E.value / math.sqrt(D), 1.0 / math.sqrt(D),
+                TRUNCATE=ctx.truncate, BLOCK_K=bk, BLOCK_D=blk["BLOCK_D"], num_warps=blk["num_warps"],
+                enable_fp_fusion=True,
+            )  # fmt: skip
+        shape = (B, H, L, D)
+        dconf = dconf.view(B, H, L, E).to(ctx.conf_dtype)
+        return dq.to(q2.dtype).view(shape), dk.view(shape), dv.view(shape), None, dconf, None, None
+
+
+def sparse_edge_attention_triton(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    idx: Tensor,
+    conf: Tensor,
+    truncate_conf_grad: bool = False,
+    block: int | None = None,
+) -> Tensor:
+    """Each query attends over the edges pointing to it (:func:`attention.mixers.fsat.sparse_edge_attention`).
+
+    Args:
+        q, k, v: ``(B, H, L, D)`` float32, bf16 or fp16 (D <= :data:`MAX_HEAD_DIM`).
+        idx: ``(B, H, L, E)`` int64 query positions in ``[0, L)``, or negative for no edge.
+        conf: ``(B, H, L, E)`` edge confidences (any float dtype; used in float32).
+        truncate_conf_grad: clamp the confidences' gradient to (-inf, 0] (FSAT's gradient truncation).
+        block: queries (forward) and keys (backward) per program, a power of two (default from :func:`edge_blocks`;
+            the tests use small ones).
+
+    Returns:
+        ``(B, H, L, D)`` in ``v``'s dtype.
+    """
+    if q.shape != k.shape or q.shape != v.shape or idx.shape[:3] != q.shape[:3] or conf.shape != idx.shape:
+        shapes = [tuple(t.shape) for t in (q, k, v, idx, conf)]
+        raise ValueError(f"expected q, k, v (B, H, L, D) and idx, conf (B, H, L, E), got {shapes}")
+    if q.shape[-1] > MAX_HEAD_DIM:
+        raise ValueError(f"the Triton edge attention supports D <= {MAX_HEAD_DIM}, got D={q.shape[-1]}")
+    return EdgeAttentionTriton.apply(q, k, v, idx, conf, truncate_conf_grad, block)
