@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import engine
 import lra
@@ -105,3 +106,50 @@ def test_model_knobs_and_model_kwargs_reach_the_classifier() -> None:
     assert len(model.blocks) == 1 and model.pos.shape == (1, 32, 24) and model.head.out_features == 7
     with pytest.raises(ValueError, match="no_such_knob"):
         lra.ListOpsRecipe(lra.ListOpsConfig(model_kwargs={"no_such_knob": 1}), ctx=None).build_model()
+
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs" / "lra").glob("listops_*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_config_loads_and_builds(path: Path) -> None:
+    """Each row config builds its classifier (at a short seq_len, the LRA one is costly to build) and runs."""
+    from attention.mixers import MIXERS
+
+    cfg = engine.load_config(lra.ListOpsConfig, path, ["seq_len=32"])
+    assert cfg.mixer in MIXERS and cfg.train_size == 96000 and cfg.max_length == 2000
+    model = lra.ListOpsRecipe(cfg, ctx=None).build_model().eval()
+    assert model(torch.randint(1, 16, (2, 32))).shape == (2, 10)
+
+
+FSAT_ROWS = {  # paper Table 3 row -> (config, the FourierSparseAttention attributes it sets)
+    "FSAT-2": ("listops_fsat_2", {"num_edges": 2, "num_random": 2}),
+    "FSAT-4": ("listops_fsat", {"num_edges": 4, "num_random": 4, "edge_set": "predicted+random"}),
+    "FSAT-8": ("listops_fsat_8", {"num_edges": 8}),
+    "FSAT-No Trunc.": ("listops_fsat_no_trunc", {"truncate_grad": False, "num_edges": 4}),
+    "FSAT-Only Ir": ("listops_fsat_only_ir", {"edge_set": "random", "num_random": 4, "truncate_grad": True}),
+    "FSAT-Only Ip": ("listops_fsat_only_ip", {"edge_set": "predicted", "num_random": 0}),
+}
+
+
+@pytest.mark.parametrize("row", sorted(FSAT_ROWS))
+def test_fsat_ablation_configs_set_their_switch_and_halve_the_ffn(row: str) -> None:
+    name, attrs = FSAT_ROWS[row]
+    path = CONFIGS[0].parent / f"{name}.yaml"
+    model = lra.ListOpsRecipe(engine.load_config(lra.ListOpsConfig, path, ["seq_len=32"]), ctx=None).build_model()
+    mixer = model.blocks[0].mixer
+    assert {k: getattr(mixer, k) for k in attrs} == attrs
+    assert model.blocks[0].mlp.fc1.out_features == 64  # mlp_ratio 1.0: half the other rows' 2.0
+
+
+def test_dconv5_and_fat_configs() -> None:
+    from attention.mixers import FourierAttention, SeparableConvFeatureMap
+
+    def first_block(name: str) -> torch.nn.Module:
+        cfg = engine.load_config(lra.ListOpsConfig, CONFIGS[0].parent / f"{name}.yaml", ["seq_len=32"])
+        return lra.ListOpsRecipe(cfg, ctx=None).build_model().blocks[0]
+
+    f1 = first_block("listops_fsat_dconv5").mixer.cross.f1
+    assert isinstance(f1, SeparableConvFeatureMap) and f1.depthwise.kernel_size == (5,)
+    fat = first_block("listops_fat")
+    assert isinstance(fat.mixer, FourierAttention) and fat.mlp.fc1.out_features == 128  # the full FFN
