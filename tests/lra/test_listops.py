@@ -12,7 +12,16 @@ import torch
 
 import engine
 import lra
-from lra.data import OPERATORS, encode, evaluate_tokens, generate_listops
+from lra.data import (
+    OPERATORS,
+    encode,
+    evaluate_tokens,
+    generate_listops,
+    parse_row,
+    read_listops_tsv,
+    to_lra_string,
+    write_listops_tsv,
+)
 from lra.testing import TINY_LISTOPS_SETS
 
 TINY = ["--set", *TINY_LISTOPS_SETS, "--no-progress", "--device", "cpu"]
@@ -153,3 +162,95 @@ def test_dconv5_and_fat_configs() -> None:
     assert isinstance(f1, SeparableConvFeatureMap) and f1.depthwise.kernel_size == (5,)
     fat = first_block("listops_fat")
     assert isinstance(fat.mixer, FourierAttention) and fat.mlp.fc1.out_features == 128  # the full FFN
+
+
+# Rows as LRA's release writes them (its to_string: every partial application in parentheses), plus the nesting of
+# another writer: the reader only drops the parentheses.
+LRA_ROWS = [
+    ("( ( ( [MAX 2 ) 9 ) ] )", 9),
+    ("( ( ( ( ( [MAX 2 ) 9 ) ( ( ( [MIN 4 ) 7 ) ] ) ) 0 ) ] )", 9),
+    ("( ( [MAX 2 9 ( [MIN 4 7 ] 0 ] ) )", 9),
+    ("( ( ( ( [SM 7 ) 8 ) 9 ) ] )", 4),
+    ("( ( ( ( [MED 1 ) 8 ) 3 ) ] )", 3),
+]
+
+
+def _write(path: Path, rows: list[tuple[str, object]], header: str = "Source\tTarget") -> Path:
+    path.write_text("\n".join([header, *(f"{src}\t{tgt}" for src, tgt in rows)]) + "\n")
+    return path
+
+
+def test_lra_tsv_rows_drop_the_parentheses(tmp_path: Path) -> None:
+    examples = read_listops_tsv(_write(tmp_path / "basic_test.tsv", LRA_ROWS))
+    assert examples[1] == ("[MAX 2 9 [MIN 4 7 ] 0 ]".split(), 9)
+    assert examples[2] == examples[1]  # the same expression, bracketed otherwise
+    assert [evaluate_tokens(t) for t, _ in examples] == [v for _, v in LRA_ROWS]
+
+
+def test_lra_written_form_is_lras_to_string_and_round_trips(tmp_path: Path) -> None:
+    assert to_lra_string("[MAX 2 9 [MIN 4 7 ] 0 ]".split()) == LRA_ROWS[1][0]
+    assert to_lra_string(["6"]) == "6"
+    generated = generate_listops(50, seed=5, min_length=5, max_length=80, max_depth=5, max_args=5)
+    write_listops_tsv(tmp_path / "gen.tsv", generated)
+    lines = (tmp_path / "gen.tsv").read_text().splitlines()
+    assert lines[0] == "Source\tTarget" and len(lines) == 51 and lines[1].startswith("( ")
+    assert read_listops_tsv(tmp_path / "gen.tsv") == generated
+    assert parse_row(f"{to_lra_string(generated[0][0])}\t{generated[0][1]}") == generated[0]
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        (("( ( [MAX 2 ) 9 )", 9), r"operators and '\]' do not pair up"),
+        (("( )", 0), r"operators and '\]' do not pair up \(or no token\)"),
+        (("( ( ( [FIRST 2 ) 9 ) ] )", 2), r"unknown token\(s\) \['\[FIRST'\]"),
+        (("( ( ( [MAX 2 ) 9 ) ] )", 12), "the value must be a digit 0-9, got '12'"),
+        (("( ( ( [MAX 2 ) 9 ) ] )", "nine"), "the value must be a digit 0-9"),
+        (("( ( ( [MAX 2 ) 9 ) ] )\t9", 9), "expected 'expression<TAB>value', got 3"),
+    ],
+)
+def test_a_bad_row_is_named_by_file_and_line(tmp_path: Path, row: tuple, message: str) -> None:
+    path = _write(tmp_path / "basic_train.tsv", [LRA_ROWS[0], row, LRA_ROWS[1]])
+    with pytest.raises(ValueError, match=rf"basic_train.tsv line 3: {message}"):
+        read_listops_tsv(path)
+
+
+def test_a_file_without_the_header_is_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path / "basic_val.tsv", LRA_ROWS, header="( ( ( [MAX 2 ) 9 ) ] )\t9")
+    with pytest.raises(ValueError, match=r"basic_val.tsv line 1: expected the header 'Source\\tTarget'"):
+        read_listops_tsv(path)
+
+
+def _release(folder: Path) -> Path:
+    """A tiny release: 40 generated rows for train, 12 for val and 16 for test, one of them longer than seq_len."""
+    folder.mkdir(parents=True)
+    kw = dict(min_length=3, max_length=20, max_depth=3, max_args=4)
+    write_listops_tsv(folder / "basic_train.tsv", generate_listops(40, 1, **kw))
+    write_listops_tsv(folder / "basic_val.tsv", generate_listops(12, 2, **kw))
+    long = generate_listops(1, 3, min_length=30, max_length=60, max_depth=4, max_args=6)
+    write_listops_tsv(folder / "basic_test.tsv", generate_listops(15, 4, **kw) + long)
+    return folder
+
+
+def test_training_reads_the_lra_release(tmp_path: Path) -> None:
+    """--data-root: every row of basic_train.tsv trains, basic_test.tsv (or basic_val.tsv) evaluates, rows longer
+    than seq_len are cut; the folder may be the release's listops-1000/ under the root."""
+    _release(tmp_path / "data" / "listops-1000")
+    args = [*TINY, "--epochs", "1", "--data-root", str(tmp_path / "data")]
+    out = engine.main(lra.ListOpsRecipe, [*args, "--output-dir", str(tmp_path / "run")])
+    correct = out["test_acc"] * 16 / 100  # evaluated on the 16 rows of basic_test.tsv
+    assert np.isfinite(out["test_loss"]) and correct == pytest.approx(round(correct))
+    cfg = lra.ListOpsConfig(seq_len=24, data_root=str(tmp_path / "data"))
+    train, test = lra.recipe.build_data(cfg)
+    assert len(train) == 40 and len(test) == 16 and bool((test.tensors[0][-1] != 0).all())  # the long row, cut
+    val = lra.recipe.build_data(lra.ListOpsConfig(seq_len=24, eval_split="val"), tmp_path / "data" / "listops-1000")[1]
+    assert len(val) == 12
+
+
+def test_a_missing_release_names_the_files(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "basic_train.tsv").write_text("Source\tTarget\n")
+    with pytest.raises(SystemExit):
+        engine.main(lra.ListOpsRecipe, [*TINY, "--data-root", str(tmp_path / "data"), "--output-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert "basic_val.tsv" in err and "basic_test.tsv" in err
