@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import TensorDataset
 
+from engine.atomic import atomic_write_text
+
 __all__ = [
     "END",
     "LRA_FILES",
@@ -206,6 +208,7 @@ def read_listops_tsv(path: str | Path) -> list[tuple[list[str], int]]:
 
 
 def write_listops_tsv(path: str | Path, examples: Iterable[tuple[list[str], int]]) -> None:
-    """Writes ``(tokens, value)`` pairs as LRA's TSV (header, then :func:`to_lra_string` and the value a line)."""
+    """Writes ``(tokens, value)`` pairs as LRA's TSV (header, then :func:`to_lra_string` and the value a line); the
+    file appears whole or not at all."""
     lines = [TSV_HEADER, *(f"{to_lra_string(tokens)}\t{value}" for tokens, value in examples)]
-    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    atomic_write_text(Path(path), "\n".join(lines) + "\n")
