@@ -32,7 +32,19 @@ from engine.config import load_config
 from engine.recipe import Recipe
 from engine.run import RunOptions, run
 
-__all__ = ["REPO", "Row", "Table", "ablate", "command", "git_commit", "run_table", "summarize", "write_table"]
+__all__ = [
+    "REPO",
+    "TABLES",
+    "Row",
+    "Table",
+    "ablate",
+    "command",
+    "git_commit",
+    "register_table",
+    "run_table",
+    "summarize",
+    "write_table",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -81,6 +93,17 @@ class Table:
     regime: tuple[str, ...] = ()
     description: str = ""
     prepare: Callable[[Path], tuple[str, ...]] | None = field(default=None, compare=False)
+
+
+TABLES: dict[str, Table] = {}  # by name; the domain packages' ``ablation`` modules register theirs
+
+
+def register_table(table: Table) -> Table:
+    """Adds ``table`` to :data:`TABLES` under its name (a second table of the same name is an error)."""
+    if table.name in TABLES and TABLES[table.name] is not table:
+        raise ValueError(f"an ablation table named {table.name!r} is already registered")
+    TABLES[table.name] = table
+    return table
 
 
 def _slug(label: str) -> str:

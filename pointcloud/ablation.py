@@ -12,7 +12,7 @@ transformer, k = 20 for DGCNN). The synthetic data are a function of the seed, s
 
 from __future__ import annotations
 
-from engine.ablation import Row, Table
+from engine.ablation import Row, Table, register_table
 
 from .recipe import ModelNetRecipe
 
@@ -40,27 +40,29 @@ REGIME = (
     "votes=1",
 )
 
-MODELNET_TABLE = Table(
-    name="modelnet",
-    title="Centroid transformer, Tables 2-3, and peers on the synthetic shapes (13 classes, 1,024 points)",
-    recipe=ModelNetRecipe,
-    tool="tools/train_modelnet.py",
-    metric="test_oa",
-    rows=(
-        Row("T = 1", "configs/pointcloud/modelnet40_centroid_t1.yaml"),
-        Row("T = 2", "configs/pointcloud/modelnet40_centroid_t2.yaml"),
-        Row("T = 3", "configs/pointcloud/modelnet40_centroid_t3.yaml"),
-        Row("random sampling only", "configs/pointcloud/modelnet40_random_only.yaml"),
-        Row("FPS only", "configs/pointcloud/modelnet40_fps_only.yaml"),
-        Row("k-means only", "configs/pointcloud/modelnet40_kmeans_only.yaml"),
-        Row("PointNet", "configs/pointcloud/modelnet40_pointnet.yaml"),
-        Row("PointNet++ (SSG)", "configs/pointcloud/modelnet40_pointnet2_ssg.yaml"),
-        Row("DGCNN", "configs/pointcloud/modelnet40_dgcnn.yaml"),
-    ),
-    regime=REGIME,
-    description=(
-        "Synthetic shapes, 13 classes, 40 train / 20 test shapes per class, 1,024 points, 10 epochs of batch 32, "
-        "AdamW 2e-3 with cosine decay, the main job's augmentation (`pointcloud/ablation.py`). Test overall accuracy "
-        "(%) after the last epoch, no voting; std over seeds (n - 1)."
-    ),
+MODELNET_TABLE = register_table(
+    Table(
+        name="modelnet",
+        title="Centroid transformer, Tables 2-3, and peers on the synthetic shapes (13 classes, 1,024 points)",
+        recipe=ModelNetRecipe,
+        tool="tools/train_modelnet.py",
+        metric="test_oa",
+        rows=(
+            Row("T = 1", "configs/pointcloud/modelnet40_centroid_t1.yaml"),
+            Row("T = 2", "configs/pointcloud/modelnet40_centroid_t2.yaml"),
+            Row("T = 3", "configs/pointcloud/modelnet40_centroid_t3.yaml"),
+            Row("random sampling only", "configs/pointcloud/modelnet40_random_only.yaml"),
+            Row("FPS only", "configs/pointcloud/modelnet40_fps_only.yaml"),
+            Row("k-means only", "configs/pointcloud/modelnet40_kmeans_only.yaml"),
+            Row("PointNet", "configs/pointcloud/modelnet40_pointnet.yaml"),
+            Row("PointNet++ (SSG)", "configs/pointcloud/modelnet40_pointnet2_ssg.yaml"),
+            Row("DGCNN", "configs/pointcloud/modelnet40_dgcnn.yaml"),
+        ),
+        regime=REGIME,
+        description=(
+            "Synthetic shapes, 13 classes, 40 train / 20 test shapes per class, 1,024 points, 10 epochs of batch "
+            "32, AdamW 2e-3 with cosine decay, the main job's augmentation (`pointcloud/ablation.py`). Test overall "
+            "accuracy (%) after the last epoch, no voting; std over seeds (n - 1)."
+        ),
+    )
 )

@@ -17,11 +17,9 @@ from __future__ import annotations
 import argparse
 import logging
 
-from engine.ablation import ablate
-from lra.ablation import FSAT_TABLE, SAM_TABLE
-from pointcloud.ablation import MODELNET_TABLE
-
-TABLES = {"fsat": FSAT_TABLE, "sam": SAM_TABLE, "modelnet": MODELNET_TABLE}
+import lra.ablation  # noqa: F401  (registers the fsat and sam tables)
+import pointcloud.ablation  # noqa: F401  (registers the modelnet table)
+from engine.ablation import TABLES, ablate
 
 
 def main(argv: list[str] | None = None) -> str:
