@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from engine import Recipe, check_config, collect_model_kwargs, count_gmacs, count_params, epoch_lr_schedule, unwrap
+from engine import Recipe, check_config, collect_model_kwargs, count_gmacs, count_params, epoch_lr_schedule
+from engine.distributed import unwrap
 
 from .data import build_dataset
 from .model import create_model, list_models
