@@ -10,7 +10,8 @@
 * :mod:`attention.checks`: the input validation of every public op (eager mode only; off while tracing).
 * :mod:`attention.mixers.fsat`: FSAT (Fourier sparse attention) and FAT over the FFT-pooled hidden-state cross.
 * :mod:`attention.mixers`: structured matrix mixers (softmax, linear, Toeplitz, Cauchy, Vandermonde, Hydra) and
-  their non-data-dependent twins, with FSAT / FAT, in one registry (:data:`MIXERS`, :func:`build_mixer`).
+  their non-data-dependent twins, Dense and DFT (:mod:`attention.mixers.fixed`), with FSAT / FAT, in one registry
+  (:data:`MIXERS`, :func:`build_mixer`).
 """
 
 from . import backends, centroid, checks, chunking, layers, mixers, points

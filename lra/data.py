@@ -6,22 +6,50 @@ A nested expression such as ``[MAX 2 9 [MIN 4 7 ] 0 ]`` over the operators MAX, 
 ``max_args`` arguments), driven by a seeded ``random.Random``, keeping expressions with ``min_length <= tokens <=
 max_length`` (rejection sampling, as LRA does). LRA's setting: max_depth 10, max_args 10, lengths 500-2000,
 96K / 2K / 2K examples, sequences padded to 2000.
+
+The released data (LRA's ``listops-1000/basic_{train,val,test}.tsv``) are tab-separated files with a ``Source`` /
+``Target`` header, then one expression a line, written with LRA's bracketing parentheses around every partial
+application (``( ( ( [MAX 2 ) 9 ) ] )`` for ``[MAX 2 9 ]``), and its value. :func:`read_listops_tsv` drops the
+parentheses, as the state-space models' LRA loaders do, so the remaining whitespace-separated tokens are the
+vocabulary here (:data:`VOCAB`); :func:`write_listops_tsv` writes generated expressions in the same format
+(:func:`to_lra_string`), and both reach the model through :func:`parse_row`: generated and released data take one
+code path.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 from torch.utils.data import TensorDataset
 
-__all__ = ["END", "OPERATORS", "TOKEN_IDS", "VOCAB", "encode", "evaluate_tokens", "generate_listops"]
+from engine.atomic import atomic_write_text
+
+__all__ = [
+    "END",
+    "LRA_FILES",
+    "OPERATORS",
+    "TOKEN_IDS",
+    "TSV_HEADER",
+    "VOCAB",
+    "encode",
+    "evaluate_tokens",
+    "generate_listops",
+    "parse_row",
+    "read_listops_tsv",
+    "to_lra_string",
+    "write_listops_tsv",
+]
 
 OPERATORS = ("[MAX", "[MIN", "[MED", "[SM")
 END = "]"
 VOCAB = ("<pad>", *[str(d) for d in range(10)], *OPERATORS, END)  # id 0 is padding
 TOKEN_IDS = {t: i for i, t in enumerate(VOCAB)}
 VALUE_P = 0.25  # LRA: an operator node with probability 0.25 (below max_depth), else a digit
+TSV_HEADER = "Source\tTarget"
+LRA_FILES = {"train": "basic_train.tsv", "val": "basic_val.tsv", "test": "basic_test.tsv"}  # listops-1000/
 
 
 def _tree(rng: random.Random, depth: int, max_depth: int, max_args: int) -> list[str]:
@@ -86,11 +114,101 @@ def generate_listops(
     return out
 
 
-def encode(examples: list[tuple[list[str], int]], seq_len: int) -> TensorDataset:
-    """``(N, seq_len)`` token ids (right-padded with 0) and ``(N,)`` labels."""
+def encode(examples: list[tuple[list[str], int]], seq_len: int, truncate: bool = False) -> TensorDataset:
+    """``(N, seq_len)`` token ids (right-padded with 0) and ``(N,)`` labels.
+
+    Args:
+        examples: ``(tokens, value)`` pairs.
+        seq_len: the model's input length.
+        truncate: cut longer expressions to their first ``seq_len`` tokens (as LRA's loaders do); otherwise a longer
+            expression is an error.
+    """
     ids = torch.zeros(len(examples), seq_len, dtype=torch.long)
     for n, (tokens, _) in enumerate(examples):
         if len(tokens) > seq_len:
-            raise ValueError(f"an expression has {len(tokens)} tokens > seq_len={seq_len}: raise seq_len")
+            if not truncate:
+                raise ValueError(f"an expression has {len(tokens)} tokens > seq_len={seq_len}: raise seq_len")
+            tokens = tokens[:seq_len]
         ids[n, : len(tokens)] = torch.tensor([TOKEN_IDS[t] for t in tokens])
     return TensorDataset(ids, torch.tensor([v for _, v in examples]))
+
+
+def to_lra_string(tokens: list[str]) -> str:
+    """An expression in LRA's written form: every partial application in parentheses, as LRA's ``to_string`` writes
+    the binary tree its generator builds (``[MAX 2 9 ]`` -> ``( ( ( [MAX 2 ) 9 ) ] )``)."""
+    pos = 0
+
+    def node() -> str:
+        nonlocal pos
+        t = tokens[pos]
+        pos += 1
+        if t not in OPERATORS:
+            return t
+        text = f"( {t} {node()} )"  # (op, first argument)
+        while tokens[pos] != END:
+            text = f"( {text} {node()} )"  # ((op, a1), a2) ...
+        pos += 1
+        return f"( {text} {END} )"
+
+    text = node()
+    if pos != len(tokens):
+        raise ValueError(f"trailing tokens after a complete expression: {' '.join(tokens)[:80]}")
+    return text
+
+
+def parse_row(line: str, where: str = "row") -> tuple[list[str], int]:
+    """One ``expression<TAB>value`` row of LRA's TSV -> ``(tokens, value)``, parentheses dropped.
+
+    Args:
+        line: the row, without its line break.
+        where: names the row in errors (``"basic_train.tsv line 7"``).
+
+    Raises:
+        ValueError: not two tab-separated fields, a value that is not a digit 0-9, a token outside :data:`VOCAB`, or
+            operators and ``]`` that do not pair up; the message names ``where``.
+    """
+    fields = line.split("\t")
+    if len(fields) != 2:
+        raise ValueError(f"{where}: expected 'expression<TAB>value', got {len(fields)} tab-separated field(s)")
+    source, target = fields
+    tokens = source.replace("(", " ").replace(")", " ").split()
+    if not target.strip().isdigit() or not 0 <= int(target) <= 9:
+        raise ValueError(f"{where}: the value must be a digit 0-9, got {target.strip()[:20]!r}")
+    unknown = sorted({t for t in tokens if t not in TOKEN_IDS or t == VOCAB[0]})
+    if unknown:
+        raise ValueError(f"{where}: unknown token(s) {unknown[:5]} (expected {list(VOCAB[1:])})")
+    depth = 0
+    for t in tokens:
+        depth += (t in OPERATORS) - (t == END)
+        if depth < 0:
+            break
+    if not tokens or depth != 0:
+        raise ValueError(f"{where}: operators and ']' do not pair up (or no token): {source.strip()[:80]!r}")
+    return tokens, int(target)
+
+
+def read_listops_tsv(path: str | Path) -> list[tuple[list[str], int]]:
+    """Every ``(tokens, value)`` of a ListOps TSV file in LRA's format (header ``Source<TAB>Target``).
+
+    Raises:
+        ValueError: a missing header or a row :func:`parse_row` rejects, naming the file and the line (1-based,
+            the header is line 1).
+    """
+    path = Path(path)
+    with path.open(encoding="utf-8") as f:
+        header = f.readline().rstrip("\r\n")
+        if header != TSV_HEADER:
+            raise ValueError(f"{path} line 1: expected the header {TSV_HEADER!r}, got {header[:40]!r}")
+        out = []
+        for n, line in enumerate(f, start=2):
+            line = line.rstrip("\r\n")
+            if line.strip():
+                out.append(parse_row(line, f"{path} line {n}"))
+    return out
+
+
+def write_listops_tsv(path: str | Path, examples: Iterable[tuple[list[str], int]]) -> None:
+    """Writes ``(tokens, value)`` pairs as LRA's TSV (header, then :func:`to_lra_string` and the value a line); the
+    file appears whole or not at all."""
+    lines = [TSV_HEADER, *(f"{to_lra_string(tokens)}\t{value}" for tokens, value in examples)]
+    atomic_write_text(Path(path), "\n".join(lines) + "\n")

@@ -1,13 +1,17 @@
 """The ListOps training recipe behind ``tools/lra_listops.py``: cross-entropy, AdamW, linear warm-up then decay.
 
-The data are drawn by :func:`lra.data.generate_listops` (train with ``seed``, test with ``seed + 10000``); the
-defaults of :class:`ListOpsConfig` are the CPU main job (short expressions, minutes), ``configs/lra/listops_*.yaml``
-the LRA lengths. The final metrics carry the majority-class accuracy as the baseline to beat.
+The data are drawn by :func:`lra.data.generate_listops` (train with ``seed``, test with ``seed + 10000``), or, with
+``data_root`` (``--data-root``), read from LRA's released ``basic_{train,val,test}.tsv`` (every row; sequences cut to
+``seq_len``); both pass through LRA's written form (:func:`lra.data.parse_row`). The defaults of
+:class:`ListOpsConfig` are the CPU main job (short expressions, minutes), ``configs/lra/listops_*.yaml`` the LRA
+lengths. The final metrics carry the majority-class accuracy as the baseline to beat.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,7 +23,9 @@ import engine
 from engine import CompileMode, Recipe, check_config, collect_model_kwargs, count_params
 
 from . import model as _model  # noqa: F401  (registers listops_classifier, the model_spec's name)
-from .data import encode, generate_listops
+from .data import LRA_FILES, encode, generate_listops, parse_row, read_listops_tsv, to_lra_string
+
+_logger = logging.getLogger(__name__)
 
 __all__ = ["ListOpsConfig", "ListOpsRecipe", "build_data", "evaluate", "report"]
 
@@ -43,13 +49,15 @@ class ListOpsConfig:
     mlp_ratio: float = 2.0  # MLP hidden width, as a multiple of width
     drop: float = 0.0  # dropout in the blocks
     # data (LRA: 96000 / 2000, lengths 500-2000, max_depth 10, max_args 10, seq_len 2000)
+    data_root: str | None = None  # folder with LRA's basic_{train,val,test}.tsv (or listops-1000/); null: generate
+    eval_split: str = "test"  # with data_root: the released split evaluated each epoch, test or val
     train_size: int = 4000  # training expressions
     test_size: int = 500  # test expressions
     min_length: int = 10  # fewest tokens of an expression
     max_length: int = 64  # most tokens of an expression
     max_depth: int = 4  # deepest nesting of an expression
     max_args: int = 5  # most arguments of an operator
-    seq_len: int = 64  # model input length: expressions are right-padded to it (>= max_length)
+    seq_len: int = 64  # model input length: right-padded to it (>= max_length; released rows longer are cut)
     # optimization
     epochs: int = 8  # epochs to train (more on --resume stretches what is left of the schedule)
     batch_size: int = 32  # global batch, split evenly over the ranks
@@ -63,12 +71,36 @@ class ListOpsConfig:
     seed: int = 0  # seed of the data (test: seed + 10000), the initialization and the data order
 
 
-def build_data(cfg: ListOpsConfig) -> tuple[TensorDataset, TensorDataset]:
-    """The encoded train and test sets of ``cfg`` (deterministic in ``cfg.seed``)."""
+LRA_TREE = """<data_root>/                 (or <data_root>/listops-1000/)
+    basic_train.tsv          Source<TAB>Target header, then one expression<TAB>value a line
+    basic_val.tsv
+    basic_test.tsv"""
+
+
+def lra_folder(root: str | Path) -> Path:
+    """The folder under ``root`` (itself or ``listops-1000/``) that holds LRA's three ListOps files."""
+    return engine.locate(root, "listops-1000", list(LRA_FILES.values()), "LRA ListOps", LRA_TREE)
+
+
+def build_data(cfg: ListOpsConfig, data_root: str | Path | None = None) -> tuple[TensorDataset, TensorDataset]:
+    """The encoded train and evaluation sets of ``cfg``: LRA's files under ``data_root`` (or ``cfg.data_root``), every
+    row, cut to ``seq_len``; else generated (deterministic in ``cfg.seed``) and passed through LRA's written form."""
+    root = data_root or cfg.data_root
+    if root is not None:
+        folder = lra_folder(root)
+        train = read_listops_tsv(folder / LRA_FILES["train"])
+        evaluation = read_listops_tsv(folder / LRA_FILES[cfg.eval_split])
+        cut = sum(len(t) > cfg.seq_len for t, _ in train) + sum(len(t) > cfg.seq_len for t, _ in evaluation)
+        if cut:
+            _logger.info("%d of %d expressions are longer than seq_len=%d: cut", cut, len(train) + len(evaluation),
+                         cfg.seq_len)  # fmt: skip
+        return encode(train, cfg.seq_len, truncate=True), encode(evaluation, cfg.seq_len, truncate=True)
     kw = dict(min_length=cfg.min_length, max_length=cfg.max_length, max_depth=cfg.max_depth, max_args=cfg.max_args)
-    train = generate_listops(cfg.train_size, cfg.seed, **kw)
-    test = generate_listops(cfg.test_size, cfg.seed + 10_000, **kw)
-    return encode(train, cfg.seq_len), encode(test, cfg.seq_len)
+    sets = []
+    for size, seed in ((cfg.train_size, cfg.seed), (cfg.test_size, cfg.seed + 10_000)):
+        examples = generate_listops(size, seed, **kw)
+        sets.append([parse_row(f"{to_lra_string(t)}\t{v}", "a generated row") for t, v in examples])
+    return encode(sets[0], cfg.seq_len), encode(sets[1], cfg.seq_len)
 
 
 @torch.no_grad()
@@ -103,15 +135,18 @@ class ListOpsRecipe(Recipe):
 
     @classmethod
     def validate(cls, cfg: ListOpsConfig) -> None:
+        generated = cfg.data_root is None  # the generator's knobs are unused with released files
         check_config(cfg, [
-            (1 <= cfg.min_length <= cfg.max_length <= cfg.seq_len, "need 1 <= min_length <= max_length <= seq_len, "
-             f"got {cfg.min_length}, {cfg.max_length}, {cfg.seq_len}"),
-            (cfg.train_size >= 1 and cfg.test_size >= 1,
+            (not generated or 1 <= cfg.min_length <= cfg.max_length <= cfg.seq_len,
+             f"need 1 <= min_length <= max_length <= seq_len, got {cfg.min_length}, {cfg.max_length}, {cfg.seq_len}"),
+            (not generated or (cfg.train_size >= 1 and cfg.test_size >= 1),
              f"train_size and test_size must be >= 1, got {cfg.train_size} and {cfg.test_size}"),
+            (cfg.seq_len >= 1, f"seq_len must be >= 1, got {cfg.seq_len}"),
+            (cfg.eval_split in ("test", "val"), f"eval_split must be test or val, got {cfg.eval_split!r}"),
         ])  # fmt: skip
 
     def build_datasets(self):
-        return build_data(self.cfg)
+        return build_data(self.cfg, self.data_root)
 
     def model_spec(self) -> tuple[str, dict[str, Any]]:
         return "listops_classifier", collect_model_kwargs(self.cfg, MODEL_KNOBS)

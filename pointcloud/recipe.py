@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from engine import CompileMode, Recipe, check_config, collect_model_kwargs, count_gmacs, count_params, epoch_lr_schedule
+from engine.distributed import unwrap
 
 from .data import build_dataset
 from .model import create_model, list_models
@@ -253,7 +254,12 @@ class ModelNetRecipe(Recipe):
         points, labels = batch
         logits = model(points)
         loss = F.cross_entropy(logits.float(), labels, label_smoothing=self.cfg.label_smoothing)
-        return loss, {"acc": 100.0 * (logits.argmax(-1) == labels).float().mean()}
+        logs = {"acc": 100.0 * (logits.argmax(-1) == labels).float().mean()}
+        aux = getattr(unwrap(model), "aux_loss", None)  # a model's own regularizer (PointNet's transform loss)
+        if aux is not None:
+            loss = loss + aux.float()
+            logs["aux_loss"] = aux.detach()
+        return loss, logs
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         return evaluate(model, self.eval_loader, self.ctx.device, self.train_set.num_classes)

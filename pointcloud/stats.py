@@ -2,7 +2,10 @@
 
 Every model of :func:`pointcloud.list_models` on one cloud of xyz points (default 1024), 40 classes. Paper: the
 centroid transformer 4.1 M params, 5.4 GMACs (section 3.2; no separate numbers for the ablation twins); peers DGCNN
-1.8 M and PointNet++ (SSG) 1.5 M params (their GMACs are not given).
+1.8 M and PointNet++ (SSG) 1.5 M params (their GMACs are not given); PointNet from its own paper (Table 6; its
+"FLOPs" count multiply-adds): 3.5 M params and 0.44 GMACs with the input and feature transforms, 0.8 M and 0.148
+without ("vanilla"). The centroid paper's Table 2 row "PointNet 89.2 OA, 0.8 M, 0.3 GMACs" takes the accuracy of the
+model with transforms and the parameter count of the vanilla one; 0.3 GMACs is neither variant's count.
 
 Two GMAC columns: ours (keys and values projected once per point, then gathered per neighbour) and "per-edge k/v",
 the same forward pass with KNN attention's key/value projections evaluated per (centroid, neighbour) edge
@@ -33,6 +36,8 @@ FAMILY = ModelFamily(
         "centroid_transformer_modelnet40": (4.1, 5.4),
         "dgcnn_modelnet40": (1.8, None),
         "pointnet2_ssg_modelnet40": (1.5, None),
+        "pointnet_modelnet40": (3.5, 0.44),
+        "pointnet_vanilla_modelnet40": (0.8, 0.148),
     },
     checks={"centroid_transformer_modelnet40": (0.15, 0.25)},
     edge_gmacs=edge_projection,

@@ -3,6 +3,8 @@
 * the structured matrix mixers of :mod:`attention.mixers.structured` (softmax, linear attention, lowrank, toeplitz,
   cauchy, vandermonde, hydra, quasiseparable = hydra with one B, C for both directions) and their non-data-dependent
   twins (``<name>_static``, need ``max_len``);
+* the framework's mixers with no data dependence, Dense (a free matrix, needs ``max_len``) and DFT (FNet), from
+  :mod:`attention.mixers.fixed`;
 * FSAT and FAT from :mod:`attention.mixers.fsat` (FSAT needs ``max_len``).
 
 ``build_mixer("cauchy", dim=192, num_heads=3)`` is what the models' ``mixer=`` keyword calls.
@@ -15,8 +17,10 @@ from functools import partial
 
 from torch import nn
 
-from . import block, fsat, functional, structured
+from . import block, fixed, fsat, functional, structured
 from .block import *  # noqa: F403
+from .fixed import *  # noqa: F403
+from .fixed import DenseMixer, FourierMixer
 from .fsat import *  # noqa: F403
 from .fsat import FourierAttention, FourierSparseAttention
 from .functional import *  # noqa: F403
@@ -27,6 +31,7 @@ from .structured import UNSCRIPTABLE_MATRICES, MatrixMixer
 __all__ = ["MIXERS", "UNSCRIPTABLE_MIXERS", "build_mixer"]
 __all__ += structured.__all__
 __all__ += functional.__all__
+__all__ += fixed.__all__
 __all__ += fsat.__all__
 __all__ += block.__all__
 
@@ -47,11 +52,13 @@ MIXERS: dict[str, Callable[..., nn.Module]] = {
     "vandermonde_static": partial(MatrixMixer, matrix="vandermonde", data_dependent=False),
     "hydra_static": partial(MatrixMixer, matrix="hydra", data_dependent=False),
     "quasiseparable_static": partial(MatrixMixer, matrix="quasiseparable", data_dependent=False),
+    "dense": DenseMixer,
+    "dft": FourierMixer,
     "fsat": FourierSparseAttention,
     "fat": FourierAttention,
 }
 
-_NEEDS_MAX_LEN = {"fsat", *(name for name in MIXERS if name.endswith("_static"))}
+_NEEDS_MAX_LEN = {"fsat", "dense", *(name for name in MIXERS if name.endswith("_static"))}
 
 # Mixers TorchScript cannot compile: their products are custom autograd Functions (FSAT's sparse edge products and
 # gradient truncation, the chunked Cauchy / Vandermonde paths and their Triton kernels). Scripting one raises an
@@ -68,7 +75,8 @@ def build_mixer(
         name: mixer name.
         dim: width C.
         num_heads: heads H.
-        max_len: the longest sequence; required by ``fsat`` and the ``*_static`` twins, ignored by the others.
+        max_len: the longest sequence; required by ``fsat``, ``dense`` and the ``*_static`` twins, ignored by the
+            others.
         qkv_bias: bias of the input projections.
         **kwargs: mixer-specific options (e.g. ``num_edges`` for FSAT, ``chunk_size`` and ``backend`` for
             cauchy, ``state_dim`` and ``chunk_size`` for hydra, ``freq`` for vandermonde).

@@ -29,6 +29,13 @@ autocast (bf16 has 8 mantissa bits: a sum of L products would lose all of them).
   learns only through them.
   Inference uses the predicted edges only and is deterministic.
 
+The paper's ablation (its Table 3) switches, each a constructor keyword of :class:`FourierSparseAttention`:
+``num_edges`` (FSAT-2 / -4 / -8), ``truncate_grad=False`` (FSAT-No Trunc.: the confidences' gradient passes
+unclipped), ``edges="random"`` (FSAT-Only Ir: random query positions only, in training and in inference, each scored
+against the prediction it is paired with, so the index head still learns through the confidences) or
+``edges="predicted"`` (FSAT-Only Ip: never a random edge), and ``feature_map="separable", kernel_size=5``
+(FSAT+DConv-5: depth-wise separable convolution feature maps).
+
 TorchScript compiles FAT (its eager input checks sit behind ``torch.jit.is_scripting()``); FSAT's edge products and
 gradient truncation are custom autograd Functions, so scripting FSAT raises an error naming it.
 
@@ -40,7 +47,10 @@ Choices the paper leaves open (documented deviations):
 * **Sequences shorter than L_max**: ``I_bar`` is scaled by L_max as in the paper (sequences are padded to L_max
   there); predicted indices ``>= L`` point past the sequence and are dropped. Set ``max_len`` to the length you run.
 * Feature maps: a two-layer MLP (width C, GELU) by default; ``feature_map="conv"`` is a depth-wise Conv1d along the
-  sequence (the paper's Text variant).
+  sequence (the paper's Text variant); ``feature_map="separable"`` a depth-wise separable one (the depth-wise Conv1d,
+  then a point-wise Linear across channels: the ablation's DConv).
+* ``edges="random"`` evaluates on random edges too (there is no prediction to fall back on): its inference is
+  stochastic, repeatable under a fixed ``torch.manual_seed``.
 """
 
 from __future__ import annotations
@@ -58,12 +68,14 @@ from ..chunking import chunk_budget, chunk_rows
 
 __all__ = [
     "EDGE_BACKENDS",
+    "EDGE_SETS",
     "FEATURE_MAPS",
     "ConvFeatureMap",
     "FourierAttention",
     "FourierCross",
     "FourierSparseAttention",
     "MlpFeatureMap",
+    "SeparableConvFeatureMap",
     "TruncateGrad",
     "fold_cross",
     "pooled_cross",
@@ -409,7 +421,30 @@ class ConvFeatureMap(nn.Module):
         return self.conv(x.transpose(1, 2)).transpose(1, 2)  # (B, L, C)
 
 
-FEATURE_MAPS: dict[str, type[nn.Module]] = {"mlp": MlpFeatureMap, "conv": ConvFeatureMap}
+class SeparableConvFeatureMap(nn.Module):
+    """Depth-wise separable Conv1d: the depth-wise conv of :class:`ConvFeatureMap` (``kernel_size``, same padding),
+    then a point-wise (kernel 1) mix across channels, ``y_i = W (sum_t w_t * x_{i+t}) + b``: the ablation's DConv."""
+
+    def __init__(self, dim: int, kernel_size: int = 3) -> None:
+        super().__init__()
+        if kernel_size % 2 != 1:
+            raise ValueError(f"kernel_size must be odd (same-length output), got {kernel_size}")
+        self.depthwise = nn.Conv1d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim)
+        self.pointwise = nn.Linear(dim, dim)  # a kernel-1 Conv1d, applied token-wise
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.pointwise(self.depthwise(x.transpose(1, 2)).transpose(1, 2))  # (B, L, C)
+
+
+FEATURE_MAPS: dict[str, type[nn.Module]] = {
+    "mlp": MlpFeatureMap,
+    "conv": ConvFeatureMap,
+    "separable": SeparableConvFeatureMap,
+}
+
+# Which edges each key gets (FSAT's ablation): predicted ones joined in training by random ones (the paper's FSAT),
+# random ones only (in training and inference), or predicted ones only.
+EDGE_SETS = ("predicted+random", "random", "predicted")
 
 
 class FourierCross(nn.Module):
@@ -445,7 +480,8 @@ class FourierAttention(nn.Module):
     Args:
         dim: width C.
         num_heads: heads H (C divisible by H).
-        feature_map: ``"mlp"`` or ``"conv"`` (see :data:`FEATURE_MAPS`).
+        feature_map: ``"mlp"``, ``"conv"`` or ``"separable"`` (see :data:`FEATURE_MAPS`).
+        kernel_size: kernel of the conv feature maps (odd).
         qkv_bias: bias of the q / kv projections.
         attn_drop, proj_drop: dropout on the attention weights / the output.
 
@@ -496,11 +532,17 @@ class FourierSparseAttention(nn.Module):
         num_heads: heads H.
         max_len: L_max; scales the predicted indices and the Gaussian's variance; longer inputs are errors.
         num_edges: M, predicted query positions per key and head.
-        num_random: random query positions per key and head added in training (default: M; 0 for none).
-        feature_map: ``"mlp"`` or ``"conv"``.
+        num_random: random query positions per key and head (default: M; 0 for none, only with
+            ``edges="predicted+random"``); added in training, or the whole edge set with ``edges="random"``.
+        feature_map: ``"mlp"``, ``"conv"`` or ``"separable"``.
         qkv_bias: bias of the q / kv projections.
         proj_drop: dropout on the output.
+        kernel_size: kernel of the conv feature maps (odd).
         edge_backend: ``"auto"``, ``"csr"``, ``"gather"`` or ``"triton"`` (see :func:`sparse_edge_attention`).
+        edges: the edge set, one of :data:`EDGE_SETS`: ``"predicted+random"`` (the paper's FSAT), ``"random"``
+            (FSAT-Only Ir) or ``"predicted"`` (FSAT-Only Ip).
+        truncate_grad: clamp the gradient reaching the confidences to (-inf, 0] (the paper's truncation; False:
+            FSAT-No Trunc.).
 
     Shapes:
         x: ``(B, L, C)`` with L <= max_len; output: ``(B, L, C)``.
@@ -518,18 +560,29 @@ class FourierSparseAttention(nn.Module):
         proj_drop: float = 0.0,
         kernel_size: int = 3,
         edge_backend: str = "auto",
+        edges: str = "predicted+random",
+        truncate_grad: bool = True,
     ) -> None:
         super().__init__()
         if num_heads < 1 or dim % num_heads:
             raise ValueError(f"num_heads must be >= 1 and dim={dim} divisible by it, got num_heads={num_heads}")
         if edge_backend not in ("auto", *EDGE_BACKENDS):
             raise ValueError(f"unknown edge_backend {edge_backend!r}; choose one of {('auto', *EDGE_BACKENDS)}")
+        if edges not in EDGE_SETS:
+            raise ValueError(f"unknown edges {edges!r}; choose one of {list(EDGE_SETS)}")
         self.edge_backend = edge_backend
         if max_len < 1 or num_edges < 1:
             raise ValueError(f"max_len and num_edges must be >= 1, got {max_len} and {num_edges}")
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.max_len, self.num_edges = max_len, num_edges
+        if edges == "predicted":
+            if num_random:
+                raise ValueError(f'edges="predicted" has no random edges: drop num_random={num_random}')
+            num_random = 0
         self.num_random = num_edges if num_random is None else num_random
+        if edges == "random" and self.num_random < 1:
+            raise ValueError(f'edges="random" needs num_random >= 1 (or None: num_edges), got {num_random}')
+        self.edge_set, self.truncate_grad = edges, truncate_grad
         self.cross = FourierCross(dim, feature_map, kernel_size)
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
         self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
@@ -538,10 +591,15 @@ class FourierSparseAttention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def extra_repr(self) -> str:
-        return f"max_len={self.max_len}, num_edges={self.num_edges}, num_random={self.num_random}"
+        return (
+            f"max_len={self.max_len}, num_edges={self.num_edges}, num_random={self.num_random}, "
+            f"edges={self.edge_set!r}, truncate_grad={self.truncate_grad}"
+        )
 
     def edges(self, c: Tensor) -> tuple[Tensor, Tensor]:
-        """Edges of every key: ``(idx, conf)``, each ``(B, H, L, E)`` (E = M, plus M random ones in training)."""
+        """Edges of every key: ``(idx, conf)``, each ``(B, H, L, E)``: E = M predicted, plus ``num_random`` random ones
+        in training (``edges="predicted+random"``); M predicted (``"predicted"``); ``num_random`` random ones
+        (``"random"``)."""
         B, L, _ = c.shape
         H, M, L_max = self.num_heads, self.num_edges, self.max_len
         acc = torch.promote_types(c.dtype, torch.float32)  # indices in float32: bf16 cannot count to L_max
@@ -551,14 +609,18 @@ class FourierSparseAttention(nn.Module):
         i_bar = i_bar.view(B, L, H, M).transpose(1, 2)  # (B, H, L, M) predicted query positions of key j
         idx = i_bar.detach().floor().long().clamp_max(L_max - 1)
         mean = i_bar
-        if self.training and self.num_random > 0:
+        random_only = self.edge_set == "random"
+        if random_only or (self.training and self.num_random > 0):
             rand = torch.randint(0, L, (B, H, L, self.num_random), device=c.device)
             pair = torch.arange(self.num_random, device=c.device) % M  # the prediction each random edge is scored by
-            idx, mean = torch.cat([idx, rand], -1), torch.cat([i_bar, i_bar[..., pair]], -1)  # (B, H, L, E)
+            if random_only:
+                idx, mean = rand, i_bar[..., pair]  # (B, H, L, num_random)
+            else:
+                idx, mean = torch.cat([idx, rand], -1), torch.cat([i_bar, i_bar[..., pair]], -1)  # (B, H, L, E)
         var = float(L_max)
         conf = torch.exp(-((idx.to(acc) - mean) ** 2) / (2 * var)) / math.sqrt(2 * math.pi * var)
         idx = torch.where(idx < L, idx, torch.full_like(idx, -1))  # past the sequence: dropped
-        return idx, TruncateGrad.apply(conf)
+        return idx, (TruncateGrad.apply(conf) if self.truncate_grad else conf)
 
     def __prepare_scriptable__(self) -> nn.Module:
         # torch.jit.script calls this before compiling: name the mixer instead of a TorchScript compiler error.

@@ -8,9 +8,11 @@ import torch
 from attention import chunking
 from attention.mixers import fsat
 from attention.mixers.fsat import (
+    EDGE_SETS,
     FourierAttention,
     FourierCross,
     FourierSparseAttention,
+    SeparableConvFeatureMap,
     TruncateGrad,
     fold_cross,
     pooled_cross,
@@ -164,6 +166,102 @@ def test_fsat_index_head_sees_only_the_clamped_confidence_gradient(monkeypatch: 
     assert not torch.allclose(got, unclamped)
 
 
+def _predicted_confidences(m: FourierSparseAttention, c: torch.Tensor) -> torch.Tensor:
+    """The Gaussian density of the predicted edges written out: N(floor(I_bar) | I_bar, L_max), (B, H, L, M)."""
+    B, L, _ = c.shape
+    i_bar = torch.sigmoid(m.index_head(c)) * m.max_len  # (B, L, H M)
+    i_bar = i_bar.view(B, L, m.num_heads, m.num_edges).transpose(1, 2)
+    d = i_bar.detach().floor().clamp_max(m.max_len - 1) - i_bar
+    return torch.exp(-(d**2) / (2 * m.max_len)) / (2 * torch.pi * m.max_len) ** 0.5
+
+
+def test_no_truncation_passes_the_confidence_gradient_unclipped() -> None:
+    """truncate_grad=False (FSAT-No Trunc.): the index head gets the full gradient of the confidences, positive
+    parts included; the default clips them, so a positive upstream gradient leaves it with nothing."""
+    torch.manual_seed(7)
+    plain = FourierSparseAttention(16, num_heads=2, max_len=9, num_edges=3, truncate_grad=False).double().eval()
+    clipped = FourierSparseAttention(16, num_heads=2, max_len=9, num_edges=3).double().eval()
+    clipped.load_state_dict(plain.state_dict())
+    assert plain.truncate_grad is False and clipped.truncate_grad is True
+    c = plain.cross(torch.randn(2, 9, 16, dtype=torch.float64)).detach()
+    g = torch.rand(2, 2, 9, 3, dtype=torch.float64) + 0.1  # positive: all clipped away by the truncation
+    w = plain.index_head.weight
+    got = torch.autograd.grad(plain.edges(c)[1], w, g)[0]
+    ref = torch.autograd.grad(_predicted_confidences(plain, c), w, g)[0]
+    torch.testing.assert_close(got, ref)
+    assert got.abs().sum() > 0
+    assert torch.equal(torch.autograd.grad(clipped.edges(c)[1], clipped.index_head.weight, g)[0], torch.zeros_like(w))
+    torch.testing.assert_close(clipped.edges(c)[1], plain.edges(c)[1])  # same forward
+
+
+def test_random_only_edges_have_no_predicted_edge() -> None:
+    """edges="random" (FSAT-Only Ir): only random query positions, in training and in inference, each scored against
+    the prediction it is paired with; with every prediction at the last position, the predicted sets hold only it."""
+    L, M = 12, 4
+    torch.manual_seed(8)
+    m = FourierSparseAttention(8, num_heads=2, max_len=L, num_edges=M, num_random=6, edges="random")
+    with torch.no_grad():
+        m.index_head.bias.fill_(10.0)  # sigmoid ~ 1: every predicted position is L - 1
+    c = m.cross(torch.randn(3, L, 8))
+    for mode in (m.train, m.eval):
+        mode()
+        idx, conf = m.edges(c)
+        assert idx.shape == (3, 2, L, 6)
+        assert (idx != L - 1).float().mean() > 0.8  # uniform over L positions, not the prediction
+        pair = torch.arange(6) % M
+        i_bar = (torch.sigmoid(m.index_head(c)) * L).view(3, L, 2, M).transpose(1, 2)[..., pair]
+        expected = torch.exp(-((idx - i_bar) ** 2) / (2 * L)) / (2 * torch.pi * L) ** 0.5
+        torch.testing.assert_close(conf, expected)
+    predicted = FourierSparseAttention(8, num_heads=2, max_len=L, num_edges=M).eval()
+    predicted.load_state_dict(m.state_dict())
+    assert (predicted.edges(c)[0] == L - 1).all()
+    torch.manual_seed(1)
+    a = m(torch.ones(1, L, 8))
+    torch.manual_seed(1)
+    assert torch.equal(a, m(torch.ones(1, L, 8)))  # stochastic inference, repeatable under a seed
+
+
+def test_predicted_only_edges_are_deterministic_in_training() -> None:
+    """edges="predicted" (FSAT-Only Ip): no random edge, in training either."""
+    torch.manual_seed(9)
+    m = FourierSparseAttention(16, num_heads=2, max_len=10, num_edges=3, edges="predicted").train()
+    x = torch.randn(2, 10, 16)
+    idx, _ = m.edges(m.cross(x))
+    assert idx.shape == (2, 2, 10, 3) and m.num_random == 0
+    torch.manual_seed(1)
+    a = m(x)
+    torch.manual_seed(2)
+    assert torch.equal(a, m(x))
+    default = FourierSparseAttention(16, num_heads=2, max_len=10, num_edges=3).train()
+    assert default.edges(default.cross(x))[0].shape == (2, 2, 10, 6)  # predicted + random
+    with pytest.raises(ValueError, match='edges="predicted" has no random edges'):
+        FourierSparseAttention(16, num_heads=2, max_len=10, edges="predicted", num_random=2)
+    with pytest.raises(ValueError, match=r"unknown edges 'all'; choose one of \['predicted\+random'"):
+        FourierSparseAttention(16, num_heads=2, max_len=10, edges="all")
+    with pytest.raises(ValueError, match='edges="random" needs num_random >= 1'):
+        FourierSparseAttention(16, num_heads=2, max_len=10, edges="random", num_random=0)
+    assert EDGE_SETS == ("predicted+random", "random", "predicted")
+
+
+def test_separable_conv_feature_map_is_depthwise_then_pointwise() -> None:
+    """feature_map="separable" (FSAT+DConv-5): a per-channel kernel-5 conv (same padding), then a C x C mix."""
+    torch.manual_seed(10)
+    C, K = 6, 5
+    f = SeparableConvFeatureMap(C, kernel_size=K).double()
+    assert f.depthwise.weight.shape == (C, 1, K) and f.depthwise.bias.shape == (C,)
+    assert f.pointwise.weight.shape == (C, C) and f.pointwise.bias.shape == (C,)
+    x = torch.randn(2, 9, C, dtype=torch.float64)
+    padded = torch.nn.functional.pad(x, (0, 0, K // 2, K // 2))  # zeros before and after the sequence
+    w = f.depthwise.weight[:, 0]  # (C, K)
+    depthwise = sum(padded[:, t : t + 9] * w[:, t] for t in range(K)) + f.depthwise.bias  # (B, L, C)
+    torch.testing.assert_close(f(x), depthwise @ f.pointwise.weight.T + f.pointwise.bias)
+    m = FourierSparseAttention(12, num_heads=2, max_len=16, feature_map="separable", kernel_size=5)
+    assert isinstance(m.cross.f1, SeparableConvFeatureMap) and m.cross.f1.depthwise.kernel_size == (5,)
+    assert m(torch.randn(2, 16, 12)).shape == (2, 16, 12)
+    with pytest.raises(ValueError, match="kernel_size must be odd"):
+        SeparableConvFeatureMap(4, kernel_size=4)
+
+
 def test_fsat_eval_is_deterministic_and_uses_predicted_edges_only() -> None:
     torch.manual_seed(2)
     m = FourierSparseAttention(16, num_heads=2, max_len=12, num_edges=4).eval()
@@ -194,7 +292,7 @@ def test_short_sequences_drop_edges_past_the_end() -> None:
 
 
 @pytest.mark.parametrize("cls", [FourierSparseAttention, FourierAttention])
-@pytest.mark.parametrize("feature_map", ["mlp", "conv"])
+@pytest.mark.parametrize("feature_map", ["mlp", "conv", "separable"])
 def test_bf16_autocast_is_finite(cls: type, feature_map: str) -> None:
     torch.manual_seed(4)
     kw = {"max_len": 64} if cls is FourierSparseAttention else {}

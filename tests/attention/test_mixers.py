@@ -1,5 +1,6 @@
 """Structured matrix mixers: efficient path == dense matrix (outputs and gradients, odd L), bidirectionality, bf16,
-the registry, TorchScript (scripted == eager, or an error naming the mixer), and the chunked paths' memory bound."""
+the registry, TorchScript (scripted == eager, or an error naming the mixer), and the chunked paths' memory bound; the
+Dense and DFT mixers against their matrices written out."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from attention.mixers import (
     MATRIX_MIXERS,
     MIXERS,
     UNSCRIPTABLE_MIXERS,
+    DenseMixer,
+    FourierMixer,
     MatrixMixer,
     build_mixer,
     cauchy_mix,
@@ -167,6 +170,7 @@ def test_registry_builds_every_mixer_and_names_the_choices() -> None:
         build_mixer("fsat", 16)
     with pytest.raises(ValueError, match="needs max_len"):
         build_mixer("cauchy_static", 16)
+    assert {"dense", "dft"} <= set(MIXERS)
 
 
 def test_bad_inputs_raise_clear_errors() -> None:
@@ -226,3 +230,40 @@ def test_scripted_mixers_keep_their_errors_and_the_softmax_mask() -> None:
     twin = torch.jit.script(MatrixMixer(16, 2, matrix="hydra", data_dependent=False, max_len=8))
     with pytest.raises(torch.jit.Error, match="exceeds max_len=8"):
         twin(torch.randn(1, 9, 16))
+
+
+def test_dense_mixer_is_its_free_matrix_times_the_values() -> None:
+    """Dense: y = proj(einsum(W[:L, :L] / sqrt(L_max), v)) with one free matrix per head, the same for every input;
+    gradients reach the matrix's top-left L x L block only."""
+    torch.manual_seed(4)
+    m = build_mixer("dense", 12, num_heads=3, max_len=16).double()
+    assert isinstance(m, DenseMixer) and m.matrix.shape == (3, 16, 16)
+    x = torch.randn(2, 11, 12, dtype=torch.float64)
+    v = m.v(x).view(2, 11, 3, 4)  # (B, L, H, D)
+    mixed = torch.einsum("hij,bjhd->bihd", m.matrix[:, :11, :11], v) / 16**0.5
+    torch.testing.assert_close(m(x), m.proj(mixed.reshape(2, 11, 12)))
+    torch.testing.assert_close(m.materialize(x), m.materialize(torch.randn_like(x)))  # no data dependence
+    m(x).square().sum().backward()
+    assert m.matrix.grad[:, :11, :11].abs().sum() > 0 and not m.matrix.grad[:, 11:].any()
+    with pytest.raises(ValueError, match="exceeds max_len=16"):
+        m(torch.randn(1, 17, 12, dtype=torch.float64))
+    with pytest.raises(ValueError, match="softmax matrix only, not 'dense'"):
+        m(x, attn_mask=torch.ones(11, 11, dtype=torch.bool))
+    with pytest.raises(ValueError, match="needs max_len"):
+        build_mixer("dense", 12)
+
+
+@pytest.mark.parametrize("L", [1, 7, 16])
+def test_dft_mixer_is_the_real_part_of_the_2d_dft(L: int) -> None:
+    """DFT (FNet): Re(F_L X F_C) with the orthonormal DFT matrices written out; no parameters; bf16 in, bf16 out."""
+    m = build_mixer("dft", 10, num_heads=2)
+    assert isinstance(m, FourierMixer) and not list(m.parameters())
+    x = torch.randn(3, L, 10, dtype=torch.float64)
+    f_l, f_c = FourierMixer.dft_matrix(L), FourierMixer.dft_matrix(10)
+    ref = (f_l @ x.to(torch.complex128) @ f_c).real  # F_C is symmetric: the channel transform is x F_C
+    torch.testing.assert_close(m(x), ref)
+    assert m(x.bfloat16()).dtype == torch.bfloat16
+    if L == 1:  # the 1-D DFT of a single token is itself: only the channel transform remains
+        torch.testing.assert_close(m(x), (x.to(torch.complex128) @ f_c).real)
+    with pytest.raises(ValueError, match="softmax matrix only, not 'dft'"):
+        m(x, attn_mask=torch.ones(L, L, dtype=torch.bool))

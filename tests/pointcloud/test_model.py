@@ -10,7 +10,7 @@ from pointcloud.testing import check_registered_model
 
 SMALL = {"num_centroids": (64, 32), "num_neighbors": 8}
 # Peer models take only the knobs that mean something to them (DGCNN has no centroids).
-SMALL_BY_MODEL = {"dgcnn_modelnet40": {"k": 8}}
+SMALL_BY_MODEL = {"dgcnn_modelnet40": {"k": 8}, "pointnet_modelnet40": {}, "pointnet_vanilla_modelnet40": {}}
 
 
 @pytest.mark.parametrize("name", list_models())

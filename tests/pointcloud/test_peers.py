@@ -1,4 +1,5 @@
-"""Peer models (DGCNN, PointNet++ SSG): the edge_index helper, layer equivalence with dense references, the models."""
+"""Peer models (PointNet, DGCNN, PointNet++ SSG): the edge_index helper, layer equivalence with dense references, the
+models."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from torch.testing import assert_close
 
 from attention import farthest_point_sample, gather, knn
 from pointcloud import create_model, list_models
-from pointcloud.peers import DGCNN, PointNet2SSG, SetAbstraction, knn_edge_index
+from pointcloud.peers import DGCNN, PointNet, PointNet2SSG, SetAbstraction, knn_edge_index
 from pointcloud.testing import check_registered_model
 
 # Small enough for a 2-core CPU: every test below runs in well under a second.
@@ -20,6 +21,8 @@ SMALL = {
         "mlps": ((16, 16), (32, 32), (32, 64)),
         "head_dims": (32, 16),
     },
+    "pointnet_modelnet40": {"head_dims": (32, 16)},
+    "pointnet_vanilla_modelnet40": {"head_dims": (32, 16)},
 }
 PEERS = sorted(SMALL)
 
@@ -123,6 +126,70 @@ def test_bad_input(name: str) -> None:
         model(torch.rand(64, 3))
 
 
+def test_pointnet_sizes_match_its_paper() -> None:
+    """PointNet paper, Table 6: 3.5 M params with the transforms, 0.8 M without (its FLOPs are MACs: 440 M, 148 M)."""
+    from engine.stats import count_gmacs, count_params
+
+    full, vanilla = create_model("pointnet_modelnet40").eval(), create_model("pointnet_vanilla_modelnet40").eval()
+    assert full.input_tnet is not None and full.feature_tnet is not None
+    assert vanilla.input_tnet is None and vanilla.feature_tnet is None
+    assert count_params(full) / 1e6 == pytest.approx(3.5, rel=0.02)
+    assert count_params(vanilla) / 1e6 == pytest.approx(0.8, rel=0.03)
+    clouds = torch.rand(1, 1024, 3)
+    assert count_gmacs(full, clouds) == pytest.approx(0.44, rel=0.03)
+    assert count_gmacs(vanilla, clouds) == pytest.approx(0.148, rel=0.03)
+
+
+def test_pointnet_with_identity_transforms_is_the_vanilla_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The transforms multiply xyz (3 x 3) and the 64-d features (64 x 64) from the right; with both at the identity
+    the model is the vanilla one with the same shared MLPs and head. They start near the identity."""
+    torch.manual_seed(0)
+    full = PointNet(num_classes=7, in_channels=6).eval()
+    vanilla = PointNet(num_classes=7, in_channels=6, input_transform=False, feature_transform=False).eval()
+    vanilla.load_state_dict({k: v for k, v in full.state_dict().items() if "tnet" not in k})
+    points = torch.rand(2, 50, 6)
+    with torch.no_grad():
+        a_in, a_feat = full.input_tnet(points), full.feature_tnet(torch.rand(2, 50, 64))
+    assert (a_in - torch.eye(3)).abs().max() < 0.05 and (a_feat - torch.eye(64)).abs().max() < 0.05
+    rot = torch.tensor([[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    monkeypatch.setattr(full.input_tnet, "forward", lambda x: rot.expand(x.shape[0], 3, 3))
+    monkeypatch.setattr(full.feature_tnet, "forward", lambda x: torch.eye(64).expand(x.shape[0], 64, 64))
+    rotated = torch.cat([points[..., :3] @ rot, points[..., 3:]], -1)  # xyz turned, normals left as they are
+    assert_close(full(points), vanilla(rotated))
+
+
+def test_pointnet_orthogonality_loss_and_permutation_invariance() -> None:
+    torch.manual_seed(1)
+    model = PointNet(num_classes=5).train()
+    points = torch.rand(4, 40, 3)
+    model(points)
+    x = model.mlp1(points.reshape(-1, 3)).view(4, 40, 64)  # the features the feature transform saw (same BN batch)
+    a = model.feature_tnet(x)
+    expected = 0.001 * (torch.eye(64) - a @ a.transpose(1, 2)).square().sum((1, 2)).mean()
+    assert_close(model.aux_loss, expected)
+    model.eval()
+    assert model(points).shape == (4, 5) and model.aux_loss is None  # no regularizer outside training
+    assert_close(model(points[:, torch.randperm(40)]), model(points), rtol=1e-5, atol=1e-5)
+    vanilla = create_model("pointnet_vanilla_modelnet40").train()
+    vanilla(points)
+    assert vanilla.aux_loss is None
+    assert create_model("pointnet_modelnet40", num_neighbors=16).input_tnet is not None  # the recipe's K: ignored
+
+
+def test_the_recipe_adds_the_model_regularizer_to_the_loss() -> None:
+    from pointcloud.recipe import ModelNetConfig, ModelNetRecipe
+
+    torch.manual_seed(2)
+    recipe = ModelNetRecipe(ModelNetConfig(label_smoothing=0.0), ctx=None)
+    model = create_model("pointnet_modelnet40", num_classes=5, drop=0.0).train()
+    points, labels = torch.rand(4, 32, 3), torch.tensor([0, 1, 2, 3])
+    loss, logs = recipe.loss(model, (points, labels))
+    model2 = create_model("pointnet_modelnet40", num_classes=5, drop=0.0).train()
+    model2.load_state_dict(model.state_dict())
+    ce = torch.nn.functional.cross_entropy(model2(points), labels)
+    assert_close(loss, ce + model2.aux_loss) and float(logs["aux_loss"]) > 0
+
+
 def test_bad_kwargs() -> None:
     with pytest.raises(ValueError, match="not both"):
         create_model("dgcnn_modelnet40", k=8, num_neighbors=8)
@@ -130,3 +197,5 @@ def test_bad_kwargs() -> None:
         create_model("pointnet2_ssg_modelnet40", num_centroids=(64, 32, 16))
     with pytest.raises(ValueError, match="in_channels must be >= 3"):
         create_model("pointnet2_ssg_modelnet40", in_channels=2)
+    with pytest.raises(ValueError, match="reg_weight must be >= 0"):
+        create_model("pointnet_modelnet40", reg_weight=-1.0)

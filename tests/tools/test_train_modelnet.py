@@ -3,6 +3,7 @@ knobs and ``model_kwargs``, the paper-row configs, the real data layouts and the
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -32,6 +33,16 @@ def test_peer_model_trains_and_foreign_knobs_are_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="num_steps"):
         train_modelnet(["--debug", "--output-dir", str(tmp_path / "bad"), *tiny, "model=dgcnn_modelnet40",
                              "num_steps=2"])  # fmt: skip
+
+
+def test_pointnet_trains_with_its_regularizer_in_the_loss(tmp_path: Path) -> None:
+    """The PointNet peer on the same command line (the recipe's K knob is ignored by it); its feature-transform loss
+    is part of the training loss and logged."""
+    tiny = [a for a in TINY if a not in ("num_centroids=[16,8]", "fuse_dim=32")]
+    metrics = train_modelnet(["--epochs", "1", "--output-dir", str(tmp_path), *tiny, "model=pointnet_modelnet40"])
+    assert metrics["epochs"] == 1 and metrics["model"] == "pointnet_modelnet40" and math.isfinite(metrics["test_oa"])
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert any(r.get("train_aux_loss", 0) > 0 for r in records), records[-1].keys()
 
 
 def test_model_kwargs_reach_the_point_model(tmp_path: Path) -> None:

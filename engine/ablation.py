@@ -1,0 +1,312 @@
+"""Ablation tables: each row of a paper's table trained with several seeds in one fixed regime, summarized as the mean,
+the spread and every seed's value, written as Markdown and JSON (``tools/run_ablation.py``).
+
+A :class:`Table` names its recipe, the metric it reports, the regime (``key=value`` items applied to every row on top
+of the row's config) and its rows (a config file and the row's own items). Each (row, seed) trains in
+``<out>/<table>/<row>/seed<seed>``, exactly as its :func:`command` would from the command line. A run that finished
+(``final_metrics.json``) is read back instead of retrained and a stopped one resumes (``--resume auto``), so a table
+fills up over several invocations (``max_runs``); rows without a run are listed with their commands. Each run folder
+also gets ``ablation.json``: the commit the run was trained at (``+dirty`` with uncommitted changes to tracked files),
+the load average before and after it, and its wall time; the table names every commit its runs come from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.atomic import atomic_write_text
+from engine.bench import markdown_table
+from engine.config import load_config
+from engine.recipe import Recipe
+from engine.run import RunOptions, run
+
+__all__ = [
+    "REPO",
+    "TABLES",
+    "Row",
+    "Table",
+    "ablate",
+    "command",
+    "git_commit",
+    "register_table",
+    "run_table",
+    "summarize",
+    "write_table",
+]
+
+_logger = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[1]  # the configs' paths are relative to it
+RECORD = "ablation.json"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of an ablation table.
+
+    Attributes:
+        label: the row's name in the paper's table (``"FSAT-No Trunc."``).
+        config: its config file, relative to the repository root.
+        overrides: ``key=value`` items of this row only (applied after the table's regime).
+    """
+
+    label: str
+    config: str
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Table:
+    """An ablation table: rows of one recipe, trained in one regime, compared on one metric.
+
+    Attributes:
+        name: short name (``--table``) and folder name.
+        title: the table's heading.
+        recipe: the :class:`~engine.recipe.Recipe` every row trains with.
+        tool: the training script whose command line a row's run equals (``tools/lra_listops.py``).
+        metric: the final-metrics key to compare (``test_acc``).
+        rows: the rows, in the paper's order.
+        regime: ``key=value`` items applied to every row, on top of its config.
+        description: the regime in words, and why (printed above the table).
+        prepare: called with the output folder before any run (e.g. to write a data set every row reads, once:
+            it must return at once when that is done); returns more ``key=value`` items for every row.
+    """
+
+    name: str
+    title: str
+    recipe: type[Recipe]
+    tool: str
+    metric: str
+    rows: tuple[Row, ...]
+    regime: tuple[str, ...] = ()
+    description: str = ""
+    prepare: Callable[[Path], tuple[str, ...]] | None = field(default=None, compare=False)
+
+
+TABLES: dict[str, Table] = {}  # by name; the domain packages' ``ablation`` modules register theirs
+
+
+def register_table(table: Table) -> Table:
+    """Adds ``table`` to :data:`TABLES` under its name (a second table of the same name is an error)."""
+    if table.name in TABLES and TABLES[table.name] is not table:
+        raise ValueError(f"an ablation table named {table.name!r} is already registered")
+    TABLES[table.name] = table
+    return table
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", label.lower().replace("+", " plus ")).strip("_")
+
+
+def run_dir(table: Table, row: Row, seed: int, out_dir: str | Path) -> Path:
+    """``<out_dir>/<table>/<row>/seed<seed>``."""
+    return Path(out_dir) / table.name / _slug(row.label) / f"seed{seed}"
+
+
+def _items(table: Table, row: Row, seed: int, extra: Sequence[str]) -> list[str]:
+    return [*table.regime, *extra, *row.overrides, f"seed={seed}"]
+
+
+def command(
+    table: Table, row: Row, seed: int, out_dir: str | Path, extra: Sequence[str] = (), device: str = "cpu"
+) -> str:
+    """The command line that trains ``row`` with ``seed`` into its folder (what :func:`run_table` runs in process)."""
+    items = " ".join(shlex.quote(i) for i in _items(table, row, seed, extra))
+    folder = shlex.quote(str(run_dir(table, row, seed, out_dir)))
+    options = f"--device {device} --resume auto --output-dir {folder}"
+    return f"python {table.tool} --config {row.config} {options} --set {items}"
+
+
+def git_commit(repo: str | Path = REPO) -> str:
+    """The short commit hash of ``repo``'s HEAD, ``+dirty`` if tracked files changed since; ``unknown`` without git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True, text=True
+        )
+    except OSError:
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def _read(folder: Path) -> dict[str, Any] | None:
+    done = folder / "final_metrics.json"
+    if not done.is_file():
+        return None
+    metrics = json.loads(done.read_text())
+    record = folder / RECORD
+    return {**metrics, **(json.loads(record.read_text()) if record.is_file() else {})}
+
+
+def run_table(
+    table: Table,
+    seeds: Sequence[int],
+    out_dir: str | Path,
+    extra: Sequence[str] = (),
+    device: str = "cpu",
+    rows: Sequence[str] | None = None,
+    max_runs: int | None = None,
+) -> list[dict[str, Any]]:
+    """Trains every (row, seed) of ``table`` that has no finished run in ``out_dir`` yet; returns one record per
+    finished run (read back or new) with the row's label, the seed and the run's final metrics.
+
+    Args:
+        table: the table.
+        seeds: the seeds of every row.
+        out_dir: the folder of every table's runs.
+        extra: ``key=value`` items for every row (what ``table.prepare`` returned).
+        device: ``--device`` of every run.
+        rows: labels of the rows to run (default: all); the others are only read back.
+        max_runs: train at most this many new runs in this call (0: none, only read back).
+    """
+    if rows is not None:
+        unknown = sorted(set(rows) - {r.label for r in table.rows})
+        if unknown:
+            choices = [r.label for r in table.rows]
+            raise ValueError(f"unknown rows {unknown} of table {table.name!r}; choose from {choices}")
+    out_dir = Path(out_dir)
+    records, trained = [], 0
+    commit = git_commit()  # the code this process imported, whatever changes in the checkout while it trains
+    for seed in seeds:  # seed-major: one seed of every row first, so a partial table compares all rows
+        for row in table.rows:
+            folder = run_dir(table, row, seed, out_dir)
+            result = _read(folder)
+            wanted = rows is None or row.label in rows
+            if result is None and wanted and (max_runs is None or trained < max_runs):
+                cfg = load_config(table.recipe.config_cls, REPO / row.config, _items(table, row, seed, extra))
+                _logger.info("%s: %s, seed %d -> %s", table.name, row.label, seed, folder)
+                load_before, start = _load(), time.perf_counter()
+                run(table.recipe, cfg, RunOptions(output_dir=folder, resume="auto", device=device, progress=False))
+                record = {
+                    "commit": commit,
+                    "load_before": load_before,
+                    "load_after": _load(),
+                    "wall_s": round(time.perf_counter() - start, 1),
+                    "command": command(table, row, seed, out_dir, extra, device),
+                }
+                atomic_write_text(folder / RECORD, json.dumps(record, indent=1) + "\n")
+                trained += 1
+                result = _read(folder)
+            if result is not None:
+                records.append({"row": row.label, "seed": seed, **result})
+    return records
+
+
+def _spread(values: list[float]) -> float | None:
+    return statistics.stdev(values) if len(values) > 1 else None
+
+
+def summarize(table: Table, records: Sequence[dict[str, Any]], seeds: Sequence[int]) -> list[dict[str, Any]]:
+    """Per row: the metric's mean, sample standard deviation (n - 1; None for one seed), every seed's value, the
+    parameter count, the mean training time and wall time per run, the load averages and the commits."""
+    out = []
+    for row in table.rows:
+        runs = sorted((r for r in records if r["row"] == row.label), key=lambda r: r["seed"])
+        values = [float(r[table.metric]) for r in runs if math.isfinite(float(r.get(table.metric, math.nan)))]
+        out.append({
+            "row": row.label,
+            "config": row.config,
+            "n": len(values),
+            "seeds": [r["seed"] for r in runs],
+            "values": values,
+            "mean": statistics.fmean(values) if values else None,
+            "std": _spread(values),
+            "params": runs[0].get("params") if runs else None,
+            "train_min": statistics.fmean(r["train_time_s"] for r in runs) / 60 if runs else None,
+            "wall_min": statistics.fmean(r["wall_s"] for r in runs if "wall_s" in r) / 60
+            if any("wall_s" in r for r in runs) else None,
+            "load": sorted({r[k] for r in runs for k in ("load_before", "load_after") if k in r}),
+            "commits": sorted({r.get("commit", "unknown") for r in runs}),
+            "missing_seeds": [s for s in seeds if s not in {r["seed"] for r in runs}],
+        })  # fmt: skip
+    return out
+
+
+def _fmt(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def write_table(
+    table: Table,
+    summary: Sequence[dict[str, Any]],
+    seeds: Sequence[int],
+    out_dir: str | Path,
+    extra: Sequence[str] = (),
+    markdown: str | Path | None = None,
+    json_path: str | Path | None = None,
+    device: str = "cpu",
+) -> str:
+    """The table as Markdown (the regime, one line per row, the commits, each row's command, the runs still
+    missing); written to ``markdown`` and, with every run's values, to ``json_path`` when given. Returns the
+    Markdown."""
+    headers = [
+        "row", "config", f"{table.metric} mean", "std", "n", "per seed", "params", "train min / run", "load avg",
+    ]  # fmt: skip
+    lines = []
+    for s in summary:
+        per_seed = ", ".join(f"{seed}: {v:.2f}" for seed, v in zip(s["seeds"], s["values"])) or "not run"
+        params = f"{s['params'] / 1e3:.0f} K" if s["params"] is not None else "-"
+        load = "-" if not s["load"] else f"{min(s['load']):.1f}-{max(s['load']):.1f}"
+        config = f"`{Path(s['config']).name}`"
+        lines.append([s["row"], config, _fmt(s["mean"]), _fmt(s["std"]), s["n"], per_seed, params,
+                      _fmt(s["train_min"], 1), load])  # fmt: skip
+    commits = sorted({c for s in summary for c in s["commits"]})
+    text = [f"### {table.title}", "", table.description, "", markdown_table(headers, lines), ""]
+    text.append(f"Seeds {list(seeds)}; commits of the runs: {', '.join(commits) if commits else 'none yet'}.")
+    placeholder = Row("<row>", "<config>")
+    template = command(table, placeholder, 0, out_dir, extra, device).replace("seed=0", "seed=<N>")
+    template = template.replace(
+        shlex.quote(str(run_dir(table, placeholder, 0, out_dir))), f"{out_dir}/{table.name}/<row>/seed<N>"
+    )
+    text += ["", "Each run is:", "", "```bash", template, "```", ""]
+    text += ["with `<row>` / `<config>`: " + "; ".join(f"`{_slug(r.label)}` / `{r.config}`" for r in table.rows) + "."]
+    missing = {s["row"]: s["missing_seeds"] for s in summary if s["missing_seeds"]}
+    if missing:
+        runs = sum(len(v) for v in missing.values())
+        text += ["", f"Not run yet ({runs} runs): " + "; ".join(f"{r} seeds {v}" for r, v in missing.items()) + "."]
+        text.append(f"They run with `python tools/run_ablation.py --table {table.name} --seeds {max(seeds) + 1}`.")
+    md = "\n".join(text) + "\n"
+    if markdown is not None:
+        atomic_write_text(Path(markdown), md)
+    if json_path is not None:
+        commands = {r.label: command(table, r, 0, out_dir, extra, device) for r in table.rows}
+        payload = {"table": table.name, "title": table.title, "metric": table.metric, "regime": list(table.regime),
+                   "seeds": list(seeds), "rows": list(summary), "commands": commands}  # fmt: skip
+        atomic_write_text(Path(json_path), json.dumps(payload, indent=1) + "\n")
+    return md
+
+
+def ablate(
+    table: Table,
+    seeds: Sequence[int],
+    out_dir: str | Path,
+    device: str = "cpu",
+    rows: Sequence[str] | None = None,
+    max_runs: int | None = None,
+    markdown: str | Path | None = None,
+    json_path: str | Path | None = None,
+) -> str:
+    """Prepares ``table``, trains its missing runs (at most ``max_runs``; 0: none), and writes the table
+    (:func:`write_table`) from every finished run in ``out_dir``. Returns the Markdown."""
+    out_dir = Path(out_dir)
+    extra = table.prepare(out_dir) if table.prepare is not None else ()
+    records = run_table(table, seeds, out_dir, extra, device, rows, max_runs)
+    return write_table(table, summarize(table, records, seeds), seeds, out_dir, extra, markdown, json_path, device)

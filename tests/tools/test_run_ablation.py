@@ -1,0 +1,126 @@
+"""Ablation tables (engine.ablation, tools/run_ablation.py): rows x seeds trained once and read back, the summary's
+mean / std / per-seed values, the command each run equals, partial tables; the three tables' rows build."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+from pathlib import Path
+
+import pytest
+
+import engine
+import lra
+import lra.ablation
+import pointcloud.ablation  # noqa: F401  (registers the modelnet table)
+from engine import ablation
+from engine.ablation import TABLES, Row, Table
+from engine.testing import REPO, run_tool
+from lra.testing import TINY_LISTOPS_SETS
+
+TINY_REGIME = (*TINY_LISTOPS_SETS, "min_length=5", "max_args=5", "epochs=1", "eval_batch_size=32", "amp=false")
+TINY = Table(
+    name="tiny",
+    title="tiny table",
+    recipe=lra.ListOpsRecipe,
+    tool="tools/lra_listops.py",
+    metric="test_acc",
+    rows=(Row("softmax", "configs/lra/listops_softmax.yaml"), Row("FSAT-2", "configs/lra/listops_fsat_2.yaml")),
+    regime=TINY_REGIME,
+    description="the tests' regime",
+)
+
+
+def test_a_table_fills_up_over_calls_and_summarizes_every_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    records = ablation.run_table(TINY, [0, 1], tmp_path, max_runs=3)  # seed-major: FSAT-2 seed 1 is left out
+    assert [(r["row"], r["seed"]) for r in records] == [("softmax", 0), ("FSAT-2", 0), ("softmax", 1)]
+    record = json.loads((tmp_path / "tiny" / "fsat_2" / "seed0" / "ablation.json").read_text())
+    assert record["commit"] and record["wall_s"] > 0 and "load_before" in record
+    summary = {s["row"]: s for s in ablation.summarize(TINY, records, [0, 1])}
+    accs = [r["test_acc"] for r in records if r["row"] == "softmax"]
+    assert summary["softmax"]["values"] == accs and summary["softmax"]["mean"] == pytest.approx(statistics.fmean(accs))
+    assert summary["softmax"]["std"] == pytest.approx(statistics.stdev(accs))
+    assert summary["FSAT-2"]["n"] == 1 and summary["FSAT-2"]["std"] is None
+    assert summary["FSAT-2"]["missing_seeds"] == [1]
+    md = ablation.write_table(TINY, list(summary.values()), [0, 1], tmp_path, markdown=tmp_path / "t.md")
+    assert "Not run yet (1 runs): FSAT-2 seeds [1]." in md and (tmp_path / "t.md").read_text() == md
+    assert "| softmax | `listops_softmax.yaml` |" in md.replace("  ", " ").replace("  ", " ")
+
+    calls = []
+    real_run = ablation.run
+    monkeypatch.setattr(ablation, "run", lambda *a, **k: calls.append(a[1].seed) or real_run(*a, **k))
+    again = ablation.run_table(TINY, [0, 1], tmp_path)  # the three finished runs are read back, not retrained
+    assert calls == [1] and len(again) == 4
+    assert [r["test_acc"] for r in again[:3]] == [r["test_acc"] for r in records]
+
+
+def test_a_run_equals_its_printed_command(tmp_path: Path) -> None:
+    """The command a table lists for a row, run through the training CLI, gives the in-process run's metrics."""
+    row = TINY.rows[1]
+    (record,) = ablation.run_table(TINY, [0], tmp_path / "table", rows=[row.label])
+    argv = shlex.split(ablation.command(TINY, row, 0, tmp_path / "cli"))
+    assert argv[:2] == ["python", "tools/lra_listops.py"] and argv[argv.index("--config") + 1] == row.config
+    argv[argv.index("--config") + 1] = str(REPO / row.config)
+    out = engine.main(lra.ListOpsRecipe, [*argv[2:], "--no-progress"])
+    assert out["test_acc"] == record["test_acc"] and out["test_loss"] == pytest.approx(record["test_loss"])
+    with pytest.raises(ValueError, match=r"unknown rows \['FSAT-3'\] of table 'tiny'"):
+        ablation.run_table(TINY, [0], tmp_path, rows=["FSAT-3"])
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_every_row_of_the_tables_builds_in_its_regime(name: str) -> None:
+    table = TABLES[name]
+    extra = ("data_root=unused",) if table.prepare is not None else ()
+    for row in table.rows:
+        cfg = engine.load_config(table.recipe.config_cls, REPO / row.config, [*table.regime, *extra, "seed=0"])
+        table.recipe.validate(cfg)
+        if name == "modelnet":
+            from pointcloud.recipe import build_model
+
+            assert cfg.num_points == 1024 and cfg.synthetic_classes == 13 and cfg.dataset == "synthetic"
+            build_model(cfg, num_classes=13)
+        else:
+            assert cfg.seq_len == 256 and cfg.epochs == 4
+            model = table.recipe(cfg, ctx=None).build_model()
+            assert model.pos.shape[1] == 256 and model.blocks[0].mixer is not None
+    assert len({ablation.run_dir(table, r, 0, "o") for r in table.rows}) == len(table.rows)  # one folder per row
+
+
+def test_tables_are_registered_once_by_name() -> None:
+    assert {"fsat", "sam", "modelnet"} <= set(TABLES) and TABLES["fsat"] is lra.ablation.FSAT_TABLE
+    with pytest.raises(ValueError, match="an ablation table named 'fsat' is already registered"):
+        ablation.register_table(TINY.__class__(**{**TINY.__dict__, "name": "fsat"}))
+
+
+def test_the_sam_table_pairs_every_class_with_its_twin() -> None:
+    labels = [r.label for r in TABLES["sam"].rows]
+    for name in lra.ablation.SAM_CLASSES:
+        assert labels.index(f"{name}_static") == labels.index(name) + 1
+    assert labels[-2:] == ["dense", "dft"] and len(labels) == 2 * len(lra.ablation.SAM_CLASSES) + 2
+
+
+def test_listops_data_are_written_once_in_lra_format(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lra.ablation, "DATA", {**lra.ablation.DATA, "train_size": 12, "val_size": 3, "test_size": 5})
+    (item,) = lra.ablation.prepare_data(tmp_path)
+    folder = Path(item.removeprefix("data_root="))
+    sizes = {
+        f: len(lra.data.read_listops_tsv(folder / f)) for f in ("basic_train.tsv", "basic_val.tsv", "basic_test.tsv")
+    }
+    assert sizes == {"basic_train.tsv": 12, "basic_val.tsv": 3, "basic_test.tsv": 5}
+    train = lra.data.read_listops_tsv(folder / "basic_train.tsv")
+    assert all(128 <= len(tokens) <= 256 for tokens, _ in train)
+    stamp = (folder / "basic_train.tsv").stat().st_mtime_ns
+    assert lra.ablation.prepare_data(tmp_path) == (item,) and (folder / "basic_train.tsv").stat().st_mtime_ns == stamp
+
+
+def test_cli_plan_writes_the_table_without_training(tmp_path: Path) -> None:
+    out = run_tool("run_ablation", ["--table", "modelnet", "--plan", "--seeds", "2", "--out", str(tmp_path)])
+    assert out.returncode == 0, out.stderr
+    md = (tmp_path / "modelnet.md").read_text()
+    assert out.stdout.strip() == md.strip()
+    assert "Not run yet (18 runs)" in md and "--table modelnet --seeds 2" in md
+    assert json.loads((tmp_path / "modelnet.json").read_text())["commands"]["DGCNN"].startswith(
+        "python tools/train_modelnet.py --config configs/pointcloud/modelnet40_dgcnn.yaml"
+    )
+    assert not (tmp_path / "modelnet").exists()
