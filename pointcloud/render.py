@@ -18,7 +18,19 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["FIELD_OF_VIEW", "GREY", "VIEWS", "add_legend", "palette", "render_png", "show", "write_ply"]
+__all__ = [
+    "FIELD_OF_VIEW",
+    "GREY",
+    "VIEWS",
+    "add_legend",
+    "legend_panel_width",
+    "palette",
+    "render_image",
+    "render_png",
+    "save_png",
+    "show",
+    "write_ply",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -153,6 +165,44 @@ def _render_legacy(xyz: np.ndarray, rgb: np.ndarray, width: int, height: int, up
         vis.destroy_window()
 
 
+def legend_panel_width(width: int) -> int:
+    """Width in pixels of the legend panel of a ``width``-pixel picture (:func:`render_png`)."""
+    return min(max(140, int(width * 0.3)), width // 2)
+
+
+def render_image(
+    xyz: np.ndarray, rgb: np.ndarray, width: int = 960, height: int = 480, up: str = "z", point_size: float = 6.0
+) -> np.ndarray:
+    """Render a coloured cloud without a display: ``(height, width, 3)`` uint8.
+
+    Tries Open3D's ``OffscreenRenderer`` (Filament; Vulkan or EGL), then the legacy ``Visualizer`` with a hidden
+    window (needs an X display, e.g. ``xvfb-run``). Raises ``RuntimeError`` naming what to install if both fail.
+    """
+    errors = []
+    for name, fn in (("OffscreenRenderer", _render_offscreen), ("legacy Visualizer", _render_legacy)):
+        try:
+            return np.asarray(fn(xyz, rgb, width, height, up, point_size))[..., :3].astype(np.uint8)
+        except Exception as err:
+            errors.append(f"{name}: {err}")
+            _logger.info("%s failed (%s), trying the next renderer", name, err)
+    raise RuntimeError(
+        "no headless Open3D renderer works here (" + "; ".join(errors) + "). Install Debian's libvulkan1 "
+        "mesa-vulkan-drivers (OffscreenRenderer) or run under xvfb-run (legacy Visualizer); tools/bootstrap.sh "
+        "installs them when run as root"
+    )
+
+
+def save_png(path: str | PathLike, image: np.ndarray) -> Path:
+    """Write an ``(H, W, 3)`` uint8 image as a PNG (folders created); returns the path."""
+    import open3d as o3d
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not o3d.io.write_image(str(path), o3d.geometry.Image(np.ascontiguousarray(image))):
+        raise OSError(f"Open3D could not write {path}")
+    return path
+
+
 def render_png(
     path: str | PathLike,
     xyz: np.ndarray,
@@ -164,40 +214,15 @@ def render_png(
     legend: Sequence[tuple[Sequence[float], str]] | None = None,
     title: str | None = None,
 ) -> Path:
-    """Render a coloured cloud to a ``width`` x ``height`` PNG without a display; returns the path.
-
-    Tries Open3D's ``OffscreenRenderer`` (Filament; Vulkan or EGL), then the legacy ``Visualizer`` with a hidden
-    window (needs an X display, e.g. ``xvfb-run``). Raises ``RuntimeError`` naming what to install if both fail.
-    With ``legend`` (``(rgb, text)`` lines) the right part of the picture is a legend panel (:func:`add_legend`);
-    ``title`` goes in the top-left corner.
+    """Render a coloured cloud to a ``width`` x ``height`` PNG without a display (:func:`render_image`); returns the
+    path. With ``legend`` (``(rgb, text)`` lines) the right part of the picture is a legend panel
+    (:func:`add_legend`); ``title`` goes in the top-left corner.
     """
-    import open3d as o3d
-
-    panel = 0
-    if legend:
-        panel = min(max(140, int(width * 0.3)), width // 2)
-    errors = []
-    image = None
-    for name, fn in (("OffscreenRenderer", _render_offscreen), ("legacy Visualizer", _render_legacy)):
-        try:
-            image = fn(xyz, rgb, width - panel, height, up, point_size)
-            break
-        except Exception as err:
-            errors.append(f"{name}: {err}")
-            _logger.info("%s failed (%s), trying the next renderer", name, err)
-    if image is None:
-        raise RuntimeError(
-            "no headless Open3D renderer works here (" + "; ".join(errors) + "). Install Debian's libvulkan1 "
-            "mesa-vulkan-drivers (OffscreenRenderer) or run under xvfb-run (legacy Visualizer); tools/bootstrap.sh "
-            "installs them when run as root"
-        )
+    panel = legend_panel_width(width) if legend else 0
+    image = render_image(xyz, rgb, width - panel, height, up, point_size)
     if legend or title:
         image = add_legend(image, legend or [], title, panel)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not o3d.io.write_image(str(path), o3d.geometry.Image(np.ascontiguousarray(image))):
-        raise OSError(f"Open3D could not write {path}")
-    return path
+    return save_png(path, image)
 
 
 def show(xyz: np.ndarray, rgb: np.ndarray, title: str = "point cloud", point_size: float = 6.0) -> None:

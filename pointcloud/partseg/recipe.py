@@ -12,8 +12,11 @@ of each test cloud (:func:`pointcloud.transforms.vote_logits`, as in classificat
 
 The defaults are the main job: the centroid model, narrowed to run on a 2-core CPU, on the embedded synthetic part
 shapes (5 categories, 13 parts) at 256 points with normals, 12 epochs of batch 8, head dropout 0.1 (the models' 0.5 is
-for full-length training), sized to finish in under 5 minutes there (measured figures in the README).
-``configs/partseg/`` holds the ShapeNet Part row and the PointNet++ peer on the same data.
+for full-length training), sized to finish in under 5 minutes there (measured figures in the README). It runs on one
+CPU thread (``threads: 1``): with torch's default of one thread per core, a model this small on a CPU that other jobs
+keep busy stalls at every parallel op waiting for a descheduled thread (measured in docs/benchmarks.md); torchrun
+likewise starts each rank with one. ``configs/partseg/`` holds the ShapeNet Part row and the PointNet++ peer on the
+same data.
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ class PartSegConfig:
     grad_clip: float | None = None  # max global gradient norm (null: no clipping)
     amp: bool = False  # bfloat16 autocast (CUDA only)
     workers: int = 0  # DataLoader worker processes
+    threads: int | None = 1  # torch CPU threads of this process (null: torch's default, one per core)
     seed: int = 0  # seed of the initialization, data order and augmentation
     votes: int = 1  # test-time voting: logits averaged over this many randomly scaled copies (final and --eval-only)
 
@@ -202,9 +206,9 @@ class PartSegRecipe(Recipe):
     config_cls = PartSegConfig
     monitor = "test_instance_miou"
     monitor_mode = "max"
-    resume_mutable = ("votes",)
+    resume_mutable = ("votes", "threads")
     # how to evaluate, and what only training reads (augmentation, schedule, loss)
-    eval_mutable = ("votes", "scale_lo", "scale_hi", "translate", "jitter", "jitter_clip", "rotate_up",
+    eval_mutable = ("votes", "threads", "scale_lo", "scale_hi", "translate", "jitter", "jitter_clip", "rotate_up",
                     "shuffle_points", "cosine", "lr_step", "lr_milestones", "lr_gamma", "label_smoothing")  # fmt: skip
 
     @classmethod
@@ -233,6 +237,7 @@ class PartSegRecipe(Recipe):
                     f"batch_size must be >= 2 (BatchNorm needs two shapes per batch), got {cfg.batch_size}",
                 ),
                 (cfg.votes >= 1, f"votes must be >= 1, got {cfg.votes}"),
+                (cfg.threads is None or cfg.threads >= 1, f"threads must be >= 1 or null, got {cfg.threads}"),
                 (
                     0 < cfg.scale_lo <= cfg.scale_hi,
                     f"need 0 < scale_lo <= scale_hi, got {cfg.scale_lo} and {cfg.scale_hi}",
@@ -262,6 +267,11 @@ class PartSegRecipe(Recipe):
                 ),
             ],
         )
+
+    def __init__(self, cfg: PartSegConfig, ctx, data_root: str | None = None) -> None:
+        super().__init__(cfg, ctx, data_root)
+        if cfg.threads is not None:
+            torch.set_num_threads(cfg.threads)
 
     def build_datasets(self):
         return build_datasets(self.cfg, self.data_root)

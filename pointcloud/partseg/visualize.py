@@ -7,7 +7,8 @@ lists the parts of the shown categories; the title gives each shape's IoU (Shape
 
 :func:`visualize_checkpoint` rebuilds the model and the data from the config saved in the checkpoint, as every
 command that opens a run does, and writes a ``.ply`` per shape and, without a display, a PNG (Open3D, headless:
-:func:`pointcloud.render.render_png`); ``together`` puts all chosen shapes into one picture, one row each.
+:func:`pointcloud.render.render_png`); ``together`` puts all chosen shapes into one picture, one rendered row each
+(each row framed on its own shape), with one legend.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from engine import UsageError, load_checkpoint, load_config, saved_config
 
 from ..parts import PartSegmentation
-from ..render import VIEWS, palette, render_png, show, write_ply
+from ..render import VIEWS, add_legend, legend_panel_width, palette, render_image, render_png, save_png, show, write_ply
 from .metrics import category_part_mask, restricted_argmax, shape_ious
 from .recipe import PartSegConfig, build_datasets, build_model
 
@@ -107,10 +108,9 @@ def visualize_checkpoint(
     out_dir = Path(output_dir) if output_dir is not None else checkpoint.parent / "viz"
     interactive = bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and not headless
     up = "z" if cfg.dataset == "synthetic_parts" else "y"
-    up_axis = {"z": 2, "y": 1}[up]
     names = dataset.part_names
     rows, clouds = [], []
-    for row, index in enumerate(indices):
+    for index in indices:
         labels, pred, iou = predict(model, dataset, index)
         points = dataset[index][0].numpy()
         xyz, rgb = segmentation_view(points, labels, pred, dataset.num_parts, up)
@@ -119,9 +119,7 @@ def visualize_checkpoint(
         result = {"index": index, "name": dataset.names[index], "category": category, "iou": iou,
                   "ply": str(write_ply(out_dir / f"{stem}.ply", xyz, rgb))}  # fmt: skip
         _logger.info("%s (%s, %s): IoU %.3f", stem, result["name"], category, iou)
-        offset = np.zeros(3)
-        offset[up_axis] = -2.4 * row  # rows of a picture that shows several shapes
-        clouds.append((xyz + offset, rgb, dataset.parts.categories[index], f"{category} {iou:.2f}"))
+        clouds.append((xyz, rgb, dataset.parts.categories[index], f"{category} {iou:.2f}"))
         if interactive:
             show(xyz, rgb, title=f"{result['name']}: ground truth | prediction", point_size=point_size)
         elif not together:
@@ -131,12 +129,13 @@ def visualize_checkpoint(
                                            legend, title))  # fmt: skip
         rows.append(result)
     if together and not interactive:
-        xyz = np.concatenate([c[0] for c in clouds])
-        rgb = np.concatenate([c[1] for c in clouds])
+        panel = legend_panel_width(width)
+        row_height = max(height // len(clouds), 1)
+        image = np.concatenate([render_image(xyz, rgb, width - panel, row_height, up, point_size)
+                                for xyz, rgb, _, _ in clouds])  # fmt: skip
         title = "ground truth | prediction; IoU: " + ", ".join(c[3] for c in clouds)
-        legend = _legend(dataset, [c[2] for c in clouds], names)
-        path = out_dir / f"{split}_{'-'.join(str(i) for i in indices)}.png"
-        png = str(render_png(path, xyz, rgb, width, height, up, point_size, legend, title))
+        image = add_legend(image, _legend(dataset, [c[2] for c in clouds], names), title, panel)
+        png = str(save_png(out_dir / f"{split}_{'-'.join(str(i) for i in indices)}.png", image))
         for result in rows:
             result["png"] = png
     return rows

@@ -12,7 +12,7 @@ import torch
 from torch.testing import assert_close
 
 import pointcloud.model as point_model
-from attention import interpolate_neighbors, knn
+from attention import MixerBlock, interpolate_neighbors, knn
 from pointcloud import create_model as create_classifier
 from pointcloud.parts import SHAPENET_PART_CLASSES, PartSegmentation, ShapeNetPart, SyntheticParts
 from pointcloud.partseg import PartSegMeter, create_model, list_models, shape_ious
@@ -309,3 +309,10 @@ def test_partseg_model_torch_export_equals_eager() -> None:
         for seed, category in ((0, [0, 2]), (1, [1, 1])):
             args = (_clouds(seed), torch.tensor(category))
             assert_close(exported(*args), model(*args), rtol=1e-4, atol=1e-4)
+
+
+def test_a_mixer_reaches_the_encoder() -> None:
+    """``mixer=`` (through ``model_kwargs`` in a config) replaces the SA blocks' KNN attention, as in the classifier."""
+    model = create_model("centroid_transformer_partseg", num_parts=4, num_categories=2, mixer="softmax", **SMALL)
+    assert isinstance(model.encoder.blocks[0], MixerBlock) and isinstance(model.encoder.blocks[2], MixerBlock)
+    assert model.eval()(_clouds(9), torch.tensor([0, 1])).shape == (2, 64, 4)

@@ -21,6 +21,14 @@ PEER = ["--no-progress", "--device", "cpu", "--config", str(REPO / "configs" / "
         "model_kwargs={mlps: [[16], [32], [64]], fp_mlps: [[32], [32], [32]], head_dim: 16}"]  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def keep_threads():
+    """The recipe sets torch's thread count (``threads``); later tests get theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def train_partseg(argv: list[str]) -> dict:
     """What ``tools/train_partseg.py`` runs, in process."""
     return engine.main(PartSegRecipe, argv)
@@ -48,6 +56,17 @@ def test_main_job_eval_only_with_votes_and_resume(tmp_path: Path) -> None:
     assert "test_instance_miou_vote2" in resumed and "class_ious_vote2" in resumed
 
 
+def test_threads_sets_torchs_thread_count_and_null_leaves_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    train_partseg(["--epochs", "1", "--output-dir", str(tmp_path / "a"), *TINY, "threads=3"])
+    assert calls == [3]
+    calls.clear()
+    train_partseg(["--epochs", "1", "--output-dir", str(tmp_path / "b"), *TINY, "threads=null"])
+    assert calls == []
+    assert PartSegConfig().threads == 1  # the main job
+
+
 def test_the_peer_trains_on_the_same_data(tmp_path: Path) -> None:
     metrics = train_partseg(["--epochs", "1", "--output-dir", str(tmp_path), *PEER])
     assert metrics["model"] == "pointnet2_ssg_partseg" and metrics["epochs"] == 1 and metrics["params"] > 0
@@ -62,6 +81,7 @@ def test_bad_settings_are_refused_naming_the_fix(tmp_path: Path, capsys: pytest.
         (["synthetic_classes=[sphere]"], "synthetic_classes must be a non-empty subset"),
         (["train_split=trainval"], "the synthetic parts have a train and a test split only"),
         (["model=pointnet2_ssg_partseg"], "does not take one of the keywords"),
+        (["threads=0"], "threads must be >= 1 or null"),
     ):
         with pytest.raises(SystemExit) as exc:
             train_partseg(["--output-dir", str(tmp_path / "bad"), *TINY, *sets])

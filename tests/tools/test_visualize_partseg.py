@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import engine
 from engine.testing import run_tool
@@ -22,6 +23,14 @@ def _open3d():
     except (ImportError, OSError) as err:  # missing Debian libraries (libusb, libGL): tools/bootstrap.sh installs them
         pytest.skip(f"open3d does not import here: {err}")
     return open3d
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    """The recipe sets torch's thread count (``threads``); later tests get theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 def test_segmentation_view_colours_by_part_side_by_side() -> None:
