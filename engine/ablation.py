@@ -199,7 +199,7 @@ def run_table(
                     "commit": commit,
                     "load_before": load_before,
                     "load_after": _load(),
-                    "wall_s": round(time.perf_counter() - start, 1),
+                    "wall_s": round(time.perf_counter() - start, 3),
                     "command": command(table, row, seed, out_dir, extra, device),
                 }
                 atomic_write_text(folder / RECORD, json.dumps(record, indent=1) + "\n")
