@@ -285,7 +285,7 @@ def test_an_interrupt_says_which_epoch_last_pt_holds(tmp_path, monkeypatch, cli_
     def interrupted(recipe):
         raise Interrupted(signal.SIGINT)
 
-    monkeypatch.setattr(BlobsRecipe, "build_datasets", interrupted)  # before training: no epoch in this session
+    monkeypatch.setattr(BlobsRecipe, "build_datasets", interrupted)  # before training: no epoch was run
     with pytest.raises(SystemExit) as exc:
         _main(tmp_path, "--resume", "auto")
     assert exc.value.code == 130
