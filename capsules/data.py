@@ -13,7 +13,7 @@ name (:data:`DATASETS`)  source                                                 
 ``synthetic_parts``      generated from trimesh primitives (tables, chairs, ...)       global, see PART_NAMES
 ``shapenet_part``        ``shapenetcore_partanno_segmentation_benchmark_v0``           per category, from 1
 ``shapenet_part_normal`` ``shapenetcore_partanno_segmentation_benchmark_v0_normal``    global, 0..49
-``shapenet_core13``      ``shapenet_core13_points`` (sampled point files, see README)  none (-1)
+``shapenet_core13``      ``shapenet_core13_points`` (sampled point files, datasets/README.md)  none (-1)
 ``modelnet40_normal``    the ModelNet releases, read by :mod:`pointcloud.data`         none (-1)
 (and every other name    (:class:`PointCloudShapes`: ``modelnet40_h5``,
 of its ``DATASETS``)     ``modelnet{40,10}_normal``, ``modelnet{40,10}_sampled``)

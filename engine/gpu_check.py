@@ -29,7 +29,7 @@ synthetic shapes) is "skipped" with the reason.
 Extra wheels: a machine without internet access can install missing packages from wheel files. If ``--wheels``
 (default: the repo's ``.whl`` folder, when it exists) holds ``*.whl`` files, they are installed with ``pip install
 --no-index --no-deps --target`` into a folder under the output folder and put on every section's ``PYTHONPATH`` (see
-the README, "Checking on a GPU").
+docs/gpu.md).
 """
 
 from __future__ import annotations

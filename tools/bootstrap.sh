@@ -7,7 +7,7 @@
 # Switches (environment variables; the defaults give the README's environment):
 #   CENTROID_VENV         the virtualenv (default .venv)
 #   CENTROID_CONSTRAINTS  the exact versions (default constraints.txt); torch-cluster is built only when this file
-#                         pins it, e.g. constraints-torch211.txt (torch 2.11, like the GPU machines) leaves it out
+#                         pins it, e.g. constraints-torch211.txt (the oldest supported torch) leaves it out
 #   CENTROID_EXTRAS       the package's extras (default dev,viz; `dev` leaves out open3d)
 #   CENTROID_PYTHON       the interpreter that creates the virtualenv (default python3)
 set -euo pipefail

@@ -9,8 +9,8 @@
 # did not finish. This builds only the CUDA variants (which contain the CPU code too; torch_cluster loads either),
 # each op in its own process, JOBS at a time (default nproc), into the build folder where bdist_wheel then finds them
 # up to date. Not `build_ext -j`: without ninja, torch's BuildExtension swaps the shared compiler command for nvcc
-# while it compiles a .cu file, which other threads would see. The wheel travels as a carried wheel (README,
-# "Checking on a GPU"). SDIST is torch_cluster-<version>.tar.gz, fetched where a registry is reachable:
+# while it compiles a .cu file, which other threads would see. Install the wheel with pip, or hand it to
+# tools/gpu_check.py --wheels on a machine without a registry (docs/gpu.md). SDIST is torch_cluster-<version>.tar.gz:
 #   python3 -m pip download --no-deps --no-binary :all: torch-cluster==1.6.3 -d .whl/src
 set -euo pipefail
 if [ $# -ne 2 ]; then

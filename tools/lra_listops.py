@@ -12,7 +12,7 @@ embeddings, ``depth`` mixer blocks with the chosen mixer, a masked mean pool, a 
 fields of ``lra.recipe.ListOpsConfig``.
 
 The run folder (default: a new ``runs/lra_listops/<name>/<timestamp>``, ``latest`` points to the newest; rules in
-the README's ``engine`` section) gets ``config.yaml``, ``train.log``, ``log.jsonl``, ``tb/``,
+docs/harness.md) gets ``config.yaml``, ``train.log``, ``log.jsonl``, ``tb/``,
 ``last.pt`` (every epoch, atomic), ``best.pt`` and ``final_metrics.json`` (with the majority-class baseline).
 """
 

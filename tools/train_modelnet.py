@@ -8,7 +8,7 @@
     torchrun --nproc-per-node 4 tools/train_modelnet.py --config ...                    # DistributedDataParallel
 
 The run folder (default: a new ``runs/modelnet40/<name>/<timestamp>``, ``latest`` points to the newest; rules in
-the README's ``engine`` section) gets the resolved ``config.yaml``, ``train.log``, ``log.jsonl``
+docs/harness.md) gets the resolved ``config.yaml``, ``train.log``, ``log.jsonl``
 (one line per epoch), TensorBoard events in ``tb/``, ``last.pt`` (every epoch, atomic), ``best.pt`` and
 ``final_metrics.json``.
 """

@@ -31,7 +31,7 @@ The dataclass defaults are the main job: a reduced centroid DeiT (64 px, patch 8
 block at index 2: 64 -> 16 patch tokens) trained for 8 epochs on 7,500 embedded synthetic images with a light version
 of the recipe (random resized crop, flip, colour jitter, label smoothing; no RandAugment, mixup, erasing or EMA, which
 slow a 940-step run down more than they help it), sized for a 2-core CPU in under 5 minutes
-(``configs/vision/synthetic_centroid_tiny.yaml`` spells the same values out; measured figure in the README).
+(``configs/vision/synthetic_centroid_tiny.yaml`` spells the same values out; measured figures in docs/guides/vision.md).
 ``configs/vision/deit_imagenet_base.yaml`` holds DeiT's ImageNet recipe that each paper row includes.
 """
 

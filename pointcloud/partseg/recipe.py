@@ -12,7 +12,7 @@ of each test cloud (:func:`pointcloud.transforms.vote_logits`, as in classificat
 
 The defaults are the main job: the centroid model, narrowed to run on a 2-core CPU, on the embedded synthetic part
 shapes (5 categories, 13 parts) at 256 points with normals, 12 epochs of batch 8, head dropout 0.1 (the models' 0.5 is
-for full-length training), sized to finish in under 5 minutes there (measured figures in the README). It runs on one
+for full-length training), sized to finish in under 5 minutes there (measured figures in docs/guides/part-segmentation.md). It runs on one
 CPU thread (``threads: 1``): with torch's default of one thread per core, a model this small on a CPU that other jobs
 keep busy stalls at every parallel op waiting for a descheduled thread (measured in docs/benchmarks.md); torchrun
 likewise starts each rank with one. ``configs/partseg/`` holds the ShapeNet Part row and the PointNet++ peer on the
