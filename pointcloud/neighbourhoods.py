@@ -245,7 +245,7 @@ def neighbourhood_view(
     num_parts: int = 0,
     up: str = "z",
     gap: float = 0.5,
-    marker: float = 0.04,
+    marker: float = 0.025,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A few centroids of one shape with their K neighbours in feature space (left) and in xyz (right).
 
@@ -394,7 +394,7 @@ def visualize_checkpoint(
         row = {"index": index, "name": name, "category": dataset.category_names[dataset.categories[index]], **own,
                "ply": str(write_ply(out_dir / f"{stem}.ply", xyz, rgb))}  # fmt: skip
         score = f"feature {own['feature']:.2f}, xyz {own['xyz']:.2f}, random {own['random']:.2f}"
-        title = f"{name}: K = {K} nearest in feature space | in xyz\nsame part: {score}"
+        title = f"{name}: the K = {K} nearest in feature space (left) | in xyz (right)\non the centroid's part: {score}"
         if interactive:
             show(xyz, rgb, title=title.replace("\n", "; "), point_size=point_size)
         else:
@@ -412,13 +412,13 @@ def visualize_checkpoint(
 
 
 def _legend(nbrs: Neighbourhoods, shown: Sequence[int], labels: np.ndarray, names: Sequence[str]) -> list:
-    """Per shown centroid its colour, its point's part and how many of its neighbours share it; then the pale parts."""
-    K = nbrs.feature.shape[-1]
+    """Per shown centroid its colour, its point's part and how many of its K neighbours share it in feature space and
+    in xyz (``c0, chair back: 16 | 11``); then the pale parts and the marker."""
     entries = []
     for j, m in enumerate(shown):
         own = labels[int(nbrs.centre[0, m])]
         same = [int((labels[found[0, m].numpy()] == own).sum()) for found in (nbrs.feature, nbrs.xyz)]
-        text = f"centroid {m}, {names[own]}: {same[0]}/{K} | {same[1]}/{K}"
+        text = f"c{m}, {names[own]}: {same[0]} | {same[1]}"
         entries.append((tuple(float(c) for c in palette(len(shown))[j]), text))
     colours = 0.35 * palette(len(names)) + 0.65
     entries += [(tuple(float(c) for c in colours[p]), names[p]) for p in sorted(set(labels.tolist()))]
