@@ -19,7 +19,6 @@ data are rebuilt from the config saved in the checkpoint, as every command that 
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 from collections.abc import Sequence
@@ -31,7 +30,7 @@ import torch
 
 from attention import knn
 from engine import UsageError, load_checkpoint, load_config, saved_config
-from pointcloud.render import GREY, VIEWS, add_legend, palette, render_png, show, write_ply
+from pointcloud.render import GREY, VIEWS, add_legend, choose_shapes, palette, render_png, show, write_ply
 
 from .metrics import capsule_parts, patch_spread, random_patches
 from .recipe import CapsulesConfig, build_datasets, build_model
@@ -185,7 +184,7 @@ def visualize_checkpoint(
     cfg = load_config(CapsulesConfig, defaults=saved, defaults_source=f"checkpoint {checkpoint}")
     train_set, test_set = build_datasets(cfg, data_root)
     dataset = test_set if split == "test" else train_set
-    chosen = _chosen_shapes(dataset, split, list(indices), list(shapes))
+    chosen = choose_shapes(dataset.names, indices, shapes, split)
     model = build_model(cfg)
     model.load_state_dict(state["model"])
     model.eval()
@@ -226,20 +225,3 @@ def visualize_checkpoint(
         _logger.info("%s (%s): %s -> %s", stem, name, score, row.get("png", row["ply"]))
         results.append(row)
     return results
-
-
-def _chosen_shapes(dataset, split: str, indices: list[int], shapes: list[str]) -> list[int]:
-    """The indices of the shapes asked for by index or by name (default: the first four)."""
-    bad = [i for i in indices if not 0 <= i < len(dataset)]
-    if bad:
-        raise UsageError(f"shape indices {bad} are outside the {split} split's {len(dataset)} shapes")
-    position = {name: i for i, name in enumerate(dataset.names)}
-    missing = [name for name in shapes if name not in position]
-    if missing:
-        close = {name: difflib.get_close_matches(name, position, n=3) for name in missing}
-        hints = "; ".join(f"{name!r}: close names {found}" if found else repr(name) for name, found in close.items())
-        raise UsageError(
-            f"no shape named {hints} in the {split} split ({len(dataset)} shapes, e.g. {dataset.names[:3]})"
-        )
-    chosen = indices + [position[name] for name in shapes]
-    return chosen or list(range(min(4, len(dataset))))

@@ -4,13 +4,14 @@ Shared by the capsule part-decomposition view (:mod:`capsules.visualize`) and th
 (:mod:`pointcloud.partseg.visualize`): :func:`render_png` (Open3D's ``OffscreenRenderer``, which needs Debian's
 ``libvulkan1 mesa-vulkan-drivers`` or a GPU driver; else the legacy ``Visualizer`` with a hidden window, which needs an
 X display such as ``xvfb-run``), :func:`write_ply`, :func:`show`, a legend panel drawn with Pillow
-(:func:`add_legend`) and a palette of distinct colours (:func:`palette`). Open3D is imported only inside these
-functions.
+(:func:`add_legend`), a palette of distinct colours (:func:`palette`) and the choice of the shapes to show, by index
+or by name (:func:`choose_shapes`). Open3D is imported only inside these functions.
 """
 
 from __future__ import annotations
 
 import colorsys
+import difflib
 import logging
 from collections.abc import Sequence
 from os import PathLike
@@ -18,11 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
+from engine import UsageError
+
 __all__ = [
     "FIELD_OF_VIEW",
     "GREY",
     "VIEWS",
     "add_legend",
+    "choose_shapes",
     "legend_panel_width",
     "palette",
     "render_image",
@@ -43,6 +47,36 @@ VIEWS = {
     "z": (np.array([1.6, -4.2, 2.4]), np.array([0.0, 0.0, 1.0])),
     "y": (np.array([1.6, 2.0, 4.2]), np.array([0.0, 1.0, 0.0])),
 }
+
+
+def choose_shapes(
+    names: Sequence[str], indices: Sequence[int] = (), shapes: Sequence[str] = (), split: str = "test", default: int = 4
+) -> list[int]:
+    """The indices of the shapes a viewer shows: ``indices``, then the shapes named in ``shapes`` (neither: the first
+    ``default`` shapes).
+
+    Args:
+        names: The name of every shape of the split (``dataset.names``, e.g. ``table_0053``), in index order.
+        indices: Shapes by index in the split.
+        shapes: Shapes by name.
+        split: The split's name, for the messages.
+        default: How many shapes to show when neither ``indices`` nor ``shapes`` is given.
+
+    Raises:
+        UsageError: An index is outside the split, or a name is not in it (the message lists the close names, or
+            the first few names of the split when none is close).
+    """
+    bad = [i for i in indices if not 0 <= i < len(names)]
+    if bad:
+        raise UsageError(f"shape indices {bad} are outside the {split} split's {len(names)} shapes")
+    position = {name: i for i, name in enumerate(names)}
+    missing = [name for name in shapes if name not in position]
+    if missing:
+        close = {name: difflib.get_close_matches(name, position, n=3) for name in missing}
+        hints = "; ".join(f"{name!r}: close names {found}" if found else repr(name) for name, found in close.items())
+        raise UsageError(f"no shape named {hints} in the {split} split ({len(names)} shapes, e.g. {list(names[:3])})")
+    chosen = list(indices) + [position[name] for name in shapes]
+    return chosen or list(range(min(default, len(names))))
 
 
 def palette(num_colors: int) -> np.ndarray:

@@ -2,6 +2,7 @@
 
     python tools/visualize_partseg.py --checkpoint runs/partseg/main/latest/best.pt           # shapes 0..3 of test
     python tools/visualize_partseg.py --checkpoint best.pt --index 0 24 48 --together --headless --output-dir viz/
+    python tools/visualize_partseg.py --checkpoint best.pt --shape table_0003 mug_0001         # shapes by name
 
 For every chosen shape the ground truth (left) and the prediction (right: the arg-max over the shape's category's
 parts, as the metric takes it) are written to ``<output-dir>/<split>_<index>.ply``. With a display (``$DISPLAY`` or
@@ -24,7 +25,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="a last.pt / best.pt written by tools/train_partseg.py")
     parser.add_argument("--split", default="test", choices=("train", "test"), help="which split's shapes to show")
-    parser.add_argument("--index", type=int, nargs="+", default=[0, 1, 2, 3], help="shape indices in the split")
+    parser.add_argument("--index", type=int, nargs="+", default=[], help="shape indices in the split")
+    parser.add_argument(
+        "--shape", nargs="+", default=[], help="shape names in the split (table_0003; ShapeNet Part: <synset>/<id>)"
+    )
     parser.add_argument("--together", action="store_true", help="one PNG with every chosen shape as a row")
     parser.add_argument("--output-dir", default=None, help="default: <checkpoint folder>/viz")
     parser.add_argument("--data-root", default=None, help="dataset root (default: the checkpoint config's)")
@@ -43,7 +47,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     with user_errors(args.debug):
         return visualize_checkpoint(
             args.checkpoint, args.index, args.split, args.output_dir, args.data_root, args.headless, args.together,
-            args.width, args.height, args.point_size, allow_pickle=args.trust_checkpoint,
+            args.width, args.height, args.point_size, allow_pickle=args.trust_checkpoint, shapes=args.shape,
         )  # fmt: skip
 
 

@@ -25,7 +25,18 @@ import torch
 from engine import UsageError, load_checkpoint, load_config, saved_config
 
 from ..parts import PartSegmentation
-from ..render import VIEWS, add_legend, legend_panel_width, palette, render_image, render_png, save_png, show, write_ply
+from ..render import (
+    VIEWS,
+    add_legend,
+    choose_shapes,
+    legend_panel_width,
+    palette,
+    render_image,
+    render_png,
+    save_png,
+    show,
+    write_ply,
+)
 from .metrics import category_part_mask, restricted_argmax, shape_ious
 from .recipe import PartSegConfig, build_datasets, build_model
 
@@ -68,7 +79,7 @@ def predict(model: torch.nn.Module, dataset: PartSegmentation, index: int) -> tu
 
 def visualize_checkpoint(
     checkpoint: str | PathLike,
-    indices: Sequence[int] = (0, 1, 2, 3),
+    indices: Sequence[int] = (),
     split: str = "test",
     output_dir: str | PathLike | None = None,
     data_root: str | None = None,
@@ -78,18 +89,23 @@ def visualize_checkpoint(
     height: int = 480,
     point_size: float = 6.0,
     allow_pickle: bool = False,
+    shapes: Sequence[str] = (),
 ) -> list[dict]:
-    """Shows (or renders) ground truth and prediction of shapes ``indices`` of ``split`` for a trained run.
+    """Shows (or renders) ground truth and prediction of shapes of ``split`` for a trained run.
 
     Per shape ``<output_dir>/<split>_<index>.ply`` and, without a display or with ``headless``, ``<split>_<index>.png``
     with a legend; with ``together`` one ``<split>_<i>-<j>-....png`` holding every shape as a row. The model, data
     and point count come from the checkpoint's config; ``data_root`` only says where the data lies.
 
+    Args:
+        indices: Shapes by index in the split; ``shapes``: by name (``dataset.names``: ``table_0003`` for the
+            synthetic shapes, ``<synset>/<id>`` for ShapeNet Part). Neither: the first four shapes.
+
     Returns:
         One dict per shape: ``index``, ``name``, ``category``, ``iou``, ``ply`` and ``png`` (when rendered).
 
     Raises:
-        UsageError: The checkpoint holds no config, or an index is outside the split.
+        UsageError: The checkpoint holds no config, an index is outside the split, or a name is not in it.
     """
     checkpoint = Path(checkpoint)
     state = load_checkpoint(checkpoint, allow_pickle=allow_pickle)
@@ -99,9 +115,7 @@ def visualize_checkpoint(
     cfg = load_config(PartSegConfig, defaults=saved, defaults_source=f"checkpoint {checkpoint}")
     train_set, test_set = build_datasets(cfg, data_root)
     dataset = test_set if split == "test" else PartSegmentation(train_set.parts, cfg.use_normals)  # no augmentation
-    bad = [i for i in indices if not 0 <= i < len(dataset)]
-    if bad:
-        raise UsageError(f"shape indices {bad} are outside the {split} split's {len(dataset)} shapes")
+    chosen = choose_shapes(dataset.names, indices, shapes, split)
     model = build_model(cfg, dataset.num_parts, dataset.num_categories)
     model.load_state_dict(state["model"])
     model.eval()
@@ -110,7 +124,7 @@ def visualize_checkpoint(
     up = "z" if cfg.dataset == "synthetic_parts" else "y"
     names = dataset.part_names
     rows, clouds = [], []
-    for index in indices:
+    for index in chosen:
         labels, pred, iou = predict(model, dataset, index)
         points = dataset[index][0].numpy()
         xyz, rgb = segmentation_view(points, labels, pred, dataset.num_parts, up)
@@ -135,7 +149,7 @@ def visualize_checkpoint(
                                 for xyz, rgb, _, _ in clouds])  # fmt: skip
         title = "ground truth | prediction; IoU: " + ", ".join(c[3] for c in clouds)
         image = add_legend(image, _legend(dataset, [c[2] for c in clouds], names), title, panel)
-        png = str(save_png(out_dir / f"{split}_{'-'.join(str(i) for i in indices)}.png", image))
+        png = str(save_png(out_dir / f"{split}_{'-'.join(str(i) for i in chosen)}.png", image))
         for result in rows:
             result["png"] = png
     return rows

@@ -12,7 +12,7 @@ import torch
 import engine
 from engine.testing import run_tool
 from pointcloud.partseg.recipe import PartSegRecipe
-from pointcloud.partseg.visualize import segmentation_view
+from pointcloud.partseg.visualize import segmentation_view, visualize_checkpoint
 from pointcloud.render import palette
 from pointcloud.testing import TINY_PARTSEG_SETS
 
@@ -73,3 +73,25 @@ def test_writes_pngs_with_the_parts_and_plys_that_read_back(tmp_path: Path) -> N
     assert (out / "test_0-3.png").is_file()
     bad = run_tool("visualize_partseg", [*args, "--index", "9"])
     assert bad.returncode == 2 and "outside the test split's 4 shapes" in bad.stderr
+
+
+def test_shapes_are_chosen_by_name(tmp_path: Path) -> None:
+    _open3d()
+    engine.main(PartSegRecipe, ["--no-progress", "--device", "cpu", "--epochs", "1", "--output-dir",
+                                str(tmp_path / "run"), "--set", *TINY_PARTSEG_SETS])  # fmt: skip
+    checkpoint = tmp_path / "run" / "best.pt"
+    rows = visualize_checkpoint(checkpoint, shapes=["mug_0001", "table_0000"], headless=True, width=200, height=100,
+                                output_dir=tmp_path / "viz")  # fmt: skip
+    assert [(r["index"], r["name"], r["category"]) for r in rows] == [
+        (3, "mug_0001", "mug"),
+        (0, "table_0000", "table"),
+    ]
+    assert (tmp_path / "viz" / "test_3.png").is_file()
+    with pytest.raises(engine.UsageError, match=r"no shape named 'mug_01': close names \['mug_0001'"):
+        visualize_checkpoint(checkpoint, shapes=["mug_01"])
+    with pytest.raises(
+        engine.UsageError, match=r"no shape named 'sofa_x' in the test split \(4 shapes, e.g. \['table_0000'"
+    ):
+        visualize_checkpoint(checkpoint, shapes=["sofa_x"])
+    bad = run_tool("visualize_partseg", ["--checkpoint", str(checkpoint), "--shape", "mug_01"])
+    assert bad.returncode == 2 and "error: no shape named 'mug_01': close names ['mug_0001'" in bad.stderr, bad.stderr

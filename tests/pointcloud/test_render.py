@@ -1,0 +1,27 @@
+"""The viewers' shared helpers of :mod:`pointcloud.render` that need no renderer: the choice of shapes by index or
+name."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import UsageError
+from pointcloud.render import choose_shapes
+
+NAMES = ["table_0000", "table_0001", "mug_0000", "mug_0001", "chair_0000"]
+
+
+def test_shapes_by_index_then_by_name_else_the_first_few() -> None:
+    assert choose_shapes(NAMES, [4], ["mug_0001", "table_0000"]) == [4, 3, 0]
+    assert choose_shapes(NAMES) == [0, 1, 2, 3]
+    assert choose_shapes(NAMES, default=2) == [0, 1]
+    assert choose_shapes(NAMES[:1]) == [0]
+
+
+def test_unknown_names_and_indices_are_refused_with_the_close_names() -> None:
+    with pytest.raises(UsageError, match=r"no shape named 'mug_01': close names \['mug_0001', 'mug_0000'\]"):
+        choose_shapes(NAMES, shapes=["mug_01"], split="train")
+    with pytest.raises(UsageError, match=r"'sofa_x' in the test split \(5 shapes, e.g. \['table_0000', 'table_0001', "):
+        choose_shapes(NAMES, shapes=["sofa_x"])
+    with pytest.raises(UsageError, match=r"shape indices \[5, -1\] are outside the test split's 5 shapes"):
+        choose_shapes(NAMES, [5, -1, 2])

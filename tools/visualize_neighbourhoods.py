@@ -1,0 +1,55 @@
+"""Show which points a trained centroid transformer's second centroid block groups together (paper Fig. 4), and how
+often they share a semantic part.
+
+    python tools/visualize_neighbourhoods.py --checkpoint runs/modelnet40/main/latest/best.pt     # test shape 0
+    python tools/visualize_neighbourhoods.py --checkpoint best.pt --shape chair_0000 --centroids 0 1 2 3 4 --headless
+    python tools/visualize_neighbourhoods.py --checkpoint best.pt --parts shapenet_part --data-root /data --index 7
+
+The checkpoint is a ModelNet classifier of ``tools/train_modelnet.py`` (a centroid transformer with FPS or random
+init). The part-labelled shapes are the embedded synthetic part shapes (table, chair, airplane, lamp, mug; z up) or
+ShapeNet Part (``--parts shapenet_part`` / ``shapenet_part_normal`` with ``--data-root``), read at the run's point
+count. Over the whole split (or ``--max-shapes``) the tool measures the fraction of each centroid's K neighbours that
+lie on its own point's part: in feature space (the neighbours its attention step uses), in xyz, and for K random
+points of the block's inputs. Per chosen shape it writes ``<output-dir>/<split>_<index>.ply`` and, without a display
+or with ``--headless``, ``<split>_<index>.png``: the shape twice, feature-space neighbours left and xyz neighbours
+right, each shown centroid's neighbours in its own colour over pale part colours, the centroid's point marked black.
+The numbers go to ``<output-dir>/agreement.json`` (default output folder: ``<checkpoint folder>/neighbourhoods``).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from engine import add_checkpoint_flags, setup_logging, user_errors
+from pointcloud.neighbourhoods import PART_SOURCES, visualize_checkpoint
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True, help="a last.pt / best.pt written by tools/train_modelnet.py")
+    parser.add_argument("--parts", default="synthetic", choices=PART_SOURCES, help="the part-labelled shapes")
+    parser.add_argument("--split", default="test", help="which split's shapes (train, test; ShapeNet Part: val too)")
+    parser.add_argument("--index", type=int, nargs="+", default=[], help="shape indices in the split")
+    parser.add_argument("--shape", nargs="+", default=[], help="shape names in the split (e.g. chair_0000)")
+    parser.add_argument("--centroids", type=int, nargs="+", default=None, help="centroids to show (default: 0 1 2 3)")
+    parser.add_argument("--max-shapes", type=int, default=None, help="measure on the first N shapes (default: all)")
+    parser.add_argument("--output-dir", "--out", default=None, help="default: <checkpoint folder>/neighbourhoods")
+    parser.add_argument("--data-root", default=None, help="ShapeNet Part's root (default: $CENTROID_DATA)")
+    parser.add_argument("--headless", action="store_true", help="render PNGs even when a display is present")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--width", type=int, default=960)
+    parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--point-size", type=float, default=6.0)
+    add_checkpoint_flags(parser)
+    args = parser.parse_args(argv)
+    setup_logging(None)
+    with user_errors(args.debug):
+        return visualize_checkpoint(
+            args.checkpoint, args.index, args.split, args.shape, args.parts, args.data_root, args.output_dir,
+            args.centroids, args.max_shapes, args.headless, args.width, args.height, args.point_size,
+            allow_pickle=args.trust_checkpoint, progress=not args.no_progress,
+        )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
