@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything the toolkit needs, idempotently: Debian libraries for open3d (when run as root), a virtualenv
 # in .venv (override with CENTROID_VENV), the package with its extras at the exact versions of constraints.txt, and
-# torch-cluster compiled against that torch (about 10 minutes on 2 cores the first time; pip caches the wheel).
-# A second run with nothing changed returns in about a second.
+# torch-cluster compiled against that torch (slow the first time: it compiles C++; pip caches the wheel).
+# A second run with nothing changed returns at once.
 #
 # Switches (environment variables; the defaults give the README's environment):
 #   CENTROID_VENV         the virtualenv (default .venv)
