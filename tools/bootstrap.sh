@@ -75,7 +75,7 @@ say "installing centroid-toolkit[$EXTRAS] with $(basename "$CONSTRAINTS") (torch
 
 if grep -qiE '^torch[-_]cluster==' "$CONSTRAINTS"; then
     if ! "$VENV/bin/python" -c "import torch_cluster" >/dev/null 2>&1; then
-        say "building torch-cluster against the installed torch (about 10 minutes the first time; cached after)"
+        say "building torch-cluster against the installed torch (slow the first time; cached after)"
         MAX_JOBS="${MAX_JOBS:-$(nproc)}" "${PIP[@]}" install -q --no-build-isolation -c "$CONSTRAINTS" torch-cluster
     fi
     "$VENV/bin/python" -c "import torch_cluster" >&2

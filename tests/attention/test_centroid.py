@@ -490,7 +490,7 @@ def test_knn_path_never_builds_the_dense_score_matrix(monkeypatch: pytest.Monkey
     with Spy():
         layer(x, u).sum().backward()
     assert max(biggest) < dense_numel, f"largest tensor {max(biggest)} >= dense scores {dense_numel}"
-    # The gathered keys / values exist one chunk at a time; the largest tensors are now KNN's candidate refinement,
+    # The gathered keys / values exist one chunk at a time, so the largest tensors are KNN's candidate refinement,
     # (B, M, 1.25 K + 4, C), and the (B, M, K, H) scores.
     assert max(biggest) <= 2 * B * M * K * C
 
