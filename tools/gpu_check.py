@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", nargs="+", choices=SECTIONS, default=[], help="leave these sections out")
     half = "one half of the sections (1, then 2 into the same --out: 2 keeps 1's results)"
     parser.add_argument("--part", type=int, choices=sorted(PARTS), default=None, help=half)
-    parser.add_argument("--wheels", type=Path, default=None, help="folder of *.whl files to install offline (default: .whl)")
+    parser.add_argument("--wheels", type=Path, default=None, help="folder of wheels to install offline (default .whl)")
     # the env and kernels sections run this script again in a fresh process, with the sections' PYTHONPATH
     parser.add_argument("--child", choices=["env", "kernels"], default=None, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=None, help=argparse.SUPPRESS)
