@@ -191,26 +191,21 @@ _LOADED: dict[str, Callable] = {}
 # Shape requirements and "auto" preferences (each from a bench, docs/benchmarks.md)
 # --------------------------------------------------------------------------------------------------------------------
 
-# The numba FPS prunes with a kd-tree, which skips most of a cloud in low dimensions only: tools/bench_points.py
-# measured it 1.5-40x faster than the reference for C = 3 on every CPU shape tried (B = 1-32, N = 512-100K), but not
-# reliably faster from C = 8 up (random 8-64-d features), so "auto" uses it for coordinates only.
+# The numba FPS prunes with a kd-tree, which skips most of a cloud in low dimensions only: faster than the reference
+# for coordinates, not reliably from C = 8 up, so "auto" uses it for coordinates only: tools/bench_points.py.
 FPS_NUMBA_AUTO_MAX_DIM = 4
 
-# torch_cluster's CPU kd-tree beats the brute-force reference only in low dimensions (tools/bench_points.py: about 2x
-# faster for C = 3, 1.5x slower at C = 8, 3x slower at C = 64), so "auto" uses it for coordinates only; the same holds
-# for Chamfer's search (forward + backward at B = 8, N = M = 2048, C = 3: 25 ms against 97 ms with knn_torch, 197 ms
-# chunked and 1.7 s dense on 2 CPU cores).
+# torch_cluster's CPU kd-tree beats the brute-force reference only in low dimensions, so "auto" uses it (for KNN and
+# for Chamfer's search) for coordinates only: tools/bench_points.py times it for C = 3 and C = 64.
 KNN_CLUSTER_AUTO_MAX_DIM = 4
 
 # Chamfer on CPU: "auto" uses the dense reference while its (B, N, M, C) difference tensor stays below this many bytes.
 CHAMFER_DENSE_AUTO_BYTES = 2 * 2**20
 
 # "auto" takes the masked form of the KNN attention (where AUTO_ORDER lists it: CUDA) while a stage's inputs per
-# neighbour N / K is at most this: the masked form does N / K times the gather form's attention work, as large matrix
-# products instead of gathers. H100, bf16 AMP, forward + backward (tools/gpu_check.py, docs/benchmarks.md):
-# bench_centroid (B=1, H=4, K=32) masked vs gather 3.11 vs 3.63 ms at N / K = 32, 3.43 vs 4.76 at 128, 4.47 vs 4.65
-# at 256, 11.5 vs 4.68 at 512; the point model (N / K = 43 and 21) trained 1.2-1.3x faster masked at batch 32 and
-# 2.2x at batch 128. Timed for normalize="inputs" only ("centroids" keeps several dense (B, H, M, N) tensors).
+# neighbour N / K is at most this: the masked form does N / K times the gather form's attention work, but as large
+# matrix products instead of gathers. Timed for normalize="inputs" ("centroids" keeps several dense (B, H, M, N)
+# tensors): tools/bench_centroid.py, knn against knn-masked.
 MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR = 128
 
 
@@ -309,9 +304,9 @@ def _register(*backends: Backend) -> None:
 _register(
     # FPS: (x (B, N, C), num_samples, start (B,), mask (B, N) or None) -> (B, M) indices
     Backend("fps", "torch", "attention.points:_fps_torch"),
-    # torch-cluster's FPS is FPS, but on CUDA its rounding differs from the reference's (tools/bench_points.py on an
-    # H100: other indices in one cloud of B = 32, N = 4096 and at N = 100K), and there it was never faster than the
-    # torch path beyond the Triton kernel's limit (1501 vs 966-1486 ms at N = 100K): "auto" does not pick it.
+    # torch-cluster's FPS is FPS, but on CUDA its rounding differs from the reference's (near-ties pick other
+    # indices), and it is not faster than the torch path beyond the Triton kernel's limit (tools/bench_points.py
+    # --device cuda): "auto" does not pick it.
     Backend("fps", "cluster", "attention.points:_fps_cluster", "torch_cluster", exact=False),
     Backend("fps", "pytorch3d", "attention.points:_fps_pytorch3d", "pytorch3d"),
     Backend(
@@ -324,8 +319,8 @@ _register(
         interpreted=True,
     ),
     # fpsample's plain FPS (Rust, CPU, one cloud at a time) is FPS, but its float rounding differs from the
-    # reference's: near-ties resolve differently and the indices then diverge (tools/bench_points.py: one of the
-    # B = 32, N = 1024, M = 512 batches differed), so it is not "exact" here and "auto" does not pick it.
+    # reference's: near-ties resolve differently and the indices then diverge (tools/bench_points.py checks every
+    # backend's indices), so it is not "exact" and "auto" does not pick it.
     Backend("fps", "fpsample", "attention.points:_fps_fpsample", "fpsample", devices=("cpu",), exact=False),
     # fpsample's bucket FPS (kd-line buckets): much faster on large clouds, but an approximation (other indices, its
     # first sample is not ``start``, coverage measured in docs/benchmarks.md); explicit only.
@@ -466,7 +461,7 @@ AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     ("cauchy_mix", "cuda"): ("triton", "torch"),  # float64 stays on the reference
     ("vandermonde_mix", "cpu"): ("torch",),
     ("vandermonde_mix", "cuda"): ("triton", "torch"),
-    ("fsat_edges", "cpu"): ("csr",),  # 20x faster there than gathering
+    ("fsat_edges", "cpu"): ("csr",),  # sparse products: far faster than gathering on CPU
     # CUDA: the fused kernel for float32 / bf16 heads up to its limit (one pass over the edges, against gather's
     # chunked round trips through memory; tools/bench_mixers.py --device cuda times fsat against fsat-torch, gather),
     # then gather (CUDA's index_add is fast; csr is not measured on a GPU)
@@ -475,10 +470,9 @@ AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     # the SSD kernels (a few launches over every chunk) against the chunked scan's loop over chunks; timed by
     # tools/bench_mixers.py --device cuda (hydra against hydra-torch)
     ("quasiseparable_mix", "cuda"): ("triton", "torch"),
-    # "masked" was 2.2x faster on one CPU thread at the point model's first stage (M=512, N=1024, K=24) but keeps
-    # O(B H M N) memory, so CPU stays on "gather"; on CUDA the fused kernel where it applies (normalize="inputs", no
-    # dropout, D <= KNN_ATTN_TRITON_MAX_HEAD_DIM, not float64), else "masked" while N / K <=
-    # MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR, else "gather".
+    # "masked" can be faster on CPU at small N / K but keeps O(B H M N) memory, so CPU stays on "gather"; on CUDA the
+    # fused kernel where it applies (normalize="inputs", no dropout, D <= KNN_ATTN_TRITON_MAX_HEAD_DIM, not float64),
+    # else "masked" while N / K <= MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR, else "gather".
     ("knn_attention", "cpu"): ("gather",),
     ("knn_attention", "cuda"): ("triton", "masked", "gather"),
 }

@@ -29,7 +29,7 @@ raises an ``ImportError`` that says what to install; one that cannot take the de
 ``numba`` is exact FPS with spatial pruning (QuickFPS-like): a kd-tree over each cloud skips, per step, every subtree
 whose box is provably too far from the new sample to lower any min-distance, and computes the rest with the
 reference's float32 arithmetic, so its indices are the reference's bit for bit. ``"auto"`` uses it on CPU for
-coordinates (C <= 4), where the pruning pays; its first call in a fresh environment compiles (cached on disk
+coordinates (C <= 4), where the pruning pays; its first call with an empty cache compiles (cached on disk
 afterwards, ``docs/benchmarks.md`` has the cost).
 
 ``fpsample_bucket`` is a documented approximation for large single clouds: fpsample's bucket FPS (kd-tree buckets,

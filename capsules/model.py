@@ -26,10 +26,10 @@ Where we deviate from the reference code, and why:
 
 * **The default decoder makes each capsule one patch.** With the reference's heads, nothing ties capsule m's H points
   together in space: each head is its own function, and training makes each *head* cover a region of the shape
-  while the capsules' points spread over all of it (measured on the synthetic parts: a capsule's points spread as
-  widely as the whole shape's, part purity at its chance level for every knob tried; docs/benchmarks.md, "Capsule
-  part decomposition"). The patch decoder shares one MLP over all points, so a capsule's points are one continuous
-  image of the grid, and the capsules decompose the shape into parts. ``decoder="heads"`` keeps the reference.
+  while the capsules' points spread over all of it (a capsule's points spread as widely as the whole shape's and part
+  purity stays at chance: ``tools/bench_capsules.py``, docs/benchmarks.md). The patch decoder shares one MLP over all
+  points, so a capsule's points are one continuous image of the grid, and the capsules decompose the shape into
+  parts. ``decoder="heads"`` keeps the reference.
 * **2048 points from 12 capsules.** 2048 is not a multiple of 12 (the reference builds ``int(2048 / 12) = 170``
   heads and emits 2040 points). We build ``H = ceil(N_out / M)`` heads (171) and drop the last ``H * M - N_out``
   points (4), which are the last head's points for the last capsules (8..11). So every output cloud has exactly
@@ -411,8 +411,8 @@ class CapsuleDecoder(_GridDecoder):
     ReLU between and tanh at the end, applied to the M columns ``[g[h, m]; v_m]``. All heads run as one grouped
     convolution (group h = head h). See the module docstring for how ``H * M`` points are cut to ``num_points``.
     Capsule m's patch is the m-th point of each of H separately parameterized heads: nothing ties its points together
-    in space, and measured here each head learns a region of the shape instead (docs/benchmarks.md, "Capsule part
-    decomposition").
+    in space, and in training each head learns a region of the shape instead (``tools/bench_capsules.py``,
+    docs/benchmarks.md).
 
     Shapes:
         caps: ``(B, M, D)``; grid: ``(B, H, 2, M)`` or None (random in training, fixed in eval);

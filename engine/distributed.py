@@ -82,8 +82,8 @@ class DistributedContext:
             barrier: Meet all ranks first (the normal end of a run). Pass ``False`` after an error, when a peer may
                 be stuck elsewhere and a barrier would hang until the timeout.
 
-        Two teardown races of gloo are handled here (both seen in CI as ``terminate called without an active
-        exception``, then SIGABRT at exit, after the run had finished and written its files):
+        Two teardown races of gloo are handled here (both show as ``terminate called without an active
+        exception``, then SIGABRT at exit, after the run has finished and written its files):
 
         * a rank that tears down gloo while its peer still sends (e.g. while rank 0 writes its files) aborts the
           peer; the barrier keeps every rank in the group until all are done;
@@ -92,10 +92,9 @@ class DistributedContext:
           work, which can be after ``barrier()`` has returned. Those are Python tensors: the thread needs the GIL,
           and if the interpreter is already finalizing, the thread is killed and the process aborts. The threads
           cannot be joined here: they live as long as the group, and a ``DistributedDataParallel`` wrapper keeps
-          the group alive even after the wrapper and its model are deleted and collected (measured on torch 2.15).
+          the group alive even after the wrapper and its model are deleted and collected (torch 2.15).
           Releasing the GIL for :data:`TEARDOWN_SETTLE_S` lets the threads finish. This makes the race unlikely,
-          not impossible (a test that hit it in 4 of 111 runs passed 150 of 150): a thread kept off the CPU for
-          longer can still hit it.
+          not impossible: a thread kept off the CPU for longer can still hit it.
         """
         if self.is_distributed and dist.is_initialized():
             if barrier:

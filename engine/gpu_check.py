@@ -260,7 +260,7 @@ def section_tests(ctx: Ctx, res: Result) -> None:
     runs = [("gpu", ["-m", "gpu", "tests"])]
     if ctx.device == "cuda":
         # The Triton kernels under this triton's interpreter and compiled ahead of time for sm_90.
-        # quick: only the compile check (the interpreter tests, 30 s, need no GPU: CI runs them with triton 3.6 too)
+        # quick: only the compile check (the interpreter tests need no GPU: CI runs them)
         which = "compile" if ctx.quick else "interpreter or compile"
         runs.append(("triton-slow", ["-m", "slow", "-k", which, "tests/attention"]))
     for label, args in runs:
@@ -356,8 +356,8 @@ def bench_args(ctx: Ctx, name: str) -> list[str]:
     if name == "bench_vision":
         if not cuda:
             return [*d, "--batch", "2", "--repeats", "1", "--warmup", "0", "--models", DEIT_TINY, OURS_1]
-        # throughput in DeiT's sense (a large batch): at batch 64 an H100 runs DeiT-tiny's eager forward in the time
-        # its ~200 kernel launches take, so every model of that size measures the same
+        # throughput in DeiT's sense (a large batch): at small batches a fast GPU runs DeiT-tiny's eager forward in
+        # the time its ~200 kernel launches take, so every model of that size would measure the same
         amp = [*d, "--amp", "--batch", "512"]
         return [*amp, "--models", DEIT_TINY, OURS_1] if quick else amp
     if name == "bench_mixers":

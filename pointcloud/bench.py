@@ -6,7 +6,7 @@ other than ``auto``, labelled with it, e.g. ``T=1 masked``: :func:`attention.cen
 triton``: the fused kernel; one per chunk budget, e.g. ``T=1 chunks 16 MiB``: the gather form and the KNN searches
 chunked at that budget instead of the device's default, :func:`attention.chunking.chunk_budget`; and one per form to
 compile, e.g. ``T=1 masked compiled``: ``torch.compile`` of the model in that form, static shapes, what the compiler
-alone gives to today's eager path), its downsampling-only twins (``_random``,
+alone gives to the eager path), its downsampling-only twins (``_random``,
 ``_fps``, ``_kmeans``: the centroid blocks keep their init and MLP, no attention step) and every peer model registered
 in :mod:`pointcloud` (names not starting with ``centroid_transformer``), all on the same random batch of unit-sphere
 clouds, 40 classes.

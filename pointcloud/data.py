@@ -619,7 +619,7 @@ class SyntheticShapes(PointCloudDataset):
         transform: Augmentation ``transform(points, rng)``.
         use_normals: Return ``(num_points, 6)`` with face normals instead of ``(num_points, 3)``.
         normalize: Centre each cloud and scale it to max norm 1.
-        precompute: Generate every sample at construction (about 2 ms each) instead of on first access.
+        precompute: Generate every sample at construction instead of on first access.
         progress: Show a tqdm bar while precomputing (``None``: only on a terminal).
     """
 

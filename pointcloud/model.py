@@ -148,8 +148,8 @@ class CentroidTransformer(PointClassifier):
         attn_backend: form of every block's KNN attention (:class:`attention.CentroidAttention`): ``"gather"``,
             ``"masked"`` (dense products under the neighbour mask), ``"triton"`` (the fused kernel, CUDA) or
             ``"auto"`` (on CUDA the fused kernel; without triton the masked form while a stage's N / K <= 128, as at
-            1024 points: 1.2-1.3x the gather form's training throughput at batch 32 and 2.2x at batch 128 on an H100,
-            docs/benchmarks.md; on CPU the gather form).
+            1024 points, where it trains faster than the gather form: ``tools/bench_modelnet.py --attn-backends``;
+            on CPU the gather form).
 
     Shapes:
         points: ``(B, N, in_channels)``; output logits ``(B, num_classes)`` (``num_classes=0``: the pooled features
@@ -216,8 +216,8 @@ class CentroidTransformer(PointClassifier):
         )
         # Per-point layers (embedding, fusion) use BatchNorm over batch x points, as DGCNN and PCT do: its statistics
         # come from thousands of points per batch. The head uses LayerNorm: a BatchNorm over the few pooled vectors
-        # of a batch made eval accuracy swing between epochs (87% -> 11% -> 62% on the synthetic set), and without
-        # BatchNorm in the per-point layers the network did not learn at all (measured, 5 epochs at chance).
+        # of a batch made eval accuracy swing between epochs, and without BatchNorm in the per-point layers the
+        # network did not learn at all (chance accuracy).
         self.fuse = nn.Sequential(nn.Linear(sum(widths), fuse_dim, bias=False), PointBatchNorm(fuse_dim), act())
         self.head_hidden = classifier_head(self.num_features, head_dims, act, drop)
         head_in = head_dims[-1] if head_dims else self.num_features

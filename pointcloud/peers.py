@@ -43,7 +43,7 @@ Where we deviate from the papers, and why:
 * The head BatchNorms normalise over the batch, so in training mode a batch needs at least 2 clouds (as in the
   original implementations); in evaluation mode a batch of 1 works.
 
-PyG is imported when a model is built, not when :mod:`pointcloud` is imported: it adds about 3 s and a ``torch.jit``
+PyG is imported when a model is built, not when :mod:`pointcloud` is imported: it adds seconds and a ``torch.jit``
 deprecation warning to every import of the package.
 """
 

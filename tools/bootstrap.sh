@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything the toolkit needs, idempotently: Debian libraries for open3d (when run as root), a virtualenv
 # in .venv (override with CENTROID_VENV), the package with its extras at the exact versions of constraints.txt, and
-# torch-cluster compiled against that torch (about 10 minutes on 2 cores the first time; pip caches the wheel).
-# A second run with nothing changed returns in about a second.
+# torch-cluster compiled against that torch (slow the first time: it compiles C++; pip caches the wheel).
+# A second run with nothing changed returns at once.
 #
 # Switches (environment variables; the defaults give the README's environment):
 #   CENTROID_VENV         the virtualenv (default .venv)
@@ -75,7 +75,7 @@ say "installing centroid-toolkit[$EXTRAS] with $(basename "$CONSTRAINTS") (torch
 
 if grep -qiE '^torch[-_]cluster==' "$CONSTRAINTS"; then
     if ! "$VENV/bin/python" -c "import torch_cluster" >/dev/null 2>&1; then
-        say "building torch-cluster against the installed torch (about 10 minutes the first time; cached after)"
+        say "building torch-cluster against the installed torch (slow the first time; cached after)"
         MAX_JOBS="${MAX_JOBS:-$(nproc)}" "${PIP[@]}" install -q --no-build-isolation -c "$CONSTRAINTS" torch-cluster
     fi
     "$VENV/bin/python" -c "import torch_cluster" >&2

@@ -5,8 +5,8 @@
 #   TORCH_CUDA_ARCH_LIST=9.0 bash tools/build_torch_cluster_wheel.sh SDIST OUT_DIR   # CUDA for these archs
 #
 # torch-cluster is source-only on the registry, and its setup.py compiles its nine ops one after another without
-# ninja (MAX_JOBS does nothing), twice with CUDA (a CPU and a CUDA variant of each): 300 s on a 16-core GPU machine
-# did not finish. This builds only the CUDA variants (which contain the CPU code too; torch_cluster loads either),
+# ninja (MAX_JOBS does nothing), twice with CUDA (a CPU and a CUDA variant of each), which takes a long time. This
+# builds only the CUDA variants (which contain the CPU code too; torch_cluster loads either),
 # each op in its own process, JOBS at a time (default nproc), into the build folder where bdist_wheel then finds them
 # up to date. Not `build_ext -j`: without ninja, torch's BuildExtension swaps the shared compiler command for nvcc
 # while it compiles a .cu file, which other threads would see. Install the wheel with pip, or hand it to

@@ -1,6 +1,6 @@
 """Export a run's checkpoint as ``model.safetensors`` plus a timm-style ``config.json``, for use in other projects.
 
-    python tools/export_weights.py runs/modelnet/main/latest/best.pt --out exported/ct
+    python tools/export_weights.py runs/modelnet40/main/latest/best.pt --out exported/ct
     python tools/export_weights.py runs/deit/synthetic_centroid_tiny/latest/best.pt --out exported/ours1 --ema
 
 The model is rebuilt from what the checkpoint records (its name and constructor keywords, however the run was

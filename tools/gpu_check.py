@@ -1,8 +1,8 @@
 """One command that checks and benchmarks every CUDA path of the toolkit and writes all tables to one folder.
 
-    python tools/gpu_check.py                          # on a CUDA machine: everything (6.7 minutes on one H100)
-    python tools/gpu_check.py --quick                  # smaller grids (4.9 minutes on one H100)
-    python tools/gpu_check.py --device cpu --quick     # the harness itself on CPU, as CI runs it (a few minutes)
+    python tools/gpu_check.py                          # on a CUDA machine: everything
+    python tools/gpu_check.py --quick                  # smaller grids, a shorter run
+    python tools/gpu_check.py --device cpu --quick     # the harness itself on CPU, as CI runs it
     python tools/gpu_check.py --part 1; python tools/gpu_check.py --part 2   # the full check in two calls
     python tools/gpu_check.py --only env tests kernels # some sections
 
@@ -24,13 +24,13 @@ from engine.gpu_check import PARTS, SECTIONS, CheckError, check, env_report
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--quick", action="store_true", help="smaller grids: about 5 minutes on an H100")
+    parser.add_argument("--quick", action="store_true", help="smaller grids and fewer rows, for a shorter run")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default runs/gpu_check/<device>-<mode>)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, default=None, help="run only these sections")
     parser.add_argument("--skip", nargs="+", choices=SECTIONS, default=[], help="leave these sections out")
     half = "one half of the sections (1, then 2 into the same --out: 2 keeps 1's results)"
     parser.add_argument("--part", type=int, choices=sorted(PARTS), default=None, help=half)
-    parser.add_argument("--wheels", type=Path, default=None, help="folder of carried *.whl files (default: .whl)")
+    parser.add_argument("--wheels", type=Path, default=None, help="folder of wheels to install offline (default .whl)")
     # the env and kernels sections run this script again in a fresh process, with the sections' PYTHONPATH
     parser.add_argument("--child", choices=["env", "kernels"], default=None, help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, default=None, help=argparse.SUPPRESS)

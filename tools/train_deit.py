@@ -21,8 +21,7 @@ from __future__ import annotations
 import os
 
 # torch's CPU thread pool (GNU OpenMP) spins while waiting between parallel regions: on a CPU shared with other
-# processes that stalls every op (the main job trains about ten times slower). Must be set before torch loads; an
-# explicit setting wins.
+# processes that stalls every op. Must be set before torch loads; an explicit setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import engine

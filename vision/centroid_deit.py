@@ -29,13 +29,11 @@ Choices the paper leaves open, made here:
 * **Init.** The depth-wise conv starts as a 3 x 3 averaging filter (:class:`attention.DWConv2dInit` with
   ``avg_init=True``), so a pretrained DeiT's tokens enter the centroid step as local means.
 
-Numbers (``tools/model_stats.py --family vision``, 224 px, attention matmuls counted): Ours-1 / -2 / -4 / -5 measure
-0.79 / 0.97 / 2.92 / 3.50 GMACs (paper 0.8 / 1.0 / 2.9 / 3.6) at 5.72 / 5.73 / 22.06 / 22.08 M params. The "@7"
-rows (Ours-3, -6) measure 1.18 / 4.27 GMACs and 5.73 / 22.08 M params against the paper's 1.3 / 4.7 GMACs and
-5.8 / 22.3 M: the paper's GMACs match the same model with ``centroid_index=8`` (1.29 / 4.66), i.e. eight
-full-resolution blocks, which suggests an off-by-one in the paper's labels for those rows; its extra +0.1 / +0.2 M
-params are not explained by any block placement (placement does not change the parameter count) and we do not add
-parameters to chase them. The registered names keep the paper's "c7".
+Numbers: ``tools/model_stats.py --family vision`` counts params and GMACs against the paper's (:mod:`vision.stats`).
+Ours-1, -2, -4 and -5 match. The "@7" rows (Ours-3, -6) count fewer GMACs than the paper's, which the same models
+reach with ``centroid_index=8``, i.e. eight full-resolution blocks: this suggests an off-by-one in the paper's labels
+for those rows. Their paper params' extra +0.1 / +0.2 M are not explained by any block placement (placement does not
+change the parameter count) and we do not add parameters to chase them. The registered names keep the paper's "c7".
 
 Implementation notes: the centroid block is the core's :class:`attention.CentroidAttention` (dense, T = 1, with
 DropPath on its update) and :class:`attention.DWConv2dInit`, unchanged: their forward is traceable (validation runs

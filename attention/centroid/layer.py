@@ -70,8 +70,8 @@ class CentroidAttention(nn.Module):
         drop_path: stochastic depth on each step's update (timm's DropPath; the vision models use it).
         validate_inputs: check the inputs in eager mode (:meth:`check_inputs`, behind
             :func:`attention.checks.checks_active`). False for a layer inside a model that validates its own input:
-            the NaN/Inf check is a reduction and a host sync on every call, which stalls a GPU's queue (measured on
-            an H100 in the vision models, which validate nothing past the image, like timm's).
+            the NaN/Inf check is a reduction and a host sync on every call, which stalls a GPU's queue (the vision
+            models validate nothing past the image, like timm's).
 
     Shapes:
         x: ``(B, N, C)`` inputs; centroids: ``(B, M, C)``; mask: ``(B, N)`` bool (True = real input);

@@ -4,9 +4,9 @@
 interpreter (``TRITON_INTERPRET=1``) with NumPy 2: it holds every scalar argument as a 1-element array, and ``range``
 calls its ``__index__``, ``int(array)``, which NumPy 2 refuses ("only 0-dimensional arrays can be converted to Python
 scalars"); triton 3.9 squeezes the array first. :func:`loop_bound` hands ``range`` a Python int under the interpreter
-and the argument itself when compiling, so the compiled kernels stay exactly what they were. (The alternatives change
-them: a ``while`` loop gives up Triton's software pipelining of ``for`` loops, which moved the register count of a
-mixer kernel from 128 to 207 on sm_90; a constexpr bound compiles one kernel per sequence length.)
+and the argument itself when compiling, so the compiled kernels are unaffected. (The alternatives change them: a
+``while`` loop gives up Triton's software pipelining of ``for`` loops and takes far more registers a thread; a
+constexpr bound compiles one kernel per sequence length.)
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ min-distance of its points with the lowest original index attaining it; one FPS 
 skips every subtree that cannot change, updates the points of the leaves it reaches, and recomputes the maxima of the
 visited nodes bottom-up; the root then holds the next sample.
 
-Compiled with ``cache=True``: the first call in a fresh environment compiles (a few seconds, measured in
-docs/benchmarks.md); later processes load the cached machine code.
+Compiled with ``cache=True``: the first call with an empty cache compiles (a few seconds, which
+``tools/bench_points.py`` reports); later processes load the cached machine code.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from torch import Tensor
 
 __all__ = ["LEAF_SIZE", "fps_numba", "fps_numba_cloud"]
 
-# Points per kd-tree leaf (about; leaves of one tree differ by at most one point). tools/bench_points.py measured
-# 16-64 within a few percent of each other on 50K-100K clouds.
+# Points per kd-tree leaf (about; leaves of one tree differ by at most one point). Not critical: 16 to 64 time alike on
+# large clouds (tools/bench_points.py --large).
 LEAF_SIZE = 32
 
 _U32 = 2.0**-24  # unit roundoff of float32 (round to nearest)

@@ -167,8 +167,8 @@ def _edge_bwd_kernel(
 
 
 def edge_blocks(D: int) -> dict[str, int]:
-    """Tile sizes: 512 values per ``(block, D)`` tile, 4 per thread of 4 warps. On sm_90 the backward kernel takes
-    110-117 registers at D = 64 (triton 3.9 / 3.6), no spills; with 1K-value tiles it took 168, with 2K it spilled."""
+    """Tile sizes: 512 values per ``(block, D)`` tile, 4 per thread of 4 warps: the backward kernel then fits its
+    registers (larger tiles spill; ``tests/attention/test_fsat_triton.py`` reads the sm_90 cubin's)."""
     bd = triton.next_power_of_2(D)
     rows = max(1, min(32, 512 // bd))
     return {"BLOCK_Q": rows, "BLOCK_K": rows, "BLOCK_D": bd, "num_warps": 4}

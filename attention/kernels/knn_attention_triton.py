@@ -171,8 +171,8 @@ def _blocks(K: int, D: int, block_k: int | None) -> tuple[int, int, int]:
     tile of keys and one of values stay in registers, at most 4096 values each.
 
     A warp per 128 values of a tile: each value also holds a 64-bit address, and with fewer warps the backward
-    program took 160-255 registers a thread at K = 32, D = 32-128 (ptxas, sm_90), too few resident warps for a
-    kernel that waits on gathered loads; with these, 55-254 and no spills (triton 3.6 and 3.9)."""
+    program needs so many registers a thread (ptxas, sm_90) that too few warps stay resident for a kernel that waits
+    on gathered loads."""
     bd = triton.next_power_of_2(D)
     bk = block_k or max(2, min(triton.next_power_of_2(K), 4096 // bd, 64))
     return bk, bd, max(1, min(8, bk * bd // 128))

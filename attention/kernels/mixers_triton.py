@@ -29,9 +29,8 @@ PyTorch path of :mod:`attention.mixers.functional`. ``tests/attention/test_mixer
 gradients with it and with the dense matrix under Triton's interpreter (``TRITON_INTERPRET=1``, CPU tensors) and, in
 its ``gpu``-marked tests, on CUDA; a ``slow`` test compiles them for sm_90 ahead of time (at most a few bytes of
 register spills for D, Dv <= 64, read off ptxas). The Vandermonde kernels take their phases in turns (``freq * q *
-j``) and evaluate ``cos`` / ``sin`` with :func:`_cos_turns`, whose range reduction is one subtraction: with
-``tl.cos`` / ``tl.sin`` they were 3.7x the chunked torch path at L = 4096 on an H100, with it 7.3x (forward +
-backward, B=1 H=4 D=64; ``tools/gpu_check.py --only kernels``, docs/benchmarks.md).
+j``) and evaluate ``cos`` / ``sin`` with :func:`_cos_turns`, whose range reduction is one subtraction, instead of
+``tl.cos`` / ``tl.sin``, whose general one dominates their time (``tools/bench_mixers.py --device cuda`` times them).
 """
 
 from __future__ import annotations
@@ -59,8 +58,8 @@ def _cos_turns(t):
     """``cos(2 pi t)`` for float32 ``t`` (turns), without libdevice's general range reduction.
 
     ``tl.cos`` of a radian argument runs libdevice's ``cosf`` (a multi-step reduction of any float to [-pi/4, pi/4]
-    plus polynomials): on an H100 the Vandermonde kernels took 28 / 60 ms (forward / backward, L = 4096) against
-    3.5 / 26 ms for the Cauchy kernels, the same loops with a division instead. Here the argument is in turns, so the
+    plus polynomials), which makes the Vandermonde kernels several times slower than the Cauchy kernels, the same
+    loops with a division instead. Here the argument is in turns, so the
     reduction is exact: ``r = t - floor(t + 1/2)`` in [-1/2, 1/2) (a float subtraction of two nearby values), then
     ``a = |r|`` folded into [0, 1/4] with ``cos(2 pi a) = -cos(2 pi (1/2 - a))``, and a degree-12 Taylor polynomial
     of ``cos`` on [0, pi/2] (truncation error below 7e-9; float32 rounding about 1e-7 absolute). The callers'

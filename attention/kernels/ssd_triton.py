@@ -236,8 +236,8 @@ def scan_blocks(L: int, N: int, Dv: int, chunk: int | None = None) -> dict[str, 
 
     T = 16 by default: float32 products run on the FMA units, where a smaller chunk costs fewer operations
     (``O(L T (N + Dv))``) and only adds state traffic (``O(L N Dv / T)``); and at N = Dv = 64 the gradient kernel's
-    tiles fit 4 warps' registers at T = 16 (196-236 per thread with triton 3.9 / 3.6 on sm_90, no spills) but spill
-    at T = 32 and 64.
+    tiles fit 4 warps' registers at T = 16 but spill at T = 32 and 64 (``tests/attention/test_ssd_triton.py`` reads
+    the sm_90 cubin's).
     """
     bn, bdv = max(16, triton.next_power_of_2(N)), max(16, triton.next_power_of_2(Dv))
     return {"BLOCK_T": chunk or 16, "BLOCK_N": bn, "BLOCK_DV": bdv, "num_warps": 4}

@@ -167,7 +167,7 @@ def sparse_edge_attention(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Te
     formed; ``"gather"`` gathers ``(keys, E, D)`` blocks a chunk of keys at a time (``index_select``, ``index_add``);
     ``"triton"`` (CUDA, D <= 128) is one fused kernel per pass (:mod:`attention.kernels.fsat_triton`: edges grouped
     by query with one sort, online softmax, saved normalizer; float32 math, dq by atomic adds).
-    ``"auto"``: csr on CPU (20x faster there than gathering); on CUDA triton for float32 / bf16 inputs it supports,
+    ``"auto"``: csr on CPU (far faster there than gathering); on CUDA triton for float32 / bf16 inputs it supports,
     else gather (CUDA's ``index_add`` is fast; the csr path is not measured on a GPU). All are tested against the
     dense reference.
 

@@ -349,8 +349,8 @@ def test_chunked_knn_path_bf16_matches_fp32() -> None:
 
 def test_chunked_knn_path_bf16_scatter_accumulates_in_float32() -> None:
     """Every centroid picks all N = 5 inputs (300 edges per key): the key and value gradients, scattered over those
-    edges, match the float64 reference of the same bf16 inputs to about bf16 rounding (measured <= 0.5% of their
-    largest entry); an accumulation in bf16 misses by 2-3%. The query gradient sums only K terms."""
+    edges, match the float64 reference of the same bf16 inputs to about bf16 rounding (within 1% of their largest
+    entry, which an accumulation in bf16 misses by 2-3%). The query gradient sums only K terms."""
     torch.manual_seed(0)
     B, H, M, N, D, K = 2, 2, 300, 5, 60, 5
     q, k, v = (torch.randn(B, H, n, D).bfloat16() for n in (M, N, N))
@@ -490,7 +490,7 @@ def test_knn_path_never_builds_the_dense_score_matrix(monkeypatch: pytest.Monkey
     with Spy():
         layer(x, u).sum().backward()
     assert max(biggest) < dense_numel, f"largest tensor {max(biggest)} >= dense scores {dense_numel}"
-    # The gathered keys / values exist one chunk at a time; the largest tensors are now KNN's candidate refinement,
+    # The gathered keys / values exist one chunk at a time, so the largest tensors are KNN's candidate refinement,
     # (B, M, 1.25 K + 4, C), and the (B, M, K, H) scores.
     assert max(biggest) <= 2 * B * M * K * C
 

@@ -92,8 +92,7 @@ def test_fps_backend_equals_reference(backend: str, device: str, shape: tuple[in
     if backends.BACKENDS["fps"][backend].exact:
         assert torch.equal(out, ref)
     else:
-        # torch-cluster: the same greedy rule, rounded differently (on an H100 its indices left the reference's at
-        # B = 32, N = 4096): a near-tie may take another path, as fpsample's
+        # torch-cluster: the same greedy rule, rounded differently: a near-tie may take another path, as fpsample's
         _assert_fps_up_to_near_ties(x, out, ref, start)
 
 

@@ -160,7 +160,7 @@ def test_best_checkpoint_tracks_monitor(reference, tmp_path):
 def test_resume_after_finished_run_is_bit_exact(reference, tmp_path):
     full, full_final, _ = reference
     make_trainer(tmp_path, 2).fit()
-    torch.manual_seed(999)  # the global RNG state between sessions must not matter
+    torch.manual_seed(999)  # the global RNG state between the two runs must not matter
     # the config differs in "epochs" only (a key that may change on resume); the log is identical
     assert_resumes_like(full, full_final, make_trainer(tmp_path, 4))
 
@@ -213,7 +213,7 @@ def test_resume_exact_with_amp_clip_step_scheduler_ema_and_extra_state(tmp_path)
     resumed = build(tmp_path / "part", 3)
     assert_resumes_like(full, full_final, resumed)
     assert_same_params(full.ema, resumed.ema)
-    assert resumed.extra_state["counter"] == {"seen": 1}  # replaced by the value the first session saved
+    assert resumed.extra_state["counter"] == {"seen": 1}  # replaced by the value the first run saved
     assert all(math.isfinite(r["train_loss"]) for r in records(tmp_path / "full"))
     assert full.global_step == 9
 
