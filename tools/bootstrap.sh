@@ -10,6 +10,8 @@
 #                         pins it, e.g. constraints-torch211.txt (the oldest supported torch) leaves it out
 #   CENTROID_EXTRAS       the package's extras (default dev,viz; `dev` leaves out open3d)
 #   CENTROID_PYTHON       the interpreter that creates the virtualenv (default python3)
+#   CENTROID_CLUSTER      1 (default) builds torch-cluster where the constraints pin it; 0 leaves the build for later
+#                         (`bash tools/run.sh train` passes 0: the main job runs on the torch paths without it)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,6 +20,7 @@ PY="${CENTROID_PYTHON:-python3}"
 CONSTRAINTS="${CENTROID_CONSTRAINTS:-$ROOT/constraints.txt}"
 case "$CONSTRAINTS" in /*) ;; *) CONSTRAINTS="$ROOT/$CONSTRAINTS" ;; esac
 EXTRAS="${CENTROID_EXTRAS:-dev,viz}"
+CLUSTER="${CENTROID_CLUSTER:-1}"
 STAMP="$VENV/.centroid-bootstrap"
 APT_PACKAGES=(libusb-1.0-0 libgl1 libegl1 libgomp1 libvulkan1 mesa-vulkan-drivers xvfb xauth)
 
@@ -49,9 +52,13 @@ fingerprint() {
 [ -f "$CONSTRAINTS" ] || { say "constraints file $CONSTRAINTS not found (CENTROID_CONSTRAINTS)"; exit 1; }
 install_debian_libs
 
+# The stamp is the fingerprint plus whether torch-cluster was built: a set-up with it serves a call that skips it.
 WANT="$(fingerprint)"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$VENV/bin/python" ]; then
-    exit 0
+if [ -f "$STAMP" ] && [ -x "$VENV/bin/python" ]; then
+    case "$(cat "$STAMP")" in
+        "$WANT cluster=1") exit 0 ;;
+        "$WANT cluster=0") [ "$CLUSTER" = 0 ] && exit 0 ;;
+    esac
 fi
 
 # A half-made virtualenv (e.g. `venv` without ensurepip) has bin/python but no pip: start it again.
@@ -73,7 +80,11 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 say "installing centroid-toolkit[$EXTRAS] with $(basename "$CONSTRAINTS") (torch is ~5.6 GB the first time)"
 "${PIP[@]}" install -q -c "$CONSTRAINTS" -e "$ROOT[$EXTRAS]"
 
-if grep -qiE '^torch[-_]cluster==' "$CONSTRAINTS"; then
+BUILT_CLUSTER=1
+if [ "$CLUSTER" = 0 ] && ! "$VENV/bin/python" -c "import torch_cluster" >/dev/null 2>&1; then
+    say "not building torch-cluster now (CENTROID_CLUSTER=0); \`bash tools/run.sh test\` builds it"
+    BUILT_CLUSTER=0
+elif grep -qiE '^torch[-_]cluster==' "$CONSTRAINTS"; then
     if ! "$VENV/bin/python" -c "import torch_cluster" >/dev/null 2>&1; then
         say "building torch-cluster against the installed torch (slow the first time; cached after)"
         MAX_JOBS="${MAX_JOBS:-$(nproc)}" "${PIP[@]}" install -q --no-build-isolation -c "$CONSTRAINTS" torch-cluster
@@ -84,4 +95,4 @@ else
 fi
 "$VENV/bin/python" -c "import torch, timm, torchvision; print('[bootstrap] torch', torch.__version__, 'torchvision', torchvision.__version__, 'timm', timm.__version__)" >&2
 
-echo "$WANT" >"$STAMP"
+echo "$WANT cluster=$BUILT_CLUSTER" >"$STAMP"

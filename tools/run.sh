@@ -10,7 +10,12 @@ case "$cmd" in
     train | test) ;;
     *) echo "usage: bash tools/run.sh train|test [args...]" >&2; exit 2 ;;
 esac
-bash "$ROOT/tools/bootstrap.sh"
+# The main job does not wait for the torch-cluster compile (an optional backend, built by `test`); it uses it once built.
+if [ "$cmd" = train ]; then
+    CENTROID_CLUSTER="${CENTROID_CLUSTER:-0}" bash "$ROOT/tools/bootstrap.sh"
+else
+    bash "$ROOT/tools/bootstrap.sh"
+fi
 cd "$ROOT"
 case "$cmd" in
     train) exec "$VENV/bin/python" tools/train_modelnet.py "$@" ;;
