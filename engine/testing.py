@@ -18,10 +18,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
+
 from engine.trainer import TIMING_KEYS
 
 __all__ = [
     "REPO",
+    "assert_backends_agree",
+    "assert_interpreted",
     "compile_for_sm90",
     "free_port",
     "host_syncs",
@@ -150,6 +155,40 @@ def run_interpreted(script: str, test_dir: Path, timeout: float = 600) -> subpro
     path = os.pathsep.join([str(test_dir), str(REPO), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_interpreted(script: str, test_file: str | Path, timeout: float = 900) -> None:
+    """Asserts that ``script`` runs under Triton's interpreter (:func:`run_interpreted`, with ``test_file``'s folder on
+    the path for its helpers) and ends by printing ``ok``: the scaffold of every test that checks a Triton kernel on
+    CPU against its reference."""
+    out = run_interpreted(script, Path(test_file).resolve().parent, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-5000:]
+    assert out.stdout.strip().splitlines()[-1:] == ["ok"], out.stdout[-2000:]
+
+
+def assert_backends_agree(
+    module: nn.Module,
+    x: torch.Tensor,
+    owner: object,
+    attr: str,
+    backends: tuple[str, ...],
+    rtol: float,
+    seed: int | None = None,
+) -> None:
+    """Asserts that ``module(x)`` and the gradients of ``out.square().sum()`` with respect to ``x`` and every
+    parameter agree (``rtol``, and an absolute tolerance of ``rtol`` times the largest value) whichever of
+    ``backends`` ``owner.attr`` is set to; ``seed`` reseeds before each forward, for a module that draws random
+    numbers (e.g. random edges in training mode)."""
+    results = []
+    for backend in backends:
+        setattr(owner, attr, backend)
+        if seed is not None:
+            torch.manual_seed(seed)
+        out = module(x)
+        results.append([out, *torch.autograd.grad(out.square().sum(), [x, *module.parameters()])])
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            torch.testing.assert_close(b, a, rtol=rtol, atol=rtol * a.abs().max().item())
 
 
 def compile_for_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], num_warps: int) -> dict | None:

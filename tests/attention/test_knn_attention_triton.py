@@ -7,15 +7,11 @@ ahead of time (what the interpreter never checks: types, layouts, register use).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from attention import CentroidAttention, backends, centroid_attention
+from engine.testing import assert_interpreted
 
 HAS_TRITON = backends.HAS_TRITON
 
@@ -120,22 +116,12 @@ print("ok")
 """
 
 
-def _run_interpreted(script: str) -> None:
-    # this file's folder on the child's path, for its helpers; the checkout first, as engine.testing.tool_env does
-    here = Path(__file__).resolve().parent
-    path = os.pathsep.join([str(here), str(here.parents[1]), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-5000:]
-    assert out.stdout.strip().splitlines()[-1] == "ok"
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
 def test_triton_knn_attention_under_interpreter_equals_reference() -> None:
     """The kernels' logic on CPU through Triton's interpreter: output and all gradients, float32 and bfloat16, masks
     (an all-padded centroid included), repeated neighbours, several online-softmax steps, and the layer."""
-    _run_interpreted(_INTERPRETED.format())
+    assert_interpreted(_INTERPRETED.format(), __file__)
 
 
 def test_triton_knn_attention_limits_are_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,15 +7,11 @@ Without a GPU the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, a
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from attention import backends, knn
+from engine.testing import assert_interpreted
 
 HAS_TRITON = backends.HAS_TRITON
 
@@ -77,13 +73,7 @@ print("ok")
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
 def test_triton_knn_under_interpreter_equals_reference() -> None:
-    here = Path(__file__).resolve().parent
-    path = os.pathsep.join([str(here), str(here.parents[1]), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    script = _INTERPRETED.format()
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-5000:]
-    assert out.stdout.strip().splitlines()[-1] == "ok"
+    assert_interpreted(_INTERPRETED.format(), __file__)
 
 
 def test_triton_knn_limits_are_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,16 +7,13 @@ subprocess) on CPU tensors; the ``gpu`` tests run them compiled on CUDA at L = 1
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from attention import backends
 from attention.mixers import MatrixMixer, cauchy_mix, functional, vandermonde_mix
+from engine.testing import assert_interpreted
 
 
 def _inputs(kind: str, B: int, H: int, L: int, D: int, Dv: int, device: str = "cpu", dtype=torch.float32):
@@ -92,14 +89,7 @@ print("ok")
 @pytest.mark.skipif(not functional.HAS_TRITON, reason="triton missing")
 def test_triton_mixers_under_interpreter_equal_chunked_and_dense() -> None:
     """The kernels' logic on CPU through Triton's interpreter: forward and all gradients, Cauchy and Vandermonde."""
-    script = _INTERPRETED.format()
-    # this file's folder on the child's path, for its helpers; the checkout first, as engine.testing.tool_env does
-    here = Path(__file__).resolve().parent
-    path = os.pathsep.join([str(here), str(here.parents[1]), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
+    assert_interpreted(_INTERPRETED.format(), __file__)
 
 
 @pytest.mark.gpu
