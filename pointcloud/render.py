@@ -10,6 +10,7 @@ functions.
 
 from __future__ import annotations
 
+import argparse
 import colorsys
 import logging
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ __all__ = [
     "GREY",
     "VIEWS",
     "add_legend",
+    "add_viewer_flags",
     "legend_panel_width",
     "palette",
     "render_image",
@@ -43,6 +45,17 @@ VIEWS = {
     "z": (np.array([1.6, -4.2, 2.4]), np.array([0.0, 0.0, 1.0])),
     "y": (np.array([1.6, 2.0, 4.2]), np.array([0.0, 1.0, 0.0])),
 }
+
+
+def add_viewer_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of every viewer CLI (``tools/visualize_*.py``): where the pictures go, where the data lies, whether
+    to render PNGs even with a display, and the picture's size and point size."""
+    parser.add_argument("--output-dir", default=None, help="default: <checkpoint folder>/viz")
+    parser.add_argument("--data-root", default=None, help="dataset root (default: the checkpoint config's)")
+    parser.add_argument("--headless", action="store_true", help="render PNGs even when a display is present")
+    parser.add_argument("--width", type=int, default=960)
+    parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--point-size", type=float, default=6.0)
 
 
 def palette(num_colors: int) -> np.ndarray:
