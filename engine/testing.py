@@ -19,14 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import TensorDataset
 
+from engine.recipe import Recipe
 from engine.trainer import TIMING_KEYS
 
 __all__ = [
     "REPO",
+    "BlobsTask",
     "assert_backends_agree",
     "assert_interpreted",
+    "blobs",
     "compile_for_sm90",
     "free_port",
     "host_syncs",
@@ -49,6 +54,30 @@ SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "_uniqu
 
 # the counter's own frames, never the caller of a sync
 _NOT_CALLERS = (__file__, str(REPO / "engine" / "bench.py"))
+
+
+def blobs(n: int, seed: int, dim: int = 8, classes: int = 3) -> TensorDataset:
+    """``n`` standard normal points in ``dim`` dimensions (drawn from ``seed``), each labelled by the argmax of one
+    fixed random linear map to ``classes`` scores: a task that a tiny MLP learns in a few steps."""
+    x = torch.randn(n, dim, generator=torch.Generator().manual_seed(seed))
+    return TensorDataset(x, (x @ torch.randn(dim, classes, generator=torch.Generator().manual_seed(1))).argmax(-1))
+
+
+class BlobsTask(Recipe):
+    """The training harness's test recipe on :func:`blobs`: Adam at ``cfg.lr``, cross-entropy, and the eval set's
+    ``val_loss`` and ``val_acc``. A test's subclass gives its group, config class, datasets and model."""
+
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.Adam(model.parameters(), lr=self.cfg.lr)
+
+    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict]:
+        x, y = batch
+        return F.cross_entropy(model(x), y), {}
+
+    def evaluate(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        x, y = self.eval_set.tensors
+        logits = model(x)
+        return {"val_loss": F.cross_entropy(logits, y), "val_acc": (logits.argmax(-1) == y).float().mean()}
 
 
 def host_syncs(fn: Any) -> dict[str, int]:
