@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine import add_checkpoint_flags
+
 __all__ = [
     "FIELD_OF_VIEW",
     "GREY",
@@ -49,13 +51,15 @@ VIEWS = {
 
 def add_viewer_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of every viewer CLI (``tools/visualize_*.py``): where the pictures go, where the data lies, whether
-    to render PNGs even with a display, and the picture's size and point size."""
+    to render PNGs even with a display, the picture's size and point size, and those of every command that reads a
+    checkpoint (:func:`engine.add_checkpoint_flags`)."""
     parser.add_argument("--output-dir", default=None, help="default: <checkpoint folder>/viz")
     parser.add_argument("--data-root", default=None, help="dataset root (default: the checkpoint config's)")
     parser.add_argument("--headless", action="store_true", help="render PNGs even when a display is present")
     parser.add_argument("--width", type=int, default=960)
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--point-size", type=float, default=6.0)
+    add_checkpoint_flags(parser)
 
 
 def palette(num_colors: int) -> np.ndarray:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 
 from capsules.visualize import visualize_checkpoint
-from engine import add_checkpoint_flags, setup_logging, user_errors
+from engine import setup_logging, user_errors
 from pointcloud.render import add_viewer_flags
 
 
@@ -33,7 +33,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--shape", nargs="+", default=[], help="shape names in the split (e.g. table_0053)")
     parser.add_argument("--highlight", type=int, nargs="+", default=None, help="capsules to colour (others grey)")
     add_viewer_flags(parser)
-    add_checkpoint_flags(parser)
     args = parser.parse_args(argv)
     setup_logging(None)
     with user_errors(args.debug):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine import add_checkpoint_flags, setup_logging, user_errors
+from engine import setup_logging, user_errors
 from pointcloud.partseg.visualize import visualize_checkpoint
 from pointcloud.render import add_viewer_flags
 
@@ -28,7 +28,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--index", type=int, nargs="+", default=[0, 1, 2, 3], help="shape indices in the split")
     parser.add_argument("--together", action="store_true", help="one PNG with every chosen shape as a row")
     add_viewer_flags(parser)
-    add_checkpoint_flags(parser)
     args = parser.parse_args(argv)
     setup_logging(None)
     with user_errors(args.debug):
