@@ -38,6 +38,7 @@ __all__ = [
     "read_log",
     "run_interpreted",
     "run_tool",
+    "skip_if_interpreted",
     "start_tool",
     "stop_after_first_checkpoint",
     "strip_timing",
@@ -220,9 +221,23 @@ def assert_backends_agree(
             torch.testing.assert_close(b, a, rtol=rtol, atol=rtol * a.abs().max().item())
 
 
-def compile_for_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], num_warps: int) -> dict | None:
+def skip_if_interpreted(kernel: Any) -> None:
+    """Skips the calling test when ``kernel`` cannot be compiled ahead of time: its module was imported under
+    ``TRITON_INTERPRET=1``, which makes every ``triton.jit`` function an interpreter function."""
+    import pytest
+    import triton
+
+    if not isinstance(kernel, triton.runtime.JITFunction):
+        pytest.skip("the kernel module was imported under TRITON_INTERPRET=1")
+
+
+def compile_for_sm90(
+    fn: Any, signature: dict[str, str], constexprs: dict[str, Any], num_warps: int, enable_fp_fusion: bool = True
+) -> dict | None:
     """Compiles the Triton kernel ``fn`` for an H100 (sm_90) ahead of time, without a GPU (Triton bundles ptxas), so
-    that what the interpreter never checks (``tl.dot`` shapes, layouts, types) fails on CPU too.
+    that what the interpreter never checks (``tl.dot`` shapes, layouts, types) fails on CPU too. ``signature`` gives
+    the type of every argument that is not one of ``constexprs``; ``num_warps`` and ``enable_fp_fusion`` are the
+    launch's.
 
     Returns:
         ``{"registers", "spill_bytes"}`` per thread, read off the cubin with the ``cuobjdump`` that triton bundles, or
@@ -233,7 +248,7 @@ def compile_for_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, A
     from triton.compiler import ASTSource
 
     sig = {**signature, **dict.fromkeys(constexprs, "constexpr")}
-    options = {"num_warps": num_warps, "enable_fp_fusion": True}
+    options = {"num_warps": num_warps, "enable_fp_fusion": enable_fp_fusion}
     compiled = triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32), options=options)
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not tool.is_file():

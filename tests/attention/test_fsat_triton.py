@@ -11,7 +11,7 @@ import torch
 
 from attention import backends
 from attention.mixers import FourierSparseAttention, sparse_edge_attention, sparse_edge_attention_reference
-from engine.testing import assert_backends_agree, assert_interpreted, compile_for_sm90
+from engine.testing import assert_backends_agree, assert_interpreted, compile_for_sm90, skip_if_interpreted
 
 
 def _inputs(B: int, H: int, L: int, D: int, E: int, seed: int, device: str = "cpu", dtype=torch.float32):
@@ -98,12 +98,9 @@ def test_fsat_triton_under_interpreter_equals_dense_reference() -> None:
 def test_fsat_triton_kernels_compile_for_an_h100() -> None:
     """What the interpreter never checks: both kernels compile for sm_90 at the default tiles of D = 64 and 128, in
     float32 and bf16, and fit the registers (no spills, read off the cubin)."""
-    import triton
-
     from attention.kernels import fsat_triton as ft
 
-    if not isinstance(ft._edge_fwd_kernel, triton.runtime.JITFunction):
-        pytest.skip("the kernel module was imported under TRITON_INTERPRET=1")
+    skip_if_interpreted(ft._edge_fwd_kernel)
     for D in (64, 128):
         for t in ("fp32", "bf16"):
             blk = ft.edge_blocks(D)

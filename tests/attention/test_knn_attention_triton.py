@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attention import CentroidAttention, backends, centroid_attention
-from engine.testing import assert_interpreted
+from engine.testing import assert_interpreted, compile_for_sm90, skip_if_interpreted
 
 HAS_TRITON = backends.HAS_TRITON
 
@@ -192,14 +192,9 @@ def test_triton_knn_attention_kernels_compile_for_an_h100() -> None:
     """What the interpreter never checks (types, layouts, the 1-element loop-carried tensors): compile both kernels
     for sm_90 ahead of time, float32 and bfloat16, at the block sizes of K = 32 with D = 16 to 128; no GPU needed
     (Triton bundles ptxas)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from attention.kernels import knn_attention_triton as ka
 
-    if not isinstance(ka._knn_attn_fwd_kernel, triton.runtime.JITFunction):
-        pytest.skip("the kernel module was imported under TRITON_INTERPRET=1")
+    skip_if_interpreted(ka._knn_attn_fwd_kernel)
     for dt in ("fp32", "bf16"):
         fwd = {"q_ptr": dt, "k_ptr": dt, "v_ptr": dt, "idx_ptr": "i64", "mask_ptr": "u8", "out_ptr": dt}
         fwd |= {"out32_ptr": "fp32", "lse_ptr": "fp32"}
@@ -209,11 +204,5 @@ def test_triton_knn_attention_kernels_compile_for_an_h100() -> None:
             for fn, ptrs, extra in ((ka._knn_attn_fwd_kernel, fwd, {"STORE_F32": dt != "fp32"}),
                                     (ka._knn_attn_bwd_kernel, bwd, {})):  # fmt: skip
                 consts = {"HAS_MASK": True, "BLOCK_K": bk, "BLOCK_D": bd, **extra}
-                sig = {
-                    name: "constexpr" if name in consts else (f"*{ptrs[name]}" if name in ptrs else "i32")
-                    for name in fn.arg_names
-                }
-                sig["scale"] = "fp32"
-                options = {"num_warps": warps, "enable_fp_fusion": True}
-                compiled = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options=options)
-                assert compiled.asm["cubin"], (fn.__name__, dt, D)
+                sig = {name: f"*{ptrs[name]}" if name in ptrs else "i32" for name in fn.arg_names if name not in consts}
+                compile_for_sm90(fn, {**sig, "scale": "fp32"}, consts, warps)

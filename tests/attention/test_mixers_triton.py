@@ -13,7 +13,7 @@ import torch
 
 from attention import backends
 from attention.mixers import MatrixMixer, cauchy_mix, functional, vandermonde_mix
-from engine.testing import assert_interpreted
+from engine.testing import assert_interpreted, compile_for_sm90, skip_if_interpreted
 
 
 def _inputs(kind: str, B: int, H: int, L: int, D: int, Dv: int, device: str = "cpu", dtype=torch.float32):
@@ -177,14 +177,9 @@ def test_backend_choice_and_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_triton_mixer_kernels_compile_for_an_h100() -> None:
     """What the interpreter never checks (``tl.dot`` shapes, layouts, types): compile every kernel for sm_90 ahead of
     time, at the block sizes and warps of the gpu test's shapes; no GPU needed (Triton bundles ptxas)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from attention.kernels import mixers_triton as mt
 
-    if not isinstance(mt._mix_fwd_kernel, triton.runtime.JITFunction):
-        pytest.skip("the kernel module was imported under TRITON_INTERPRET=1")
+    skip_if_interpreted(mt._mix_fwd_kernel)
     blk = mt._blocks(1000, 24, 40, None, None)
     ptr = {"x_ptr": "*fp32", "y_ptr": "*fp32", "v_ptr": "*fp32"}
     fwd = dict(BLOCK_M=blk["fwd_m"], BLOCK_N=blk["fwd_n"])
@@ -202,7 +197,4 @@ def test_triton_mixer_kernels_compile_for_an_h100() -> None:
     for kind in (0, 1):
         for fn, sig, consts, num_warps in kernels:
             consts = {**consts, "KIND": kind, "BLOCK_DV": blk["BLOCK_DV"]}
-            sig = {**sig, "L": "i32", "D": "i32", "DV": "i32", "f": "fp32", **dict.fromkeys(consts, "constexpr")}
-            options = {"num_warps": num_warps, "enable_fp_fusion": True}
-            compiled = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options=options)
-            assert compiled.asm["cubin"], fn.__name__
+            compile_for_sm90(fn, {**sig, "L": "i32", "D": "i32", "DV": "i32", "f": "fp32"}, consts, num_warps)

@@ -16,7 +16,7 @@ import torch
 
 from attention import backends
 from attention.mixers import MatrixMixer, QuasiseparableMatrix, apply_matrix, hydra_factors, quasiseparable_mix
-from engine.testing import assert_backends_agree, assert_interpreted, compile_for_sm90
+from engine.testing import assert_backends_agree, assert_interpreted, compile_for_sm90, skip_if_interpreted
 
 _NAMES = ("y", "dc_fwd", "db_fwd", "dc_bwd", "db_bwd", "dv", "dlog_fwd", "dlog_bwd", "ddiag")
 
@@ -114,8 +114,7 @@ def test_ssd_triton_kernels_compile_for_an_h100() -> None:
 
     from attention.kernels import ssd_triton as st
 
-    if not isinstance(st._chunk_out_kernel, triton.runtime.JITFunction):
-        pytest.skip("the kernel module was imported under TRITON_INTERPRET=1")
+    skip_if_interpreted(st._chunk_out_kernel)
     f = "*fp32"
     dims = {"BH": "i32", "L": "i32", "N": "i32", "DV": "i32", "NC": "i32"}
     for N, Dv in ((64, 64), (16, 40)):
