@@ -230,14 +230,20 @@ def _not_float64(shape: Shape, dtype: torch.dtype | None) -> bool:
     return dtype != torch.float64  # the Triton mixers compute in float32; float64 keeps the reference's precision
 
 
-def _fsat_kernel_supported(shape: Shape, dtype: torch.dtype | None) -> str | None:
-    """The fused FSAT edge attention sums the queries' gradients with float32 atomics, in no fixed order."""
+def _refuse_atomic_sums(op: str, what: str) -> str | None:
+    """Why the Triton kernel of ``op``, which sums ``what`` with float32 atomics in no fixed order, cannot run while
+    deterministic algorithms are on (None while they are off)."""
     if torch.are_deterministic_algorithms_enabled():
         return (
-            "backend 'triton' of fsat_edges sums the queries' gradients with float32 atomics in no fixed order, got "
+            f"backend 'triton' of {op} sums {what} with float32 atomics in no fixed order, got "
             "torch.use_deterministic_algorithms(True)"
         )
     return None
+
+
+def _fsat_kernel_supported(shape: Shape, dtype: torch.dtype | None) -> str | None:
+    """The fused FSAT edge attention sums the queries' gradients with float32 atomics, in no fixed order."""
+    return _refuse_atomic_sums("fsat_edges", "the queries' gradients")
 
 
 def _separate_dt_and_a(shape: Shape, dtype: torch.dtype | None) -> str | None:
@@ -271,12 +277,7 @@ def _fused_attention_supported(shape: Shape, dtype: torch.dtype | None) -> str |
             "backend 'triton' of knn_attention supports dropout_p == 0 only (no attention dropout while training), "
             f"got dropout_p={shape['dropout']}"
         )
-    if torch.are_deterministic_algorithms_enabled():
-        return (
-            "backend 'triton' of knn_attention sums its gradients with float32 atomics in no fixed order, got "
-            "torch.use_deterministic_algorithms(True)"
-        )
-    return None
+    return _refuse_atomic_sums("knn_attention", "its gradients")
 
 
 def _every_cloud_has_k_real_points(shape: Shape, dtype: torch.dtype | None) -> str | None:
@@ -296,6 +297,12 @@ def _every_cloud_has_k_real_points(shape: Shape, dtype: torch.dtype | None) -> s
 BACKENDS: dict[str, dict[str, Backend]] = {}
 
 
+def _triton_backend(op: str, target: str, limits: Mapping[str, int], **kwargs: Callable) -> Backend:
+    """Backend ``"triton"`` of ``op``: a kernel of :mod:`attention.kernels` for CUDA tensors (CPU ones under Triton's
+    interpreter) within its shape ``limits``."""
+    return Backend(op, "triton", target, "triton", devices=("cuda",), limits=limits, interpreted=True, **kwargs)
+
+
 def _register(*backends: Backend) -> None:
     for b in backends:
         BACKENDS.setdefault(b.op, {})[b.name] = b
@@ -309,14 +316,10 @@ _register(
     # --device cuda): "auto" does not pick it.
     Backend("fps", "cluster", "attention.points:_fps_cluster", "torch_cluster", exact=False),
     Backend("fps", "pytorch3d", "attention.points:_fps_pytorch3d", "pytorch3d"),
-    Backend(
+    _triton_backend(
         "fps",
-        "triton",
         "attention.kernels.fps_triton:fps_triton",
-        "triton",
-        devices=("cuda",),
-        limits={"N": FPS_TRITON_MAX_POINTS, "C": FPS_TRITON_MAX_CHANNELS},
-        interpreted=True,
+        {"N": FPS_TRITON_MAX_POINTS, "C": FPS_TRITON_MAX_CHANNELS},
     ),
     # fpsample's plain FPS (Rust, CPU, one cloud at a time) is FPS, but its float rounding differs from the
     # reference's: near-ties resolve differently and the indices then diverge (tools/bench_points.py checks every
@@ -346,15 +349,7 @@ _register(
     # attention/kernels/knn_triton.py: exact squared distances tile by tile with a running top-k per query in
     # registers (no distance matrix); pads missing neighbours with inf as the reference does. Timed against the
     # reference by tools/bench_points.py (KNN rows, --device cuda).
-    Backend(
-        "knn",
-        "triton",
-        "attention.kernels.knn_triton:knn_triton",
-        "triton",
-        devices=("cuda",),
-        limits={"k": KNN_TRITON_MAX_NEIGHBORS},
-        interpreted=True,
-    ),
+    _triton_backend("knn", "attention.kernels.knn_triton:knn_triton", {"k": KNN_TRITON_MAX_NEIGHBORS}),
     # Chamfer (capsules.chamfer_distance, which holds the callables: capsules depends on attention, not the other way):
     # the dense reference, the chunked exact search in the inputs' precision, attention.knn's searches (float32),
     # pytorch3d's KNN.
@@ -370,15 +365,11 @@ _register(
         for op, kernel in (("cauchy_mix", "CauchyMixTriton"), ("vandermonde_mix", "VandermondeMixTriton"))
         for entry in (
             Backend(op, "torch", f"attention.mixers.functional:{op}"),
-            Backend(
+            _triton_backend(
                 op,
-                "triton",
                 f"attention.kernels.mixers_triton:{kernel}",
-                "triton",
-                devices=("cuda",),
-                limits={"D": MIX_TRITON_MAX_HEAD_DIM, "Dv": MIX_TRITON_MAX_HEAD_DIM},
+                {"D": MIX_TRITON_MAX_HEAD_DIM, "Dv": MIX_TRITON_MAX_HEAD_DIM},
                 prefer=_not_float64,
-                interpreted=True,
             ),
         )
     ),
@@ -386,29 +377,21 @@ _register(
     Backend("fsat_edges", "csr"),
     Backend("fsat_edges", "gather"),
     # attention/kernels/fsat_triton.py: the fused edge attention (edges grouped by query, online softmax, gathered rows)
-    Backend(
+    _triton_backend(
         "fsat_edges",
-        "triton",
         "attention.kernels.fsat_triton:EdgeAttentionTriton",
-        "triton",
-        devices=("cuda",),
-        limits={"D": FSAT_TRITON_MAX_HEAD_DIM},
+        {"D": FSAT_TRITON_MAX_HEAD_DIM},
         check=_fsat_kernel_supported,
         prefer=_not_float64,
-        interpreted=True,
     ),
     # Hydra's scan (attention.mixers.functional.hydra_mix branches on the name): the chunked PyTorch scan, the chunked
     # SSD Triton kernels (attention/kernels/ssd_triton.py), Mamba-2's SSD kernels from mamba_ssm (explicit only)
     Backend("quasiseparable_mix", "torch", "attention.mixers.functional:quasiseparable_mix"),
-    Backend(
+    _triton_backend(
         "quasiseparable_mix",
-        "triton",
         "attention.kernels.ssd_triton:quasiseparable_mix_triton",
-        "triton",
-        devices=("cuda",),
-        limits={"N": SSD_TRITON_MAX_DIM, "Dv": SSD_TRITON_MAX_DIM},
+        {"N": SSD_TRITON_MAX_DIM, "Dv": SSD_TRITON_MAX_DIM},
         prefer=_not_float64,
-        interpreted=True,
     ),
     Backend(
         "quasiseparable_mix",
@@ -433,16 +416,12 @@ _register(
     # (rows, K, H, D) chunks, and no (B, M, N) mask like "masked". Exact up to float32 rounding (the gradients' atomic
     # sums vary in their last bits). Timed against "masked", "gather" and SDPA by tools/bench_centroid.py
     # (--device cuda, rows knn-triton) and in the point model by tools/bench_modelnet.py (rows "T=1 triton").
-    Backend(
+    _triton_backend(
         "knn_attention",
-        "triton",
         "attention.kernels.knn_attention_triton:knn_attention_triton",
-        "triton",
-        devices=("cuda",),
-        limits={"D": KNN_ATTN_TRITON_MAX_HEAD_DIM},
+        {"D": KNN_ATTN_TRITON_MAX_HEAD_DIM},
         check=_fused_attention_supported,
         prefer=_not_float64,
-        interpreted=True,
     ),
 )
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from attention import knn
-from engine import UsageError, load_checkpoint, load_config, saved_config
+from engine import open_trained
 from pointcloud.render import GREY, VIEWS, add_legend, choose_shapes, palette, render_png, show, write_ply
 
 from .metrics import capsule_parts, patch_spread, random_patches
@@ -177,11 +177,7 @@ def visualize_checkpoint(
         UsageError: The checkpoint holds no config, an index is outside the split, or a name is not in it.
     """
     checkpoint = Path(checkpoint)
-    state = load_checkpoint(checkpoint, allow_pickle=allow_pickle)
-    saved = saved_config(state, checkpoint)
-    if not saved:
-        raise UsageError(f"{checkpoint} holds no config: expected a checkpoint written by tools/train_capsules.py")
-    cfg = load_config(CapsulesConfig, defaults=saved, defaults_source=f"checkpoint {checkpoint}")
+    state, cfg = open_trained(checkpoint, CapsulesConfig, "tools/train_capsules.py", allow_pickle)
     train_set, test_set = build_datasets(cfg, data_root)
     dataset = test_set if split == "test" else train_set
     chosen = choose_shapes(dataset.names, indices, shapes, split)

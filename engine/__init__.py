@@ -43,6 +43,7 @@ from engine.resume import (
     config_diff,
     load_evaluated,
     load_resume,
+    open_trained,
     saved_config,
 )
 from engine.run import RunOptions, add_checkpoint_flags, load_run_config, main, run, user_errors, write_metrics
@@ -102,6 +103,7 @@ __all__ = [
     "load_yaml_with_base",
     "locate",
     "main",
+    "open_trained",
     "parse_overrides",
     "resolve_device",
     "resolve_resume",

@@ -6,6 +6,7 @@ otherwise idle machine (and only on a GPU for the GPU tables).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -58,6 +59,27 @@ def time_round_robin(
         for t, fn in zip(times, fns):
             t.append(time_fn(fn, device, repeats=1, warmup=0))
     return times
+
+
+def time_train_and_infer(
+    prepared: Sequence[tuple[dict, Callable[[], object], Callable[[], object]]],
+    device: torch.device | str,
+    batch: int,
+    repeats: int,
+    warmup: int,
+    stat: str = "median",
+) -> list[dict]:
+    """Times the train steps, then the inference calls, of ``prepared`` rows ``(row, train_step, infer)``
+    round-robin (:func:`time_round_robin`) and adds to each row ``{train,infer}_ms`` (the median round, or the
+    fastest with ``stat="min"``), ``{train,infer}_ms_rounds`` (every round) and ``{train,infer}_sps`` (``batch``
+    samples per call). Returns the rows."""
+    results = [row for row, _, _ in prepared]
+    for key, column in (("train", 1), ("infer", 2)):
+        fns = [p[column] for p in prepared]
+        for r, times in zip(results, time_round_robin(fns, device, repeats, warmup)):
+            ms = min(times) if stat == "min" else statistics.median(times)
+            r[f"{key}_ms"], r[f"{key}_ms_rounds"], r[f"{key}_sps"] = ms, times, batch / (ms / 1e3)
+    return results
 
 
 def current_rss_bytes() -> int:
@@ -209,6 +231,25 @@ def add_isolate_option(parser: object) -> None:
         default="auto",
         help="a fresh process per configuration (auto: yes on CPU, where peak memory needs it; no on CUDA)",
     )
+
+
+def add_throughput_arguments(
+    parser: argparse.ArgumentParser, batch: int, points: int, repeats: int, warmup: int
+) -> None:
+    """The flags the point-model throughput benches share (``tools/bench_modelnet.py``, ``tools/bench_partseg.py``),
+    with that bench's defaults: device, batch, points per cloud, models (default: all), rounds, summary, AMP,
+    threads and the JSON report."""
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--batch", type=int, default=batch)
+    parser.add_argument("--points", type=int, default=points)
+    parser.add_argument("--models", nargs="+", default=None, help="subset of registered names (default: all)")
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--warmup", type=int, default=warmup, help="untimed calls before timing")
+    parser.add_argument("--stat", default="median", choices=["median", "min"],
+                        help="summary of the rounds; min resists background load on a shared machine")  # fmt: skip
+    parser.add_argument("--amp", action="store_true", help="bf16 autocast (CUDA only)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
 
 
 def isolate_configs(option: str, device: str) -> bool:

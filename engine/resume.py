@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.checkpoint import CheckpointError, check_best_agrees, load_checkpoint, resolve_resume
-from engine.config import config_to_dict
+from engine.config import config_to_dict, load_config
 from engine.errors import UsageError
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "config_diff",
     "load_evaluated",
     "load_resume",
+    "open_trained",
     "saved_config",
 ]
 
@@ -122,6 +123,28 @@ def saved_config(state: dict[str, Any], path: str | Path) -> dict[str, Any] | No
     if not isinstance(saved, dict):
         raise CheckpointError(f"checkpoint {path} is corrupt: its config is a {type(saved).__name__}, not a mapping")
     return saved
+
+
+def open_trained(
+    checkpoint: str | Path, config_cls: type, tool: str, allow_pickle: bool = False
+) -> tuple[dict[str, Any], Any]:
+    """A trained run's checkpoint and the config it was trained with, for a command that reads it (the viewers): the
+    model, data and point count come from that config, not from ``config_cls``'s defaults.
+
+    Args:
+        checkpoint: A ``last.pt`` / ``best.pt``.
+        config_cls: The recipe's config dataclass.
+        tool: The training CLI that writes such checkpoints (for the message), e.g. ``"tools/train_partseg.py"``.
+        allow_pickle: As :func:`engine.checkpoint.load_checkpoint`'s.
+
+    Raises:
+        UsageError: The checkpoint holds no config.
+    """
+    state = load_checkpoint(checkpoint, allow_pickle=allow_pickle)
+    saved = saved_config(state, checkpoint)
+    if not saved:
+        raise UsageError(f"{checkpoint} holds no config: expected a checkpoint written by {tool}")
+    return state, load_config(config_cls, defaults=saved, defaults_source=f"checkpoint {checkpoint}")
 
 
 def load_evaluated(

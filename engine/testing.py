@@ -18,16 +18,27 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from engine.recipe import Recipe
 from engine.trainer import TIMING_KEYS
 
 __all__ = [
     "REPO",
+    "BlobsTask",
+    "assert_backends_agree",
+    "assert_interpreted",
+    "blobs",
     "compile_for_sm90",
     "free_port",
     "host_syncs",
     "read_log",
     "run_interpreted",
     "run_tool",
+    "skip_if_interpreted",
     "start_tool",
     "stop_after_first_checkpoint",
     "strip_timing",
@@ -44,6 +55,30 @@ SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "_uniqu
 
 # the counter's own frames, never the caller of a sync
 _NOT_CALLERS = (__file__, str(REPO / "engine" / "bench.py"))
+
+
+def blobs(n: int, seed: int, dim: int = 8, classes: int = 3) -> TensorDataset:
+    """``n`` standard normal points in ``dim`` dimensions (drawn from ``seed``), each labelled by the argmax of one
+    fixed random linear map to ``classes`` scores: a task that a tiny MLP learns in a few steps."""
+    x = torch.randn(n, dim, generator=torch.Generator().manual_seed(seed))
+    return TensorDataset(x, (x @ torch.randn(dim, classes, generator=torch.Generator().manual_seed(1))).argmax(-1))
+
+
+class BlobsTask(Recipe):
+    """The training harness's test recipe on :func:`blobs`: Adam at ``cfg.lr``, cross-entropy, and the eval set's
+    ``val_loss`` and ``val_acc``. A test's subclass gives its group, config class, datasets and model."""
+
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.Adam(model.parameters(), lr=self.cfg.lr)
+
+    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict]:
+        x, y = batch
+        return F.cross_entropy(model(x), y), {}
+
+    def evaluate(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        x, y = self.eval_set.tensors
+        logits = model(x)
+        return {"val_loss": F.cross_entropy(logits, y), "val_acc": (logits.argmax(-1) == y).float().mean()}
 
 
 def host_syncs(fn: Any) -> dict[str, int]:
@@ -152,9 +187,57 @@ def run_interpreted(script: str, test_dir: Path, timeout: float = 600) -> subpro
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def compile_for_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], num_warps: int) -> dict | None:
+def assert_interpreted(script: str, test_file: str | Path, timeout: float = 900) -> None:
+    """Asserts that ``script`` runs under Triton's interpreter (:func:`run_interpreted`, with ``test_file``'s folder on
+    the path for its helpers) and ends by printing ``ok``: the scaffold of every test that checks a Triton kernel on
+    CPU against its reference."""
+    out = run_interpreted(script, Path(test_file).resolve().parent, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-5000:]
+    assert out.stdout.strip().splitlines()[-1:] == ["ok"], out.stdout[-2000:]
+
+
+def assert_backends_agree(
+    module: nn.Module,
+    x: torch.Tensor,
+    owner: object,
+    attr: str,
+    backends: tuple[str, ...],
+    rtol: float,
+    seed: int | None = None,
+) -> None:
+    """Asserts that ``module(x)`` and the gradients of ``out.square().sum()`` with respect to ``x`` and every
+    parameter agree (``rtol``, and an absolute tolerance of ``rtol`` times the largest value) whichever of
+    ``backends`` ``owner.attr`` is set to; ``seed`` reseeds before each forward, for a module that draws random
+    numbers (e.g. random edges in training mode)."""
+    results = []
+    for backend in backends:
+        setattr(owner, attr, backend)
+        if seed is not None:
+            torch.manual_seed(seed)
+        out = module(x)
+        results.append([out, *torch.autograd.grad(out.square().sum(), [x, *module.parameters()])])
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            torch.testing.assert_close(b, a, rtol=rtol, atol=rtol * a.abs().max().item())
+
+
+def skip_if_interpreted(kernel: Any) -> None:
+    """Skips the calling test when ``kernel`` cannot be compiled ahead of time: its module was imported under
+    ``TRITON_INTERPRET=1``, which makes every ``triton.jit`` function an interpreter function."""
+    import pytest
+    import triton
+
+    if not isinstance(kernel, triton.runtime.JITFunction):
+        pytest.skip("the kernel module was imported under TRITON_INTERPRET=1")
+
+
+def compile_for_sm90(
+    fn: Any, signature: dict[str, str], constexprs: dict[str, Any], num_warps: int, enable_fp_fusion: bool = True
+) -> dict | None:
     """Compiles the Triton kernel ``fn`` for an H100 (sm_90) ahead of time, without a GPU (Triton bundles ptxas), so
-    that what the interpreter never checks (``tl.dot`` shapes, layouts, types) fails on CPU too.
+    that what the interpreter never checks (``tl.dot`` shapes, layouts, types) fails on CPU too. ``signature`` gives
+    the type of every argument that is not one of ``constexprs``; ``num_warps`` and ``enable_fp_fusion`` are the
+    launch's.
 
     Returns:
         ``{"registers", "spill_bytes"}`` per thread, read off the cubin with the ``cuobjdump`` that triton bundles, or
@@ -165,7 +248,7 @@ def compile_for_sm90(fn: Any, signature: dict[str, str], constexprs: dict[str, A
     from triton.compiler import ASTSource
 
     sig = {**signature, **dict.fromkeys(constexprs, "constexpr")}
-    options = {"num_warps": num_warps, "enable_fp_fusion": True}
+    options = {"num_warps": num_warps, "enable_fp_fusion": enable_fp_fusion}
     compiled = triton.compile(ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32), options=options)
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not tool.is_file():

@@ -36,7 +36,6 @@ samples/s in the ``auto`` form (the fused kernels) and at least as fast in the g
 from __future__ import annotations
 
 import contextlib
-import statistics
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -44,7 +43,7 @@ import torch.nn.functional as F
 
 from attention import backends
 from attention.chunking import CHUNK_BUDGETS
-from engine.bench import count_aten_ops, target, time_round_robin, unit_sphere_clouds
+from engine.bench import count_aten_ops, target, time_train_and_infer, unit_sphere_clouds
 from engine.stats import count_gmacs, count_params
 
 from .model import create_model, list_models
@@ -58,6 +57,7 @@ __all__ = [
     "TWINS",
     "benchmark",
     "check_settings",
+    "check_throughput_settings",
     "chunk_budget",
     "default_models",
     "plan",
@@ -213,6 +213,20 @@ def check_settings(
     compile_forms: Sequence[str] = (),
 ) -> None:
     """Raises ``ValueError`` for settings :func:`benchmark` cannot run, naming the fix."""
+    check_throughput_settings(models, list_models(), device, amp, batch, repeats)
+    if any(mb < 1 for mb in chunk_mb):
+        raise ValueError("--chunk-mb budgets must be >= 1 MiB")
+    if set(compile_forms) - set(COMPILE_FORMS):
+        raise ValueError(
+            f"--compile takes the forms torch.compile traces, {list(COMPILE_FORMS)}; got {list(compile_forms)}"
+        )
+
+
+def check_throughput_settings(
+    models: Sequence[str], registered: Sequence[str], device: str, amp: bool, batch: int, repeats: int
+) -> None:
+    """The settings checks every point-model throughput bench shares (``models`` among ``registered``), raising
+    ``ValueError``s that name the fix."""
     if amp and device != "cuda":
         raise ValueError("--amp is CUDA bf16 autocast: use it with --device cuda")
     if device == "cuda" and not torch.cuda.is_available():
@@ -221,15 +235,9 @@ def check_settings(
         raise ValueError("--repeats must be >= 1")
     if batch < 2:
         raise ValueError("--batch must be >= 2 (BatchNorm in train mode needs two samples)")
-    if any(mb < 1 for mb in chunk_mb):
-        raise ValueError("--chunk-mb budgets must be >= 1 MiB")
-    if set(compile_forms) - set(COMPILE_FORMS):
-        raise ValueError(
-            f"--compile takes the forms torch.compile traces, {list(COMPILE_FORMS)}; got {list(compile_forms)}"
-        )
-    unknown = sorted(set(models) - set(list_models()))
+    unknown = sorted(set(models) - set(registered))
     if unknown:
-        raise ValueError(f"unknown models {unknown}; registered: {list_models()}")
+        raise ValueError(f"unknown models {unknown}; registered: {list(registered)}")
 
 
 def benchmark(
@@ -244,16 +252,11 @@ def benchmark(
 ) -> list[dict]:
     """Measures every row of :func:`plan`: one dict per row with its stats, ``{train,infer}_ms`` (and each round's
     ``_ms_rounds``), ``{train,infer}_sps`` and the ratios to the random twin and the paper's."""
-    results, train_fns, infer_fns = [], [], []
+    prepared = []
     for label, name, steps, kwargs in rows:
         stats, train_step, infer = prepare(name, kwargs, device, batch, num_points, amp)
-        results.append({"label": label, "model": name, "num_steps": steps, **stats})
-        train_fns.append(train_step)
-        infer_fns.append(infer)
-    for key, fns in (("train", train_fns), ("infer", infer_fns)):
-        for r, times in zip(results, time_round_robin(fns, device, repeats, warmup)):
-            ms = min(times) if stat == "min" else statistics.median(times)
-            r[f"{key}_ms"], r[f"{key}_ms_rounds"], r[f"{key}_sps"] = ms, times, batch / (ms / 1e3)
+        prepared.append(({"label": label, "model": name, "num_steps": steps, **stats}, train_step, infer))
+    results = time_train_and_infer(prepared, device, batch, repeats, warmup, stat)
     base = next((r for r in results if r["model"] == RANDOM), None)
     paper_base = PAPER_TRAIN[RANDOM]
     for r in results:

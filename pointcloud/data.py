@@ -59,7 +59,7 @@ from torch.utils.data import Dataset
 from engine.data import locate
 
 from .synthetic import SHAPE_CLASSES, generate_shape
-from .transforms import augmentation_rng
+from .transforms import EpochAugmented, augmentation_rng
 
 __all__ = [
     "DATASETS",
@@ -154,7 +154,7 @@ def _check_scale(xyz: np.ndarray, path: Path | str, limit: float | None, first_l
     )
 
 
-class PointCloudDataset(Dataset):
+class PointCloudDataset(EpochAugmented, Dataset):
     """Base class: labels, class names, the ``num_points`` prefix, and per-sample seeded augmentation.
 
     Subclasses fill ``self.labels`` and implement ``load_points(index)`` returning a NumPy ``(num_points, C)`` array.
@@ -182,22 +182,11 @@ class PointCloudDataset(Dataset):
         self.transform = transform
         self.seed = seed
         self.labels = np.zeros(0, dtype=np.int64)
-        # Shared memory: set_epoch in the main process is seen by (persistent) DataLoader workers too.
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+        self._init_epoch()
 
     @property
     def num_classes(self) -> int:
         return len(self.classes)
-
-    @property
-    def epoch(self) -> int:
-        return int(self._epoch.item())
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the augmentation stream of ``epoch``; call before ``iter(loader)`` of that epoch."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be non-negative, got {epoch}")
-        self._epoch.fill_(int(epoch))
 
     def load_points(self, index: int) -> np.ndarray:
         """The stored cloud of sample ``index`` as float32 ``(num_points, C)``, before augmentation."""

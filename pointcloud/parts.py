@@ -44,7 +44,7 @@ from engine.data import locate
 
 from .meshes import face_normals
 from .synthetic import SHAPE_BUILDERS
-from .transforms import augmentation_rng, normalize_unit_sphere
+from .transforms import EpochAugmented, augmentation_rng, normalize_unit_sphere
 
 __all__ = [
     "PART_NAMES",
@@ -445,7 +445,7 @@ class SyntheticParts(PartDataset):
         return self._cache[index]
 
 
-class PartSegmentation(Dataset):
+class PartSegmentation(EpochAugmented, Dataset):
     """A :class:`PartDataset` as ShapeNet Part's segmentation task: ``(points, category, parts)`` per shape.
 
     ``points`` float32 ``(num_points, 3)`` (``(num_points, 6)`` with ``use_normals``), ``category`` an int64 scalar
@@ -474,7 +474,7 @@ class PartSegmentation(Dataset):
         self.part_classes = [tuple(c) for c in parts.part_classes]
         self.num_categories = len(self.part_classes)
         self.num_parts = 1 + max((max(c) for c in self.part_classes if c), default=-1)
-        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()  # set_epoch reaches DataLoader workers
+        self._init_epoch()
 
     @property
     def category_names(self) -> list[str]:
@@ -487,16 +487,6 @@ class PartSegmentation(Dataset):
     @property
     def part_names(self) -> list[str]:
         return self.parts.part_names
-
-    @property
-    def epoch(self) -> int:
-        return int(self._epoch.item())
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the augmentation stream of ``epoch``; call before ``iter(loader)`` of that epoch."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be non-negative, got {epoch}")
-        self._epoch.fill_(int(epoch))
 
     def check_files(self) -> None:
         check = getattr(self.parts, "check_files", None)

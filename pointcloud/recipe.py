@@ -24,21 +24,20 @@ from torch.utils.data import DataLoader
 from engine import CompileMode, Recipe, check_config, collect_model_kwargs, count_gmacs, count_params, epoch_lr_schedule
 from engine.distributed import unwrap
 
+from . import transforms
 from .data import build_dataset
 from .model import create_model, list_models
-from .transforms import (
-    Compose,
-    Jitter,
-    NormalizeUnitSphere,
-    RandomPointDropout,
-    RandomRotateUp,
-    RandomScale,
-    RandomTranslate,
-    ShufflePoints,
-    vote_logits,
-)
+from .transforms import vote_logits
 
-__all__ = ["ModelNetConfig", "ModelNetRecipe", "build_datasets", "build_model", "evaluate", "model_spec"]
+__all__ = [
+    "ModelNetConfig",
+    "ModelNetRecipe",
+    "build_datasets",
+    "build_model",
+    "evaluate",
+    "model_spec",
+    "point_checks",
+]
 
 _logger = logging.getLogger(__name__)
 
@@ -112,20 +111,20 @@ def build_model(cfg: ModelNetConfig, num_classes: int) -> nn.Module:
     return create_model(name, **kwargs)
 
 
-def _train_transform(cfg: ModelNetConfig) -> Compose:
-    parts = [NormalizeUnitSphere()] if _normalize(cfg) else []
-    parts.append(RandomScale(cfg.scale_lo, cfg.scale_hi, anisotropic=True))
+def _train_transform(cfg: ModelNetConfig) -> transforms.Compose:
+    parts = [transforms.NormalizeUnitSphere()] if _normalize(cfg) else []
+    parts.append(transforms.RandomScale(cfg.scale_lo, cfg.scale_hi, anisotropic=True))
     if cfg.rotate_up:
-        parts.append(RandomRotateUp(cfg.up_axis))
+        parts.append(transforms.RandomRotateUp(cfg.up_axis))
     if cfg.translate > 0:
-        parts.append(RandomTranslate(cfg.translate))
+        parts.append(transforms.RandomTranslate(cfg.translate))
     if cfg.jitter > 0:
-        parts.append(Jitter(cfg.jitter))
+        parts.append(transforms.Jitter(cfg.jitter))
     if cfg.point_dropout > 0:
-        parts.append(RandomPointDropout(cfg.point_dropout))
+        parts.append(transforms.RandomPointDropout(cfg.point_dropout))
     if cfg.shuffle_points:
-        parts.append(ShufflePoints())
-    return Compose(parts)
+        parts.append(transforms.ShufflePoints())
+    return transforms.Compose(parts)
 
 
 def _normalize(cfg: ModelNetConfig) -> bool:
@@ -137,7 +136,7 @@ def build_datasets(cfg: ModelNetConfig, data_root: str | None = None):
     root = data_root or cfg.data_root
     common: dict[str, Any] = {"num_points": cfg.num_points, "use_normals": cfg.use_normals, "seed": cfg.seed}
     train_kw: dict[str, Any] = {"transform": _train_transform(cfg)}
-    test_kw: dict[str, Any] = {"transform": NormalizeUnitSphere()} if _normalize(cfg) else {}
+    test_kw: dict[str, Any] = {"transform": transforms.NormalizeUnitSphere()} if _normalize(cfg) else {}
     if cfg.dataset == "synthetic":
         common["num_classes"] = cfg.synthetic_classes
         train_kw["samples_per_class"] = cfg.synthetic_train_per_class
@@ -188,6 +187,26 @@ def _scheduler(cfg: ModelNetConfig, optimizer: torch.optim.Optimizer) -> torch.o
     )
 
 
+def point_checks(cfg: Any, min_points: int) -> list[tuple[bool, str]]:
+    """The :func:`engine.check_config` checks of the fields every point-model config has: ``num_points`` (at least
+    ``min_points``), ``num_neighbors`` (K), ``num_centroids``, ``votes`` and the scale range."""
+    centroids_ok = all(0 < m < 1 if isinstance(m, float) else 1 <= m <= cfg.num_points for m in cfg.num_centroids or ())
+    return [
+        (cfg.num_points >= min_points, f"num_points must be >= {min_points}, got {cfg.num_points}"),
+        (
+            cfg.num_neighbors is None or 1 <= cfg.num_neighbors <= cfg.num_points,
+            f"num_neighbors (K) must be in [1, num_points={cfg.num_points}], got {cfg.num_neighbors}",
+        ),
+        (
+            centroids_ok,
+            f"num_centroids entries must be counts in [1, num_points={cfg.num_points}] or fractions in "
+            f"(0, 1), got {cfg.num_centroids}",
+        ),
+        (cfg.votes >= 1, f"votes must be >= 1, got {cfg.votes}"),
+        (0 < cfg.scale_lo <= cfg.scale_hi, f"need 0 < scale_lo <= scale_hi, got {cfg.scale_lo} and {cfg.scale_hi}"),
+    ]
+
+
 class ModelNetRecipe(Recipe):
     """ModelNet40 classification: cross-entropy with label smoothing, AdamW, per-epoch cosine or step schedule."""
 
@@ -202,31 +221,14 @@ class ModelNetRecipe(Recipe):
 
     @classmethod
     def validate(cls, cfg: ModelNetConfig) -> None:
-        centroids_ok = all(
-            0 < m < 1 if isinstance(m, float) else 1 <= m <= cfg.num_points for m in cfg.num_centroids or ()
-        )
         check_config(
             cfg,
             [
                 (cfg.model in list_models(), f"model {cfg.model!r} is not registered; choose one of {list_models()}"),
-                (cfg.num_points >= 1, f"num_points must be >= 1, got {cfg.num_points}"),
-                (
-                    cfg.num_neighbors is None or 1 <= cfg.num_neighbors <= cfg.num_points,
-                    f"num_neighbors (K) must be in [1, num_points={cfg.num_points}], got {cfg.num_neighbors}",
-                ),
-                (
-                    centroids_ok,
-                    f"num_centroids entries must be counts in [1, num_points={cfg.num_points}] or fractions in "
-                    f"(0, 1), got {cfg.num_centroids}",
-                ),
-                (cfg.votes >= 1, f"votes must be >= 1, got {cfg.votes}"),
+                *point_checks(cfg, min_points=1),
                 (
                     cfg.max_abs_coord is None or cfg.max_abs_coord > 0,
                     f"max_abs_coord must be > 0 or null, got {cfg.max_abs_coord}",
-                ),
-                (
-                    0 < cfg.scale_lo <= cfg.scale_hi,
-                    f"need 0 < scale_lo <= scale_hi, got {cfg.scale_lo} and {cfg.scale_hi}",
                 ),
             ],
         )

@@ -10,6 +10,7 @@ or by name (:func:`choose_shapes`). Open3D is imported only inside these functio
 
 from __future__ import annotations
 
+import argparse
 import colorsys
 import difflib
 import logging
@@ -19,13 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from engine import UsageError
+from engine import UsageError, add_checkpoint_flags
 
 __all__ = [
     "FIELD_OF_VIEW",
     "GREY",
     "VIEWS",
     "add_legend",
+    "add_viewer_flags",
     "choose_shapes",
     "legend_panel_width",
     "palette",
@@ -47,6 +49,19 @@ VIEWS = {
     "z": (np.array([1.6, -4.2, 2.4]), np.array([0.0, 0.0, 1.0])),
     "y": (np.array([1.6, 2.0, 4.2]), np.array([0.0, 1.0, 0.0])),
 }
+
+
+def add_viewer_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of every viewer CLI (``tools/visualize_*.py``): where the pictures go, where the data lies, whether
+    to render PNGs even with a display, the picture's size and point size, and those of every command that reads a
+    checkpoint (:func:`engine.add_checkpoint_flags`)."""
+    parser.add_argument("--output-dir", default=None, help="default: <checkpoint folder>/viz")
+    parser.add_argument("--data-root", default=None, help="dataset root (default: the checkpoint config's)")
+    parser.add_argument("--headless", action="store_true", help="render PNGs even when a display is present")
+    parser.add_argument("--width", type=int, default=960)
+    parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--point-size", type=float, default=6.0)
+    add_checkpoint_flags(parser)
 
 
 def choose_shapes(

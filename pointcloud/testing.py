@@ -4,13 +4,15 @@ imports this module."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.testing import assert_close
 
 from .model import create_model
 
-__all__ = ["TINY_MODELNET_SETS", "TINY_PARTSEG_SETS", "TinyPeer", "check_registered_model"]
+__all__ = ["TINY_MODELNET_SETS", "TINY_PARTSEG_SETS", "TinyPeer", "check_model_sweep", "check_registered_model"]
 
 # A 32-point centroid transformer (16 then 8 centroids, K = 4) on 4 synthetic classes x 4 shapes: the ``--set``
 # values of the train_modelnet tests. Peer models take the same items without num_centroids and fuse_dim.
@@ -62,14 +64,22 @@ def check_registered_model(name: str, **kwargs: object) -> None:
     """The registry sweep for one model built by ``create_model(name, **kwargs)``: finite ``(2, 40)`` logits from two
     clouds of 128 points, a non-zero gradient for every parameter, and the same eval output from a second model that
     loads its state dict."""
-    model = create_model(name, **kwargs)
-    points = torch.rand(2, 128, 3)
-    logits = model(points)
-    assert logits.shape == (2, 40) and bool(torch.isfinite(logits).all())
+    check_model_sweep(create_model, name, kwargs, (torch.rand(2, 128, 3),), (2, 40))
+
+
+def check_model_sweep(
+    create: Callable[..., nn.Module], name: str, kwargs: dict, inputs: tuple, shape: tuple[int, ...]
+) -> None:
+    """The registry sweep of any point model family: ``create(name, **kwargs)`` gives finite logits of ``shape`` on
+    ``inputs``, a non-zero gradient for every parameter (of their log-sum-exp), and a second model that loads its
+    state dict gives the same eval output."""
+    model = create(name, **kwargs)
+    logits = model(*inputs)
+    assert logits.shape == shape and bool(torch.isfinite(logits).all())
     logits.logsumexp(-1).sum().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not bool(p.grad.abs().sum() > 0)]
     assert not missing, f"{name}: no gradient for {missing}"
     model.eval()
-    clone = create_model(name, **kwargs).eval()
+    clone = create(name, **kwargs).eval()
     clone.load_state_dict(model.state_dict())
-    assert_close(clone(points), model(points))
+    assert_close(clone(*inputs), model(*inputs))

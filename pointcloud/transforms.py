@@ -34,6 +34,7 @@ from torch import Tensor
 
 __all__ = [
     "Compose",
+    "EpochAugmented",
     "Jitter",
     "NormalizeUnitSphere",
     "PointTransform",
@@ -70,6 +71,29 @@ def augmentation_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     if min(seed, epoch, index) < 0:
         raise ValueError(f"seed, epoch and index must be non-negative, got seed={seed}, epoch={epoch}, index={index}")
     return np.random.default_rng((seed, epoch, index))
+
+
+class EpochAugmented:
+    """The epoch of a dataset whose augmentation is :func:`augmentation_rng` of ``(seed, epoch, index)``.
+
+    It lives in a shared-memory tensor, so ``set_epoch`` in the main process reaches (persistent) DataLoader workers
+    too. Subclasses call :meth:`_init_epoch` in their ``__init__``.
+    """
+
+    _epoch: Tensor
+
+    def _init_epoch(self) -> None:
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch.item())
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the augmentation stream of ``epoch``; call before ``iter(loader)`` of that epoch."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be non-negative, got {epoch}")
+        self._epoch.fill_(int(epoch))
 
 
 def _as_rng(rng: RngLike) -> np.random.Generator:

@@ -20,15 +20,13 @@ import argparse
 import torch
 
 from attention import backend_names
-from engine.bench import describe_machine, finish, print_table
+from engine.bench import add_throughput_arguments, describe_machine, finish, print_table
 from pointcloud.bench import COMPILE_FORMS, benchmark, check_settings, default_models, plan, runnable, table, targets
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--points", type=int, default=1024)
+    add_throughput_arguments(parser, batch=32, points=1024, repeats=5, warmup=2)
     parser.add_argument("--num-centroids", type=int, nargs=2, default=None, metavar=("N1", "N2"),
                         help="centroids of the two CA blocks (default: the model's)")  # fmt: skip
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 3], help="T values of the centroid model")
@@ -40,14 +38,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile", nargs="+", default=[], choices=COMPILE_FORMS, metavar="FORM",
                         help="extra centroid rows: torch.compile of the model in these forms (masked is what "
                         "auto took on CUDA before the fused kernel)")  # fmt: skip
-    parser.add_argument("--models", nargs="+", default=None, help="subset of registered names (default: all)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2, help="untimed calls before timing")
-    parser.add_argument("--stat", default="median", choices=["median", "min"],
-                        help="summary of the rounds; min resists background load on a shared machine")  # fmt: skip
-    parser.add_argument("--amp", action="store_true", help="bf16 autocast (CUDA only)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     models = args.models or default_models()
     try:

@@ -16,26 +16,16 @@ import argparse
 
 import torch
 
-from engine.bench import describe_machine, print_table, write_report
+from engine.bench import add_throughput_arguments, describe_machine, print_table, write_report
 from pointcloud.partseg import list_models
 from pointcloud.partseg.bench import benchmark, check_settings, plan, table
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--points", type=int, default=2048)
-    parser.add_argument("--models", nargs="+", default=None, help="subset of registered names (default: all)")
+    add_throughput_arguments(parser, batch=8, points=2048, repeats=3, warmup=1)
     parser.add_argument("--no-main-job", action="store_true", help="leave out the centroid model at main-job size")
     parser.add_argument("--no-normals", action="store_true", help="x, y, z only (default: with normals, 6 channels)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=1, help="untimed calls before timing")
-    parser.add_argument("--stat", default="median", choices=["median", "min"],
-                        help="summary of the rounds; min resists background load on a shared machine")  # fmt: skip
-    parser.add_argument("--amp", action="store_true", help="bf16 autocast (CUDA only)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
     args = parser.parse_args(argv)
     models = args.models or list_models()
     try:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import argparse
 
 from capsules.visualize import visualize_checkpoint
-from engine import add_checkpoint_flags, setup_logging, user_errors
+from engine import setup_logging, user_errors
+from pointcloud.render import add_viewer_flags
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -31,13 +32,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--index", type=int, nargs="+", default=[], help="shape indices in the split")
     parser.add_argument("--shape", nargs="+", default=[], help="shape names in the split (e.g. table_0053)")
     parser.add_argument("--highlight", type=int, nargs="+", default=None, help="capsules to colour (others grey)")
-    parser.add_argument("--output-dir", default=None, help="default: <checkpoint folder>/viz")
-    parser.add_argument("--data-root", default=None, help="dataset root (default: the checkpoint config's)")
-    parser.add_argument("--headless", action="store_true", help="render PNGs even when a display is present")
-    parser.add_argument("--width", type=int, default=960)
-    parser.add_argument("--height", type=int, default=480)
-    parser.add_argument("--point-size", type=float, default=6.0)
-    add_checkpoint_flags(parser)
+    add_viewer_flags(parser)
     args = parser.parse_args(argv)
     setup_logging(None)
     with user_errors(args.debug):

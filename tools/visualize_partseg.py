@@ -19,6 +19,7 @@ import argparse
 
 from engine import setup_logging, user_errors
 from pointcloud.partseg.visualize import visualize_checkpoint
+from pointcloud.render import add_viewer_flags
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -30,18 +31,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--shape", nargs="+", default=[], help="shape names in the split (table_0003; ShapeNet Part: <synset>/<id>)"
     )
     parser.add_argument("--together", action="store_true", help="one PNG with every chosen shape as a row")
-    parser.add_argument("--output-dir", default=None, help="default: <checkpoint folder>/viz")
-    parser.add_argument("--data-root", default=None, help="dataset root (default: the checkpoint config's)")
-    parser.add_argument("--headless", action="store_true", help="render PNGs even when a display is present")
-    parser.add_argument("--width", type=int, default=960)
-    parser.add_argument("--height", type=int, default=480)
-    parser.add_argument("--point-size", type=float, default=6.0)
-    parser.add_argument(
-        "--trust-checkpoint",
-        action="store_true",
-        help="load a checkpoint that needs pickle (can run arbitrary code: only files you trust)",
-    )
-    parser.add_argument("--debug", action="store_true", help="errors show their traceback")
+    add_viewer_flags(parser)
     args = parser.parse_args(argv)
     setup_logging(None)
     with user_errors(args.debug):

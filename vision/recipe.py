@@ -177,22 +177,26 @@ def build_model(cfg: DeiTConfig, num_classes: int) -> nn.Module:
         raise ValueError(f"{err}; our models are {timm.list_models('*_deit_*_patch16_224')}") from err
 
 
+# timm's keyword -> the DeiTConfig field passed under it (DeiT's main.py names), per timm call
+# fmt: off
+_TRANSFORM_ARGS = {"scale": "scale", "ratio": "ratio", "hflip": "hflip", "color_jitter": "color_jitter",
+                   "auto_augment": "auto_augment", "re_prob": "reprob", "re_mode": "remode", "re_count": "recount"}
+_MIXUP_ARGS = {"mixup_alpha": "mixup", "cutmix_alpha": "cutmix", "cutmix_minmax": "cutmix_minmax", "prob": "mixup_prob",
+               "switch_prob": "mixup_switch_prob", "mode": "mixup_mode", "label_smoothing": "smoothing"}
+_SCHEDULER_ARGS = {"sched": "sched", "num_epochs": "epochs", "min_lr": "min_lr", "warmup_lr": "warmup_lr",
+                   "warmup_epochs": "warmup_epochs", "cooldown_epochs": "cooldown_epochs"}
+# fmt: on
+
+
+def _timm_kwargs(cfg: DeiTConfig, args: dict[str, str]) -> dict[str, Any]:
+    return {keyword: getattr(cfg, field) for keyword, field in args.items()}
+
+
 def build_transforms(cfg: DeiTConfig) -> tuple[Any, Any]:
     """timm's train and eval transforms (PIL image -> normalized tensor) for ``cfg``."""
     common = dict(interpolation=cfg.interpolation, mean=cfg.mean, std=cfg.std)  # both splits
-    train_tf = create_transform(  # patch_posterize: RandAugment at Pillow >= 13 (see vision.data)
-        cfg.img_size,
-        is_training=True,
-        scale=cfg.scale,
-        ratio=cfg.ratio,
-        hflip=cfg.hflip,
-        color_jitter=cfg.color_jitter,
-        auto_augment=cfg.auto_augment,
-        re_prob=cfg.reprob,
-        re_mode=cfg.remode,
-        re_count=cfg.recount,
-        **common,
-    )
+    # patch_posterize: RandAugment at Pillow >= 13 (see vision.data)
+    train_tf = create_transform(cfg.img_size, is_training=True, **_timm_kwargs(cfg, _TRANSFORM_ARGS), **common)
     patch_posterize(train_tf)
     eval_tf = create_transform(cfg.img_size, is_training=False, crop_pct=cfg.crop_pct, **common)
     return train_tf, eval_tf
@@ -330,16 +334,7 @@ def _mixup_active(cfg: DeiTConfig) -> bool:
 def _mixup(cfg: DeiTConfig, num_classes: int) -> Mixup | None:
     if not _mixup_active(cfg):
         return None
-    return Mixup(
-        mixup_alpha=cfg.mixup,
-        cutmix_alpha=cfg.cutmix,
-        cutmix_minmax=cfg.cutmix_minmax,
-        prob=cfg.mixup_prob,
-        switch_prob=cfg.mixup_switch_prob,
-        mode=cfg.mixup_mode,
-        label_smoothing=cfg.smoothing,
-        num_classes=num_classes,
-    )
+    return Mixup(**_timm_kwargs(cfg, _MIXUP_ARGS), num_classes=num_classes)
 
 
 def _criterion(cfg: DeiTConfig, mixup: Mixup | None) -> nn.Module:
@@ -431,12 +426,7 @@ class DeiTRecipe(Recipe):
         cfg = self.cfg
         scheduler, num_epochs = create_scheduler_v2(
             optimizer,
-            sched=cfg.sched,
-            num_epochs=cfg.epochs,
-            min_lr=cfg.min_lr,
-            warmup_lr=cfg.warmup_lr,
-            warmup_epochs=cfg.warmup_epochs,
-            cooldown_epochs=cfg.cooldown_epochs,
+            **_timm_kwargs(cfg, _SCHEDULER_ARGS),
             step_on_epochs=not cfg.sched_on_updates,
             updates_per_epoch=steps_per_epoch,
         )

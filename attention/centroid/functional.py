@@ -281,9 +281,11 @@ def knn_centroid_attention(
     qf = q.transpose(1, 2).reshape(B * M, H, D)
     kf = k.transpose(1, 2).reshape(B * N, H, D)
     vf = v.transpose(1, 2).reshape(B * N, H, D)
-    scores = _GatherDot.apply(qf, kf, flat, rows).view(B, M, K, H).permute(0, 3, 1, 2) * D**-0.5  # (B, H, M, K)
+    scores = _GatherProduct.apply("gather_dot", qf, kf, flat, rows).view(B, M, K, H)
+    scores = scores.permute(0, 3, 1, 2) * D**-0.5  # (B, H, M, K)
     attn = _knn_weights(scores, idx, N, mask, normalize, dropout_p, eps)  # (B, H, M, K)
-    out = _GatherWeightedSum.apply(attn.permute(0, 2, 3, 1).reshape(B * M, K, H), vf, flat, rows)  # (B * M, H, D)
+    a = attn.permute(0, 2, 3, 1).reshape(B * M, K, H)
+    out = _GatherProduct.apply("gather_weighted_sum", a, vf, flat, rows)  # (B * M, H, D)
     return out.view(B, M, H, D).transpose(1, 2)
 
 
@@ -336,7 +338,7 @@ def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-# In eager mode the forward products of the two autograd Functions below run as operators of their own,
+# In eager mode the two forward products of the autograd Function below run as operators of their own,
 # ``torch.ops.attention.gather_dot`` and ``torch.ops.attention.gather_weighted_sum``: a dispatch mode (a FLOP counter)
 # sees each as one call, counted by the formula :mod:`attention.centroid.accounting` registers (2 L K H D FLOPs, what
 # the reference's einsums count), not as the element-wise multiply + sum inside. While traced (dynamo, export) the
@@ -348,8 +350,8 @@ _LIB.define("gather_weighted_sum(Tensor a, Tensor v, Tensor idx, int rows) -> Te
 
 def _gather_dot(q: Tensor, k: Tensor, idx: Tensor, rows: int, dtype: torch.dtype | None = None) -> Tensor:
     """``s[l, k, h] = q[l, h] . k[idx[l, k], h]``: q ``(L, H, D)``, k ``(R, H, D)``, idx ``(L, K)`` -> ``(L, K, H)``
-    (in ``dtype``, default k's), ``rows`` query rows at a time. The forward of :class:`_GatherDot`, and the weights'
-    gradient of :class:`_GatherWeightedSum`."""
+    (in ``dtype``, default k's), ``rows`` query rows at a time. The forward of ``"gather_dot"`` in
+    :class:`_GatherProduct`, and the weights' gradient of ``"gather_weighted_sum"``."""
     L, H, D = q.shape
     K = idx.shape[1]
     chunks = []
@@ -361,8 +363,8 @@ def _gather_dot(q: Tensor, k: Tensor, idx: Tensor, rows: int, dtype: torch.dtype
 
 def _gather_weighted_sum(a: Tensor, v: Tensor, idx: Tensor, rows: int, dtype: torch.dtype | None = None) -> Tensor:
     """``out[l, h] = sum_k a[l, k, h] v[idx[l, k], h]``: a ``(L, K, H)``, v ``(R, H, D)``, idx ``(L, K)`` ->
-    ``(L, H, D)`` (in ``dtype``, default v's), ``rows`` rows at a time. The forward of :class:`_GatherWeightedSum`,
-    and the queries' gradient of :class:`_GatherDot`."""
+    ``(L, H, D)`` (in ``dtype``, default v's), ``rows`` rows at a time. The forward of ``"gather_weighted_sum"`` in
+    :class:`_GatherProduct`, and the queries' gradient of ``"gather_dot"``."""
     L, K, H = a.shape
     D = v.shape[-1]
     chunks = []
@@ -375,7 +377,7 @@ def _gather_weighted_sum(a: Tensor, v: Tensor, idx: Tensor, rows: int, dtype: to
 def _scatter_outer(w: Tensor, x: Tensor, idx: Tensor, rows: int, like: Tensor) -> Tensor:
     """``out[idx[l, k], h] += w[l, k, h] x[l, h]``: w ``(L, K, H)``, x ``(L, H, D)`` -> ``(R, H, D)`` shaped and typed
     like ``like``, accumulated in :func:`_accumulation_dtype`, ``rows`` rows at a time. The inputs' gradient of both
-    Functions (keys of :class:`_GatherDot`, values of :class:`_GatherWeightedSum`)."""
+    products of :class:`_GatherProduct` (keys of ``"gather_dot"``, values of ``"gather_weighted_sum"``)."""
     H, D = like.shape[1:]
     acc = _accumulation_dtype(like.dtype)
     out = torch.zeros(like.shape, dtype=acc, device=like.device)
@@ -436,51 +438,40 @@ def _knn_attention_triton_bwd_fake(q, k, v, idx, mask, out32, g, lse, block_k) -
     return q.new_empty(B, M, H, D).transpose(1, 2), dk, dv
 
 
-class _GatherDot(torch.autograd.Function):
-    """``s[l, k, h] = q[l, h] . k[idx[l, k], h]`` over chunks of query rows.
+class _GatherProduct(torch.autograd.Function):
+    """``apply(op, x, y, idx, rows)``: one of the two chunked products over gathered rows, by ``op``'s name.
 
-    q ``(L, H, D)`` holds the B * M centroid rows, k ``(R, H, D)`` the B * N input rows, idx ``(L, K)`` indices into
-    R. Only one chunk of gathered keys, ``(rows, K, H, D)``, exists at a time, in the forward and in the backward pass
-    (which gathers again instead of keeping the gathered keys alive): the KNN path's memory stays at O(B M K H) for
-    the scores plus the chunk, instead of O(B M K H D). The products are a broadcast multiply and a sum over D, not
-    an einsum: einsum would copy the chunk into a (l, h)-batched layout and run L * H matrix products of 1 x D by
-    D x K, which are slow on GPUs.
+    ``"gather_dot"``: ``s[l, k, h] = q[l, h] . k[idx[l, k], h]``, x = q ``(L, H, D)`` the B * M centroid rows, y = k
+    ``(R, H, D)`` the B * N input rows, idx ``(L, K)`` indices into R. ``"gather_weighted_sum"``: ``out[l, h] =
+    sum_k a[l, k, h] v[idx[l, k], h]``, x = a ``(L, K, H)`` the weights of the centroid rows, y = v ``(R, H, D)``.
+
+    Each is the other's gradient with respect to x, and both send y's gradient through :func:`_scatter_outer`. Only
+    one chunk of gathered rows, ``(rows, K, H, D)``, exists at a time, in the forward and in the backward pass (which
+    gathers again instead of keeping the gathered rows alive): the KNN path's memory stays at O(B M K H) for the
+    scores plus the chunk, instead of O(B M K H D). The products are a broadcast multiply and a sum over D, not an
+    einsum: einsum would copy the chunk into a (l, h)-batched layout and run L * H matrix products of 1 x D by D x K,
+    which are slow on GPUs.
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, idx: Tensor, rows: int) -> Tensor:
-        ctx.save_for_backward(q, k, idx)
-        ctx.rows = rows
-        return (_gather_dot if is_tracing() else torch.ops.attention.gather_dot)(q, k, idx, rows)
+    def forward(ctx, op: str, x: Tensor, y: Tensor, idx: Tensor, rows: int) -> Tensor:
+        ctx.save_for_backward(x, y, idx)
+        ctx.op, ctx.rows = op, rows
+        return (_GATHER_PRODUCTS[op] if is_tracing() else getattr(torch.ops.attention, op))(x, y, idx, rows)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, idx = ctx.saved_tensors
-        dq = _gather_weighted_sum(grad, k, idx, ctx.rows, q.dtype) if ctx.needs_input_grad[0] else None
-        dk = _scatter_outer(grad, q, idx, ctx.rows, k) if ctx.needs_input_grad[1] else None
-        return dq, dk, None, None
+        x, y, idx = ctx.saved_tensors
+        dot = ctx.op == "gather_dot"
+        dual = _gather_weighted_sum if dot else _gather_dot
+        dx = dual(grad, y, idx, ctx.rows, x.dtype) if ctx.needs_input_grad[1] else None
+        weights, rows_in = (grad, x) if dot else (x, grad)  # (L, K, H), (L, H, D)
+        dy = _scatter_outer(weights, rows_in, idx, ctx.rows, y) if ctx.needs_input_grad[2] else None
+        return None, dx, dy, None, None
 
 
-class _GatherWeightedSum(torch.autograd.Function):
-    """``out[l, h] = sum_k a[l, k, h] v[idx[l, k], h]``, chunked like :class:`_GatherDot`.
-
-    a ``(L, K, H)`` holds the weights of the B * M centroid rows, v ``(R, H, D)`` the B * N input rows.
-    """
-
-    @staticmethod
-    def forward(ctx, a: Tensor, v: Tensor, idx: Tensor, rows: int) -> Tensor:
-        ctx.save_for_backward(a, v, idx)
-        ctx.rows = rows
-        return (_gather_weighted_sum if is_tracing() else torch.ops.attention.gather_weighted_sum)(a, v, idx, rows)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        a, v, idx = ctx.saved_tensors
-        da = _gather_dot(grad, v, idx, ctx.rows, a.dtype) if ctx.needs_input_grad[0] else None
-        dv = _scatter_outer(a, grad, idx, ctx.rows, v) if ctx.needs_input_grad[1] else None
-        return da, dv, None, None
+_GATHER_PRODUCTS = {"gather_dot": _gather_dot, "gather_weighted_sum": _gather_weighted_sum}
 
 
 torch.fx.wrap("knn_centroid_attention")  # FX keeps it as one call: its autograd Functions loop over chunks

@@ -88,6 +88,36 @@ def _sin_turns(t):
 
 
 @triton.jit
+def _m_tile(x_base, y_base, offs_m, offs_n, mask_m, mask_n, D, f, KIND: tl.constexpr, BLOCK_M: tl.constexpr,
+            BLOCK_N: tl.constexpr):  # fmt: skip
+    """The ``(BLOCK_M, BLOCK_N)`` tile of M at rows ``offs_m`` and columns ``offs_n``, summed over d in a loop;
+    padded rows and columns (loaded as 1.0) give exact zeros."""
+    valid = mask_m[:, None] & mask_n[None, :]
+    i, j = offs_m.to(tl.float32), offs_n.to(tl.float32)
+    m = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for d in range(loop_bound(D)):
+        xd = tl.load(x_base + offs_m * D + d, mask=mask_m, other=1.0)  # (BLOCK_M,)
+        yd = tl.load(y_base + offs_n * D + d, mask=mask_n, other=1.0)  # (BLOCK_N,)
+        if KIND == _CAUCHY:
+            t = 1.0 / (xd[:, None] + yd[None, :])
+        else:
+            t = _cos_turns(f * xd[:, None] * j[None, :]) - _cos_turns(f * yd[None, :] * i[:, None])
+        m += tl.where(valid, t, 0.0)
+    return m
+
+
+@triton.jit
+def _bwd_bases(x_ptr, y_ptr, v_ptr, g_ptr, L, D, DV, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """The backward kernels' start: this program's (batch, head) ``bh``, the d and dv offsets and masks, and where
+    its rows of x, y, v and g begin."""
+    bh = tl.program_id(1).to(tl.int64)
+    offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+    x_base, y_base = x_ptr + bh * L * D, y_ptr + bh * L * D
+    v_base, g_base = v_ptr + bh * L * DV, g_ptr + bh * L * DV
+    return bh, offs_d, offs_dv, offs_d < D, offs_dv < DV, x_base, y_base, v_base, g_base
+
+
+@triton.jit
 def _mix_fwd_kernel(
     x_ptr,  # (BH, L, D) float32, contiguous: a (Cauchy) or q (Vandermonde)
     y_ptr,  # (BH, L, D): b or k
@@ -107,22 +137,11 @@ def _mix_fwd_kernel(
     offs_dv = tl.arange(0, BLOCK_DV)
     mask_m, mask_dv = offs_m < L, offs_dv < DV
     x_base, y_base, v_base = x_ptr + bh * L * D, y_ptr + bh * L * D, v_ptr + bh * L * DV
-    i = offs_m.to(tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
     for n0 in range(0, loop_bound(L), BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < L
-        valid = mask_m[:, None] & mask_n[None, :]  # padded rows / columns (loaded as 1.0) contribute exact zeros
-        j = offs_n.to(tl.float32)
-        m = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # the tile of M, summed over d
-        for d in range(loop_bound(D)):
-            xd = tl.load(x_base + offs_m * D + d, mask=mask_m, other=1.0)  # (BLOCK_M,)
-            yd = tl.load(y_base + offs_n * D + d, mask=mask_n, other=1.0)  # (BLOCK_N,)
-            if KIND == _CAUCHY:
-                t = 1.0 / (xd[:, None] + yd[None, :])
-            else:
-                t = _cos_turns(f * xd[:, None] * j[None, :]) - _cos_turns(f * yd[None, :] * i[:, None])
-            m += tl.where(valid, t, 0.0)
+        m = _m_tile(x_base, y_base, offs_m, offs_n, mask_m, mask_n, D, f, KIND, BLOCK_M, BLOCK_N)
         vj = tl.load(
             v_base + offs_n[:, None] * DV + offs_dv[None, :], mask=mask_n[:, None] & mask_dv[None, :], other=0.0
         )
@@ -148,12 +167,11 @@ def _mix_bwd_rows_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
-    bh = tl.program_id(1).to(tl.int64)
+    bh, offs_d, offs_dv, mask_d, mask_dv, x_base, y_base, v_base, g_base = _bwd_bases(
+        x_ptr, y_ptr, v_ptr, g_ptr, L, D, DV, BLOCK_D, BLOCK_DV
+    )
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
-    mask_m, mask_d, mask_dv = offs_m < L, offs_d < D, offs_dv < DV
-    x_base, y_base = x_ptr + bh * L * D, y_ptr + bh * L * D
-    v_base, g_base = v_ptr + bh * L * DV, g_ptr + bh * L * DV
+    mask_m = offs_m < L
     md = mask_m[:, None] & mask_d[None, :]
     x = tl.load(x_base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=1.0)  # (BLOCK_M, BLOCK_D)
     g = tl.load(g_base + offs_m[:, None] * DV + offs_dv[None, :], mask=mask_m[:, None] & mask_dv[None, :], other=0.0)
@@ -195,16 +213,14 @@ def _mix_bwd_cols_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
-    bh = tl.program_id(1).to(tl.int64)
+    bh, offs_d, offs_dv, mask_d, mask_dv, x_base, y_base, v_base, g_base = _bwd_bases(
+        x_ptr, y_ptr, v_ptr, g_ptr, L, D, DV, BLOCK_D, BLOCK_DV
+    )
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
-    mask_n, mask_d, mask_dv = offs_n < L, offs_d < D, offs_dv < DV
-    x_base, y_base = x_ptr + bh * L * D, y_ptr + bh * L * D
-    v_base, g_base = v_ptr + bh * L * DV, g_ptr + bh * L * DV
+    mask_n = offs_n < L
     nd, ndv = mask_n[:, None] & mask_d[None, :], mask_n[:, None] & mask_dv[None, :]
     y = tl.load(y_base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=1.0)  # (BLOCK_N, BLOCK_D)
     vj = tl.load(v_base + offs_n[:, None] * DV + offs_dv[None, :], mask=ndv, other=0.0)  # (BLOCK_N, BLOCK_DV)
-    j = offs_n.to(tl.float32)
     acc_y = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     acc_v = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     for m0 in range(0, loop_bound(L), BLOCK_M):
@@ -223,14 +239,8 @@ def _mix_bwd_cols_kernel(
         else:
             # m by a loop over d as in the forward kernel: a second (BLOCK_M, BLOCK_N, BLOCK_D) tile of cosines
             # next to the sines spilled registers (ptxas, sm_90, D = 64)
-            i = offs_m.to(tl.float32)
-            m = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for d in range(loop_bound(D)):
-                xd = tl.load(x_base + offs_m * D + d, mask=mask_m, other=1.0)  # (BLOCK_M,)
-                yd = tl.load(y_base + offs_n * D + d, mask=mask_n, other=1.0)  # (BLOCK_N,)
-                m += _cos_turns(f * xd[:, None] * j[None, :]) - _cos_turns(f * yd[None, :] * i[:, None])
-            m = tl.where(mask_m[:, None] & mask_n[None, :], m, 0.0)
-            fi = f * i[:, None, None]
+            m = _m_tile(x_base, y_base, offs_m, offs_n, mask_m, mask_n, D, f, KIND, BLOCK_M, BLOCK_N)
+            fi = f * offs_m.to(tl.float32)[:, None, None]
             dm = tl.where(valid, (_TWO_PI * fi) * _sin_turns(y[None, :, :] * fi), 0.0)  # d m_ij / d k_jd
         acc_y += tl.sum(gm[:, :, None] * dm, axis=0)
         acc_v = tl.dot(tl.trans(m), g, acc_v, input_precision="ieee")  # dv_j += sum_i m_ij g_i

@@ -70,6 +70,19 @@ def _cumlog(la_ptr, p, mask):
 
 
 @triton.jit
+def _chunk(la_ptr, BH, L, N, DV, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """What every chunk kernel's program starts from: its chunk ``c`` and stream ``z`` (direction * BH + bh) with the
+    head ``bh``, the chunk's rows (:func:`_rows`), the state's column offsets and masks, and the chunk's cumulative
+    log decays and their total (:func:`_cumlog`)."""
+    c = tl.program_id(0)
+    z = tl.program_id(1).to(tl.int64)
+    mask_t, p, mask_t1, p1 = _rows(c, L, z >= BH, BLOCK_T)
+    offs_n, offs_dv = tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_DV)
+    cs, total = _cumlog(la_ptr + z * L, p, mask_t)
+    return c, z, z % BH, mask_t, p, mask_t1, p1, offs_n, offs_dv, offs_n < N, offs_dv < DV, cs, total
+
+
+@triton.jit
 def _chunk_state_kernel(
     x_ptr,  # (2, BH, L, N): b (forward pass) or c (backward pass)
     y_ptr,  # (BH, L, DV): the values (forward) or the output gradient (backward)
@@ -86,14 +99,9 @@ def _chunk_state_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
-    c = tl.program_id(0)
-    z = tl.program_id(1).to(tl.int64)  # direction * BH + bh
-    rev = z >= BH
-    bh = z % BH
-    mask_t, p, mask_t1, p1 = _rows(c, L, rev, BLOCK_T)
-    offs_n, offs_dv = tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_DV)
-    mask_n, mask_dv = offs_n < N, offs_dv < DV
-    cs, total = _cumlog(la_ptr + z * L, p, mask_t)
+    c, z, bh, mask_t, p, mask_t1, p1, offs_n, offs_dv, mask_n, mask_dv, cs, total = _chunk(
+        la_ptr, BH, L, N, DV, BLOCK_T, BLOCK_N, BLOCK_DV
+    )
     x = tl.load(x_ptr + z * L * N + p[:, None] * N + offs_n[None, :], mask=mask_t[:, None] & mask_n[None, :], other=0.0)
     y_base = y_ptr + bh * L * DV + offs_dv[None, :]
     if BACKWARD:  # sum_t exp(cs_t) c_t dz_t^T; dz_t is the output gradient at scan time t + 1's row
@@ -157,14 +165,9 @@ def _chunk_out_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
-    c = tl.program_id(0)
-    z = tl.program_id(1).to(tl.int64)
-    rev = z >= BH
-    bh = z % BH
-    mask_t, p, mask_t1, p1 = _rows(c, L, rev, BLOCK_T)
-    offs_n, offs_dv = tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_DV)
-    mask_n, mask_dv = offs_n < N, offs_dv < DV
-    cs, total = _cumlog(la_ptr + z * L, p, mask_t)
+    c, z, bh, mask_t, p, mask_t1, p1, offs_n, offs_dv, mask_n, mask_dv, cs, total = _chunk(
+        la_ptr, BH, L, N, DV, BLOCK_T, BLOCK_N, BLOCK_DV
+    )
     tn = mask_t[:, None] & mask_n[None, :]
     q = tl.load(q_ptr + z * L * N + p[:, None] * N + offs_n[None, :], mask=tn, other=0.0)
     k = tl.load(k_ptr + z * L * N + p[:, None] * N + offs_n[None, :], mask=tn, other=0.0)
@@ -199,14 +202,9 @@ def _chunk_grad_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_DV: tl.constexpr,
 ):
-    c = tl.program_id(0)
-    z = tl.program_id(1).to(tl.int64)
-    rev = z >= BH
-    bh = z % BH
-    mask_t, p, mask_t1, p1 = _rows(c, L, rev, BLOCK_T)
-    offs_n, offs_dv = tl.arange(0, BLOCK_N), tl.arange(0, BLOCK_DV)
-    mask_n, mask_dv = offs_n < N, offs_dv < DV
-    cs, total = _cumlog(la_ptr + z * L, p, mask_t)
+    c, z, bh, mask_t, p, mask_t1, p1, offs_n, offs_dv, mask_n, mask_dv, cs, total = _chunk(
+        la_ptr, BH, L, N, DV, BLOCK_T, BLOCK_N, BLOCK_DV
+    )
     tn, tdv = mask_t[:, None] & mask_n[None, :], mask_t[:, None] & mask_dv[None, :]
     ndv = mask_n[:, None] & mask_dv[None, :]
     rows_n = z * L * N + p[:, None] * N + offs_n[None, :]
@@ -247,17 +245,23 @@ def _device(t: Tensor) -> contextlib.AbstractContextManager:
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()  # launch on the tensors' GPU
 
 
-def _states(kernel_args: tuple, blk: dict, grid: tuple, backward: bool) -> None:
-    """Chunk sums, then the state passing over them in place (forward: the states entering the chunks; backward:
-    the gradients reaching the states leaving them)."""
-    x, y, la, s, tot, BH, L, N, Dv, nc = kernel_args
-    common = dict(BLOCK_T=blk["BLOCK_T"], num_warps=blk["num_warps"], enable_fp_fusion=True)
-    _chunk_state_kernel[grid](x, y, la, s, tot, BH, L, N, Dv, nc, BACKWARD=backward, BLOCK_N=blk["BLOCK_N"],
-                              BLOCK_DV=blk["BLOCK_DV"], **common)  # fmt: skip
+def _scan_pass(sums: tuple, chunk_kernel: triton.JITFunction, chunk_args: tuple, blk: dict, backward: bool) -> None:
+    """One pass of the scan, on the tensors' GPU: each chunk's sum of ``sums`` = ``(x, y, log_a, states, tot)``, then
+    the state passing over them in place (forward: the states entering the chunks; backward: the gradients reaching
+    the states leaving them), then ``chunk_kernel`` on ``chunk_args`` (the chunk outputs, or every gradient) over
+    every chunk of both directions."""
+    x, y, la, states, tot = sums
+    BH, nc, L, N, Dv = states.shape[1], states.shape[2], x.shape[-2], x.shape[-1], y.shape[-1]
+    grid = (nc, 2 * BH)
+    tiles = dict(BLOCK_T=blk["BLOCK_T"], BLOCK_N=blk["BLOCK_N"], BLOCK_DV=blk["BLOCK_DV"])
+    launch = dict(num_warps=blk["num_warps"], enable_fp_fusion=True)
     ndv = N * Dv
     block = min(1024, triton.next_power_of_2(ndv))
-    _state_pass_kernel[(triton.cdiv(ndv, block), 2 * BH)](s, tot, ndv, nc, BACKWARD=backward, BLOCK=block,
-                                                          num_warps=4, enable_fp_fusion=True)  # fmt: skip
+    with _device(y):
+        _chunk_state_kernel[grid](x, y, la, states, tot, BH, L, N, Dv, nc, BACKWARD=backward, **tiles, **launch)
+        _state_pass_kernel[(triton.cdiv(ndv, block), 2 * BH)](states, tot, ndv, nc, BACKWARD=backward, BLOCK=block,
+                                                              num_warps=4, enable_fp_fusion=True)  # fmt: skip
+        chunk_kernel[grid](*chunk_args, BH, L, N, Dv, nc, **tiles, **launch)
 
 
 class QuasiseparableScanTriton(torch.autograd.Function):
@@ -278,12 +282,7 @@ class QuasiseparableScanTriton(torch.autograd.Function):
         states = torch.empty(2, BH, nc, N, Dv, device=v.device, dtype=torch.float32)
         tot = torch.empty(2, BH, nc, device=v.device, dtype=torch.float32)
         z = torch.zeros(2, B, H, L, Dv, device=v.device, dtype=torch.float32)  # rows no shifted output reaches: 0
-        grid = (nc, 2 * BH)
-        tiles = dict(BLOCK_T=blk["BLOCK_T"], BLOCK_N=blk["BLOCK_N"], BLOCK_DV=blk["BLOCK_DV"])
-        with _device(v):
-            _states((b, v, log_a, states, tot, BH, L, N, Dv, nc), blk, grid, backward=False)
-            _chunk_out_kernel[grid](c, b, v, log_a, states, z, BH, L, N, Dv, nc, **tiles,
-                                    num_warps=blk["num_warps"], enable_fp_fusion=True)  # fmt: skip
+        _scan_pass((b, v, log_a, states, tot), _chunk_out_kernel, (c, b, v, log_a, states, z), blk, backward=False)
         ctx.save_for_backward(c, b, v, log_a, states, tot, z)
         ctx.blk = blk
         return z[0] + z[1]
@@ -292,18 +291,13 @@ class QuasiseparableScanTriton(torch.autograd.Function):
     def backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
         c, b, v, log_a, states, tot, z = ctx.saved_tensors
         blk = ctx.blk
-        _, B, H, L, N = c.shape
-        Dv, BH, nc = v.shape[-1], B * H, states.shape[2]
+        _, B, H, L, _ = c.shape
         dy = dy.float().contiguous()
         grads = torch.empty_like(states)
         dc, db = torch.empty_like(c), torch.empty_like(b)
-        dv = torch.empty(2, B, H, L, Dv, device=v.device, dtype=torch.float32)
-        grid = (nc, 2 * BH)
-        tiles = dict(BLOCK_T=blk["BLOCK_T"], BLOCK_N=blk["BLOCK_N"], BLOCK_DV=blk["BLOCK_DV"])
-        with _device(v):
-            _states((c, dy, log_a, grads, tot, BH, L, N, Dv, nc), blk, grid, backward=True)
-            _chunk_grad_kernel[grid](c, b, v, dy, log_a, states, grads, dc, db, dv, BH, L, N, Dv, nc, **tiles,
-                                     num_warps=blk["num_warps"], enable_fp_fusion=True)  # fmt: skip
+        dv = torch.empty(2, B, H, L, v.shape[-1], device=v.device, dtype=torch.float32)
+        grad_args = (c, b, v, dy, log_a, states, grads, dc, db, dv)
+        _scan_pass((c, dy, log_a, grads, tot), _chunk_grad_kernel, grad_args, blk, backward=True)
         # dlog a_s = sum over scan times t >= s of dz_t . z_t - v_t . dv_t. z holds z_t at the row of scan time
         # t + 1, where the output gradient is dz_t: their product is shifted back one row in scan time.
         zz = (dy.unsqueeze(0) * z).sum(-1)  # (2, B, H, L): dz_t . z_t at the row of scan time t + 1

@@ -308,42 +308,12 @@ def _scan_backend(backend: str, v: Tensor, N: int, separate_dt: bool) -> str:
                    v.dtype)  # fmt: skip
 
 
-def _quasiseparable_mix_triton(
-    c_fwd: Tensor,
-    b_fwd: Tensor,
-    c_bwd: Tensor,
-    b_bwd: Tensor,
-    v: Tensor,
-    log_fwd: Tensor,
-    log_bwd: Tensor,
-    diag: Tensor,
-) -> Tensor:
+def _quasiseparable_mix_triton(*factors: Tensor) -> Tensor:
+    """:func:`quasiseparable_mix`'s eight tensors, in its order, by the SSD kernels (in float32, back to v's dtype)."""
     from ..kernels.ssd_triton import quasiseparable_mix_triton
 
-    with torch.autocast(device_type=v.device.type, enabled=False):
-        ins = (t.float() for t in (c_fwd, b_fwd, c_bwd, b_bwd, v, log_fwd, log_bwd, diag))
-        return quasiseparable_mix_triton(*ins).to(v.dtype)
-
-
-def _quasiseparable_mix(
-    c_fwd: Tensor,
-    b_fwd: Tensor,
-    c_bwd: Tensor,
-    b_bwd: Tensor,
-    v: Tensor,
-    log_fwd: Tensor,
-    log_bwd: Tensor,
-    diag: Tensor,
-    chunk: int,
-) -> Tensor:
-    Bsz = v.shape[0]
-    # both directions in one scan (the backward one on the flipped sequence), batched like the reference does
-    c = torch.cat([c_fwd, c_bwd.flip(2)], dim=0)
-    b = torch.cat([b_fwd, b_bwd.flip(2)], dim=0)
-    la = torch.cat([log_fwd, log_bwd.flip(2)], dim=0)
-    z = _causal_scan(c, b, torch.cat([v, v.flip(2)], dim=0), la, chunk)  # (2B, H, L, Dv), diagonal included
-    z = F.pad(z[:, :, :-1], (0, 0, 1, 0))  # the shift: row i takes the scan's row i - 1 (row 0 gets zeros)
-    return z[:Bsz] + z[Bsz:].flip(2) + diag.unsqueeze(-1) * v
+    with torch.autocast(device_type=factors[4].device.type, enabled=False):
+        return quasiseparable_mix_triton(*(t.float() for t in factors)).to(factors[4].dtype)
 
 
 def quasiseparable_mix(
@@ -384,13 +354,19 @@ def quasiseparable_mix(
         if _scan_backend(backend, v, c_fwd.shape[-1], separate_dt=False) == "triton":
             return _quasiseparable_mix_triton(c_fwd, b_fwd, c_bwd, b_bwd, v, log_fwd, log_bwd, diag)
     acc = _acc(v)
-    cf, bf, cb, bb, vv = c_fwd.to(acc), b_fwd.to(acc), c_bwd.to(acc), b_bwd.to(acc), v.to(acc)
-    lf, lb, d = log_fwd.to(acc), log_bwd.to(acc), diag.to(acc)
+    # both directions in one scan (the backward one on the flipped sequence), batched like the reference does
+    c = torch.cat([c_fwd, c_bwd.flip(2)], dim=0).to(acc)
+    b = torch.cat([b_fwd, b_bwd.flip(2)], dim=0).to(acc)
+    la = torch.cat([log_fwd, log_bwd.flip(2)], dim=0).to(acc)
+    vv = torch.cat([v, v.flip(2)], dim=0).to(acc)
     if torch.jit.is_scripting():  # TorchScript cannot enter torch.autocast with a runtime device type
-        return _quasiseparable_mix(cf, bf, cb, bb, vv, lf, lb, d, chunk).to(v.dtype)
-    with torch.autocast(device_type=v.device.type, enabled=False):
-        y = _quasiseparable_mix(cf, bf, cb, bb, vv, lf, lb, d, chunk)
-    return y.to(v.dtype)
+        z = _causal_scan(c, b, vv, la, chunk)
+    else:
+        with torch.autocast(device_type=v.device.type, enabled=False):
+            z = _causal_scan(c, b, vv, la, chunk)  # (2B, H, L, Dv), diagonal included
+    z = F.pad(z[:, :, :-1], (0, 0, 1, 0))  # the shift: row i takes the scan's row i - 1 (row 0 gets zeros)
+    Bsz = v.shape[0]
+    return (z[:Bsz] + z[Bsz:].flip(2) + diag.to(acc).unsqueeze(-1) * v.to(acc)).to(v.dtype)
 
 
 def hydra_factors(

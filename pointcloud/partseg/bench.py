@@ -17,15 +17,15 @@ after x, y, z, six input channels) as both ShapeNet Part configs and the main jo
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from engine.bench import time_round_robin, unit_sphere_clouds
+from engine.bench import time_train_and_infer, unit_sphere_clouds
 from engine.stats import count_gmacs, count_params
 
+from ..bench import check_throughput_settings
 from .model import create_model, list_models
 from .recipe import MODEL_KNOBS, PartSegConfig
 
@@ -105,17 +105,7 @@ def prepare(
 
 def check_settings(models: Sequence[str], device: str, amp: bool, batch: int, repeats: int) -> None:
     """Raises ``ValueError`` for settings :func:`benchmark` cannot run, naming the fix."""
-    if amp and device != "cuda":
-        raise ValueError("--amp is CUDA bf16 autocast: use it with --device cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda but torch sees no CUDA device")
-    if repeats < 1:
-        raise ValueError("--repeats must be >= 1")
-    if batch < 2:
-        raise ValueError("--batch must be >= 2 (BatchNorm in train mode needs two samples)")
-    unknown = sorted(set(models) - set(list_models()))
-    if unknown:
-        raise ValueError(f"unknown models {unknown}; registered: {list_models()}")
+    check_throughput_settings(models, list_models(), device, amp, batch, repeats)
 
 
 def benchmark(
@@ -131,16 +121,11 @@ def benchmark(
 ) -> list[dict]:
     """Measures every row of :func:`plan`: one dict per row with its stats, ``{train,infer}_ms`` (and each round's
     ``_ms_rounds``), ``{train,infer}_sps`` and their ratios to the peer's in the same run (None without it)."""
-    results, train_fns, infer_fns = [], [], []
+    prepared = []
     for label, name, kwargs in rows:
         stats, train_step, infer = prepare(name, kwargs, device, batch, num_points, amp, use_normals)
-        results.append({"label": label, "model": name, "kwargs": kwargs, **stats})
-        train_fns.append(train_step)
-        infer_fns.append(infer)
-    for key, fns in (("train", train_fns), ("infer", infer_fns)):
-        for r, times in zip(results, time_round_robin(fns, device, repeats, warmup)):
-            ms = min(times) if stat == "min" else statistics.median(times)
-            r[f"{key}_ms"], r[f"{key}_ms_rounds"], r[f"{key}_sps"] = ms, times, batch / (ms / 1e3)
+        prepared.append(({"label": label, "model": name, "kwargs": kwargs, **stats}, train_step, infer))
+    results = time_train_and_infer(prepared, device, batch, repeats, warmup, stat)
     peer = next((r for r in results if r["label"] == PEER), None)
     for r in results:
         for key in ("train", "infer"):

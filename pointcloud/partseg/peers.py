@@ -17,7 +17,8 @@ abstraction's input) so that smaller clouds keep the same ratios. Set abstractio
 :mod:`pointcloud.peers` for how it deviates from the original ball query). Feature propagation is PyG's
 ``knn_interpolate`` formula, ``f(y) = sum_i w_i f(x_i) / sum_i w_i`` with ``w_i = 1 / d(y, x_i)^2`` over the 3
 nearest, computed by :func:`attention.interpolate_neighbors` on this toolkit's :func:`attention.knn`: PyG 2.8's
-``knn_interpolate`` calls its own ``knn``, which needs pyg-lib (not built for every torch release). The two agree (tested).
+``knn_interpolate`` calls its own ``knn``, which needs pyg-lib (not built for every torch release). The two agree
+(tested).
 """
 
 from __future__ import annotations

@@ -12,11 +12,10 @@ of each test cloud (:func:`pointcloud.transforms.vote_logits`, as in classificat
 
 The defaults are the main job: the centroid model, narrowed to run on a 2-core CPU, on the embedded synthetic part
 shapes (5 categories, 13 parts) at 256 points with normals, 12 epochs of batch 8, head dropout 0.1 (the models' 0.5 is
-for full-length training), sized to finish in under 5 minutes there (measured figures in docs/guides/part-segmentation.md). It runs on one
-CPU thread (``threads: 1``): with torch's default of one thread per core, a model this small on a CPU that other jobs
-keep busy stalls at every parallel op waiting for a descheduled thread (measured in docs/benchmarks.md); torchrun
-likewise starts each rank with one. ``configs/partseg/`` holds the ShapeNet Part row and the PointNet++ peer on the
-same data.
+for full-length training), sized to finish in under 5 minutes there (figures: docs/guides/part-segmentation.md). It
+runs on one CPU thread (``threads: 1``): with torch's default of one thread per core, a model this small on a CPU
+that other jobs keep busy stalls at every parallel op waiting for a descheduled thread; torchrun likewise starts each
+rank with one. ``configs/partseg/`` holds the ShapeNet Part row and the PointNet++ peer on the same data.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from torch.utils.data import DataLoader
 from engine import Recipe, check_config, collect_model_kwargs, count_gmacs, count_params, epoch_lr_schedule
 
 from ..parts import PART_NAMES, PartSegmentation, ShapeNetPart, SyntheticParts
+from ..recipe import point_checks
 from ..transforms import Compose, Jitter, RandomRotateUp, RandomScale, RandomTranslate, ShufflePoints, vote_logits
 from .metrics import PartSegMeter
 from .model import create_model, list_models
@@ -213,35 +213,18 @@ class PartSegRecipe(Recipe):
 
     @classmethod
     def validate(cls, cfg: PartSegConfig) -> None:
-        centroids_ok = all(
-            0 < m < 1 if isinstance(m, float) else 1 <= m <= cfg.num_points for m in cfg.num_centroids or ()
-        )
         shapenet = cfg.dataset.startswith("shapenet_part")
         check_config(
             cfg,
             [
                 (cfg.model in list_models(), f"model {cfg.model!r} is not registered; choose one of {list_models()}"),
                 (cfg.dataset in DATASETS, f"dataset must be one of {list(DATASETS)}, got {cfg.dataset!r}"),
-                (cfg.num_points >= 2, f"num_points must be >= 2, got {cfg.num_points}"),
-                (
-                    cfg.num_neighbors is None or 1 <= cfg.num_neighbors <= cfg.num_points,
-                    f"num_neighbors (K) must be in [1, num_points={cfg.num_points}], got {cfg.num_neighbors}",
-                ),
-                (
-                    centroids_ok,
-                    f"num_centroids entries must be counts in [1, num_points={cfg.num_points}] or fractions in "
-                    f"(0, 1), got {cfg.num_centroids}",
-                ),
+                *point_checks(cfg, min_points=2),
                 (
                     cfg.batch_size >= 2,
                     f"batch_size must be >= 2 (BatchNorm needs two shapes per batch), got {cfg.batch_size}",
                 ),
-                (cfg.votes >= 1, f"votes must be >= 1, got {cfg.votes}"),
                 (cfg.threads is None or cfg.threads >= 1, f"threads must be >= 1 or null, got {cfg.threads}"),
-                (
-                    0 < cfg.scale_lo <= cfg.scale_hi,
-                    f"need 0 < scale_lo <= scale_hi, got {cfg.scale_lo} and {cfg.scale_hi}",
-                ),
                 (
                     cfg.dataset != "shapenet_part" or not cfg.use_normals,
                     "use_normals needs normals, which the v0 layout (dataset shapenet_part) does not store: use "

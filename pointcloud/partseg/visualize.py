@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine import UsageError, load_checkpoint, load_config, saved_config
+from engine import open_trained
 
 from ..parts import PartSegmentation
 from ..render import (
@@ -108,11 +108,7 @@ def visualize_checkpoint(
         UsageError: The checkpoint holds no config, an index is outside the split, or a name is not in it.
     """
     checkpoint = Path(checkpoint)
-    state = load_checkpoint(checkpoint, allow_pickle=allow_pickle)
-    saved = saved_config(state, checkpoint)
-    if not saved:
-        raise UsageError(f"{checkpoint} holds no config: expected a checkpoint written by tools/train_partseg.py")
-    cfg = load_config(PartSegConfig, defaults=saved, defaults_source=f"checkpoint {checkpoint}")
+    state, cfg = open_trained(checkpoint, PartSegConfig, "tools/train_partseg.py", allow_pickle)
     train_set, test_set = build_datasets(cfg, data_root)
     dataset = test_set if split == "test" else PartSegmentation(train_set.parts, cfg.use_normals)  # no augmentation
     chosen = choose_shapes(dataset.names, indices, shapes, split)

@@ -6,14 +6,12 @@ Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, i
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from attention import backends
 from attention.mixers import FourierSparseAttention, sparse_edge_attention, sparse_edge_attention_reference
-from engine.testing import compile_for_sm90, run_interpreted
+from engine.testing import assert_backends_agree, assert_interpreted, compile_for_sm90, skip_if_interpreted
 
 
 def _inputs(B: int, H: int, L: int, D: int, E: int, seed: int, device: str = "cpu", dtype=torch.float32):
@@ -55,6 +53,7 @@ import torch
 from test_fsat_triton import _assert_all_close, _inputs, _out_and_grads, _reference
 from attention.kernels.fsat_triton import sparse_edge_attention_triton
 from attention.mixers import FourierSparseAttention, sparse_edge_attention
+from engine.testing import assert_backends_agree
 
 # odd L, D not a power of two, several programs (small blocks) and the default ones, B > 1 and H > 1
 for B, H, L, D, E, block in [(2, 3, 37, 10, 6, 8), (2, 2, 129, 16, 8, None)]:
@@ -82,14 +81,7 @@ for B, H, L, D, E, block in [(2, 3, 37, 10, 6, 8), (2, 2, 129, 16, 8, None)]:
 torch.manual_seed(0)
 m = FourierSparseAttention(24, num_heads=3, max_len=41, num_edges=2, edge_backend="csr")
 x = torch.randn(2, 41, 24, requires_grad=True)
-grads = []
-for backend in ("csr", "triton"):
-    m.edge_backend = backend
-    torch.manual_seed(5)
-    out = m(x)
-    grads.append([out, *torch.autograd.grad(out.square().sum(), [x, *m.parameters()])])
-for a, b in zip(*grads):
-    torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4 * a.abs().max().item())
+assert_backends_agree(m, x, m, "edge_backend", ("csr", "triton"), 1e-4, seed=5)
 print("ok")
 """
 
@@ -98,9 +90,7 @@ print("ok")
 @pytest.mark.skipif(not backends.HAS_TRITON, reason="triton missing")
 def test_fsat_triton_under_interpreter_equals_dense_reference() -> None:
     """The kernels' logic on CPU through Triton's interpreter: forward, every gradient, the truncation, the layer."""
-    out = run_interpreted(_INTERPRETED, Path(__file__).resolve().parent)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
+    assert_interpreted(_INTERPRETED, __file__)
 
 
 @pytest.mark.slow
@@ -108,12 +98,9 @@ def test_fsat_triton_under_interpreter_equals_dense_reference() -> None:
 def test_fsat_triton_kernels_compile_for_an_h100() -> None:
     """What the interpreter never checks: both kernels compile for sm_90 at the default tiles of D = 64 and 128, in
     float32 and bf16, and fit the registers (no spills, read off the cubin)."""
-    import triton
-
     from attention.kernels import fsat_triton as ft
 
-    if not isinstance(ft._edge_fwd_kernel, triton.runtime.JITFunction):
-        pytest.skip("the kernel module was imported under TRITON_INTERPRET=1")
+    skip_if_interpreted(ft._edge_fwd_kernel)
     for D in (64, 128):
         for t in ("fp32", "bf16"):
             blk = ft.edge_blocks(D)
@@ -181,11 +168,4 @@ def test_fsat_layer_on_cuda_takes_the_kernel_and_equals_gather() -> None:
     torch.manual_seed(0)
     m = FourierSparseAttention(256, num_heads=4, max_len=777, edge_backend="gather").cuda()
     x = torch.randn(2, 777, 256, device="cuda", requires_grad=True)
-    grads = []
-    for backend in ("gather", "auto"):
-        m.edge_backend = backend
-        torch.manual_seed(5)
-        out = m(x)
-        grads.append([out, *torch.autograd.grad(out.square().sum(), [x, *m.parameters()])])
-    for a, b in zip(*grads):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4 * a.abs().max().item())
+    assert_backends_agree(m, x, m, "edge_backend", ("gather", "auto"), 1e-4, seed=5)

@@ -7,15 +7,11 @@ ahead of time (what the interpreter never checks: types, layouts, register use).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from attention import CentroidAttention, backends, centroid_attention
+from engine.testing import assert_interpreted, compile_for_sm90, skip_if_interpreted
 
 HAS_TRITON = backends.HAS_TRITON
 
@@ -120,22 +116,12 @@ print("ok")
 """
 
 
-def _run_interpreted(script: str) -> None:
-    # this file's folder on the child's path, for its helpers; the checkout first, as engine.testing.tool_env does
-    here = Path(__file__).resolve().parent
-    path = os.pathsep.join([str(here), str(here.parents[1]), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-5000:]
-    assert out.stdout.strip().splitlines()[-1] == "ok"
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
 def test_triton_knn_attention_under_interpreter_equals_reference() -> None:
     """The kernels' logic on CPU through Triton's interpreter: output and all gradients, float32 and bfloat16, masks
     (an all-padded centroid included), repeated neighbours, several online-softmax steps, and the layer."""
-    _run_interpreted(_INTERPRETED.format())
+    assert_interpreted(_INTERPRETED.format(), __file__)
 
 
 def test_triton_knn_attention_limits_are_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -206,14 +192,9 @@ def test_triton_knn_attention_kernels_compile_for_an_h100() -> None:
     """What the interpreter never checks (types, layouts, the 1-element loop-carried tensors): compile both kernels
     for sm_90 ahead of time, float32 and bfloat16, at the block sizes of K = 32 with D = 16 to 128; no GPU needed
     (Triton bundles ptxas)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from attention.kernels import knn_attention_triton as ka
 
-    if not isinstance(ka._knn_attn_fwd_kernel, triton.runtime.JITFunction):
-        pytest.skip("the kernel module was imported under TRITON_INTERPRET=1")
+    skip_if_interpreted(ka._knn_attn_fwd_kernel)
     for dt in ("fp32", "bf16"):
         fwd = {"q_ptr": dt, "k_ptr": dt, "v_ptr": dt, "idx_ptr": "i64", "mask_ptr": "u8", "out_ptr": dt}
         fwd |= {"out32_ptr": "fp32", "lse_ptr": "fp32"}
@@ -223,11 +204,5 @@ def test_triton_knn_attention_kernels_compile_for_an_h100() -> None:
             for fn, ptrs, extra in ((ka._knn_attn_fwd_kernel, fwd, {"STORE_F32": dt != "fp32"}),
                                     (ka._knn_attn_bwd_kernel, bwd, {})):  # fmt: skip
                 consts = {"HAS_MASK": True, "BLOCK_K": bk, "BLOCK_D": bd, **extra}
-                sig = {
-                    name: "constexpr" if name in consts else (f"*{ptrs[name]}" if name in ptrs else "i32")
-                    for name in fn.arg_names
-                }
-                sig["scale"] = "fp32"
-                options = {"num_warps": warps, "enable_fp_fusion": True}
-                compiled = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options=options)
-                assert compiled.asm["cubin"], (fn.__name__, dt, D)
+                sig = {name: f"*{ptrs[name]}" if name in ptrs else "i32" for name in fn.arg_names if name not in consts}
+                compile_for_sm90(fn, {**sig, "scale": "fp32"}, consts, warps)

@@ -7,15 +7,11 @@ Without a GPU the kernel runs in Triton's interpreter (``TRITON_INTERPRET=1``, a
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from attention import backends, knn
+from engine.testing import assert_interpreted, compile_for_sm90, skip_if_interpreted
 
 HAS_TRITON = backends.HAS_TRITON
 
@@ -77,13 +73,7 @@ print("ok")
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
 def test_triton_knn_under_interpreter_equals_reference() -> None:
-    here = Path(__file__).resolve().parent
-    path = os.pathsep.join([str(here), str(here.parents[1]), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    script = _INTERPRETED.format()
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-5000:]
-    assert out.stdout.strip().splitlines()[-1] == "ok"
+    assert_interpreted(_INTERPRETED.format(), __file__)
 
 
 def test_triton_knn_limits_are_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -114,20 +104,12 @@ def test_triton_knn_on_cuda_equals_reference(k: int) -> None:
 @pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
 def test_triton_knn_kernel_compiles_for_an_h100() -> None:
     """The sorts of int64 keys, the 3-d difference tiles: compiled for sm_90 ahead of time at k = 16, 32, 64."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from attention.kernels import knn_triton as kt
 
-    if not isinstance(kt._knn_kernel, triton.runtime.JITFunction):
-        pytest.skip("the kernel module was imported under TRITON_INTERPRET=1")
+    skip_if_interpreted(kt._knn_kernel)
     ptrs = {"q_ptr": "*fp32", "r_ptr": "*fp32", "mask_ptr": "*u8", "dist_ptr": "*fp32", "idx_ptr": "*i64"}
     for k, C in ((16, 3), (32, 128), (64, 64)):
         bm, bk, bc, warps = kt._blocks(k, C)
         consts = {"HAS_MASK": True, "BLOCK_M": bm, "BLOCK_K": bk, "BLOCK_C": bc}
-        sig = {**ptrs, "M": "i32", "N": "i32", "C": "i32", "k": "i32", **dict.fromkeys(consts, "constexpr")}
-        options = {"num_warps": warps, "enable_fp_fusion": False}
-        compiled = triton.compile(ASTSource(kt._knn_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
-                                  options=options)  # fmt: skip
-        assert compiled.asm["cubin"], (k, C)
+        sig = {**ptrs, "M": "i32", "N": "i32", "C": "i32", "k": "i32"}
+        compile_for_sm90(kt._knn_kernel, sig, consts, warps, enable_fp_fusion=False)

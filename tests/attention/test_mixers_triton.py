@@ -7,16 +7,13 @@ subprocess) on CPU tensors; the ``gpu`` tests run them compiled on CUDA at L = 1
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from attention import backends
 from attention.mixers import MatrixMixer, cauchy_mix, functional, vandermonde_mix
+from engine.testing import assert_interpreted, compile_for_sm90, skip_if_interpreted
 
 
 def _inputs(kind: str, B: int, H: int, L: int, D: int, Dv: int, device: str = "cpu", dtype=torch.float32):
@@ -92,14 +89,7 @@ print("ok")
 @pytest.mark.skipif(not functional.HAS_TRITON, reason="triton missing")
 def test_triton_mixers_under_interpreter_equal_chunked_and_dense() -> None:
     """The kernels' logic on CPU through Triton's interpreter: forward and all gradients, Cauchy and Vandermonde."""
-    script = _INTERPRETED.format()
-    # this file's folder on the child's path, for its helpers; the checkout first, as engine.testing.tool_env does
-    here = Path(__file__).resolve().parent
-    path = os.pathsep.join([str(here), str(here.parents[1]), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
+    assert_interpreted(_INTERPRETED.format(), __file__)
 
 
 @pytest.mark.gpu
@@ -187,14 +177,9 @@ def test_backend_choice_and_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_triton_mixer_kernels_compile_for_an_h100() -> None:
     """What the interpreter never checks (``tl.dot`` shapes, layouts, types): compile every kernel for sm_90 ahead of
     time, at the block sizes and warps of the gpu test's shapes; no GPU needed (Triton bundles ptxas)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from attention.kernels import mixers_triton as mt
 
-    if not isinstance(mt._mix_fwd_kernel, triton.runtime.JITFunction):
-        pytest.skip("the kernel module was imported under TRITON_INTERPRET=1")
+    skip_if_interpreted(mt._mix_fwd_kernel)
     blk = mt._blocks(1000, 24, 40, None, None)
     ptr = {"x_ptr": "*fp32", "y_ptr": "*fp32", "v_ptr": "*fp32"}
     fwd = dict(BLOCK_M=blk["fwd_m"], BLOCK_N=blk["fwd_n"])
@@ -212,7 +197,4 @@ def test_triton_mixer_kernels_compile_for_an_h100() -> None:
     for kind in (0, 1):
         for fn, sig, consts, num_warps in kernels:
             consts = {**consts, "KIND": kind, "BLOCK_DV": blk["BLOCK_DV"]}
-            sig = {**sig, "L": "i32", "D": "i32", "DV": "i32", "f": "fp32", **dict.fromkeys(consts, "constexpr")}
-            options = {"num_warps": num_warps, "enable_fp_fusion": True}
-            compiled = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options=options)
-            assert compiled.asm["cubin"], fn.__name__
+            compile_for_sm90(fn, {**sig, "L": "i32", "D": "i32", "DV": "i32", "f": "fp32"}, consts, num_warps)

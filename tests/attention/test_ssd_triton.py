@@ -10,14 +10,13 @@ from __future__ import annotations
 import dataclasses
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
 
 from attention import backends
 from attention.mixers import MatrixMixer, QuasiseparableMatrix, apply_matrix, hydra_factors, quasiseparable_mix
-from engine.testing import compile_for_sm90, run_interpreted
+from engine.testing import assert_backends_agree, assert_interpreted, compile_for_sm90, skip_if_interpreted
 
 _NAMES = ("y", "dc_fwd", "db_fwd", "dc_bwd", "db_bwd", "dv", "dlog_fwd", "dlog_bwd", "ddiag")
 
@@ -71,6 +70,7 @@ import torch
 from test_ssd_triton import _assert_all_close, _dense, _inputs, _out_and_grads, _reference
 from attention.kernels.ssd_triton import quasiseparable_mix_triton
 from attention.mixers import MatrixMixer, quasiseparable_mix
+from engine.testing import assert_backends_agree
 
 # odd L over several chunks (T = 16, 32) with a partial last one, N and Dv not powers of two, B > 1 and H > 1
 for B, H, L, N, Dv, chunk in [(2, 2, 37, 5, 7, 16), (2, 3, 129, 16, 12, None), (1, 2, 70, 24, 40, 32)]:
@@ -93,14 +93,7 @@ for matrix, static in (("hydra", False), ("quasiseparable", False), ("hydra", Tr
     with torch.no_grad():  # larger steps and A than at init, so that the decays matter
         (m.gate_param if static else m.gate_bias).add_(torch.randn_like(m.gate_param if static else m.gate_bias))
         m.matrix.A_log.normal_()
-    x = torch.randn(2, 45, 24, requires_grad=True)
-    grads = []
-    for backend in ("torch", "triton"):
-        m.matrix.backend = backend
-        out = m(x)
-        grads.append([out, *torch.autograd.grad(out.square().sum(), [x, *m.parameters()])])
-    for a, b in zip(*grads):
-        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4 * a.abs().max().item())
+    assert_backends_agree(m, torch.randn(2, 45, 24, requires_grad=True), m.matrix, "backend", ("torch", "triton"), 1e-4)
 print("ok")
 """
 
@@ -109,9 +102,7 @@ print("ok")
 @pytest.mark.skipif(not backends.HAS_TRITON, reason="triton missing")
 def test_ssd_triton_under_interpreter_equals_chunked_scan_and_dense() -> None:
     """The kernels' logic on CPU through Triton's interpreter: forward and every gradient, the Hydra mixers."""
-    out = run_interpreted(_INTERPRETED, Path(__file__).resolve().parent)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
+    assert_interpreted(_INTERPRETED, __file__)
 
 
 @pytest.mark.slow
@@ -123,8 +114,7 @@ def test_ssd_triton_kernels_compile_for_an_h100() -> None:
 
     from attention.kernels import ssd_triton as st
 
-    if not isinstance(st._chunk_out_kernel, triton.runtime.JITFunction):
-        pytest.skip("the kernel module was imported under TRITON_INTERPRET=1")
+    skip_if_interpreted(st._chunk_out_kernel)
     f = "*fp32"
     dims = {"BH": "i32", "L": "i32", "N": "i32", "DV": "i32", "NC": "i32"}
     for N, Dv in ((64, 64), (16, 40)):
@@ -197,13 +187,7 @@ def test_mamba_backend_calls_mamba2_as_hydra_does(monkeypatch: pytest.MonkeyPatc
             m.gate_bias.add_(torch.randn_like(m.gate_bias))
             m.matrix.A_log.normal_()
         x = torch.randn(2, 11, 12, requires_grad=True)
-        outs = []
-        for backend in ("torch", "mamba"):
-            m.matrix.backend = backend
-            out = m(x)
-            outs.append([out, *torch.autograd.grad(out.square().sum(), [x, *m.parameters()])])
-        for a, b in zip(*outs):
-            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5 * a.abs().max().item())
+        assert_backends_agree(m, x, m.matrix, "backend", ("torch", "mamba"), 1e-5)
     with pytest.raises(ValueError, match="takes float32, bfloat16 or float16 tensors, got float64"):
         m.double()(x.double())
     ins, _ = _inputs(1, 1, 5, 4, 3, seed=0)

@@ -165,3 +165,21 @@ def test_the_pickle_refusal_reads_older_torch_phrasing(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "load", refuse)
     with pytest.raises(CheckpointError, match=r"it needs mylib\.Thing, which a weights-only load"):
         load_checkpoint(tmp_path / "c.pt")
+
+
+def test_open_trained_takes_the_saved_config_and_refuses_a_checkpoint_without_one(tmp_path):
+    from dataclasses import dataclass
+
+    from engine import UsageError, open_trained
+
+    @dataclass
+    class Cfg:
+        lr: float = 0.1
+        name: str = "main"
+
+    torch.save({"model": {}, "config": {"lr": 0.5, "name": "run"}}, tmp_path / "with.pt")
+    state, cfg = open_trained(tmp_path / "with.pt", Cfg, "tools/train_x.py")
+    assert cfg == Cfg(lr=0.5, name="run") and state["model"] == {}
+    torch.save({"model": {}}, tmp_path / "without.pt")
+    with pytest.raises(UsageError, match=r"without.pt holds no config: expected a checkpoint written by tools/train_x"):
+        open_trained(tmp_path / "without.pt", Cfg, "tools/train_x.py")

@@ -8,12 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import TensorDataset
 
-from engine import CompileMode, Recipe, Trainer, load_checkpoint, run
-from engine.testing import read_log, strip_timing
+from engine import CompileMode, Trainer, load_checkpoint, run
+from engine.testing import BlobsTask, blobs, read_log, strip_timing
 
 DIM, CLASSES = 8, 3
 
@@ -30,33 +28,16 @@ class LineConfig:
     compile: CompileMode | None = None
 
 
-def _data(n: int, seed: int) -> TensorDataset:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, DIM, generator=g)
-    return TensorDataset(x, (x @ torch.randn(DIM, CLASSES, generator=torch.Generator().manual_seed(1))).argmax(-1))
-
-
-class LineRecipe(Recipe):
+class LineRecipe(BlobsTask):
     group = "line"
     config_cls = LineConfig
     monitor = "val_loss"
 
     def build_datasets(self):
-        return _data(64, 0), _data(32, 2)
+        return blobs(64, 0), blobs(32, 2)
 
     def build_model(self) -> nn.Module:  # no dropout: inductor draws other random numbers than eager
         return nn.Sequential(nn.Linear(DIM, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, CLASSES))
-
-    def build_optimizer(self, model):
-        return torch.optim.Adam(model.parameters(), lr=self.cfg.lr)
-
-    def loss(self, model, batch):
-        x, y = batch
-        return F.cross_entropy(model(x), y), {}
-
-    def evaluate(self, model):
-        x, y = self.eval_set.tensors
-        return {"val_loss": F.cross_entropy(model(x), y)}
 
 
 def _records(out: Path) -> list[dict]:

@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import TensorDataset
 
 import engine
 import engine.checkpoint as checkpoint_module
@@ -27,7 +25,6 @@ from engine import (
     TIMING_KEYS,
     DistributedContext,
     Interrupted,
-    Recipe,
     UsageError,
     check_config,
     collect_model_kwargs,
@@ -40,6 +37,7 @@ from engine import (
 )
 from engine.logger import read_records
 from engine.rundir import RunLock
+from engine.testing import BlobsTask, blobs
 
 DIM, CLASSES = 8, 3
 
@@ -57,39 +55,21 @@ class BlobsConfig:
     seed: int = 0
 
 
-def _blobs(n: int, seed: int) -> TensorDataset:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, DIM, generator=g)
-    return TensorDataset(x, (x @ torch.randn(DIM, CLASSES, generator=torch.Generator().manual_seed(1))).argmax(-1))
-
-
 def _mlp(hidden: int = 32, dropout: float = 0.2) -> nn.Module:
     return nn.Sequential(nn.Linear(DIM, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, CLASSES))
 
 
-class BlobsRecipe(Recipe):
+class BlobsRecipe(BlobsTask):
     group = "blobs"
     config_cls = BlobsConfig
     monitor = "val_acc"
     monitor_mode = "max"
 
     def build_datasets(self):
-        return _blobs(64, 0), _blobs(48, 2)
+        return blobs(64, 0), blobs(48, 2)
 
     def build_model(self) -> nn.Module:
         return create_with_kwargs(_mlp, "mlp", collect_model_kwargs(self.cfg, ("hidden",)))
-
-    def build_optimizer(self, model):
-        return torch.optim.Adam(model.parameters(), lr=self.cfg.lr)
-
-    def loss(self, model, batch):
-        x, y = batch
-        return F.cross_entropy(model(x), y), {}
-
-    def evaluate(self, model):
-        x, y = self.eval_set.tensors
-        logits = model(x)
-        return {"val_loss": F.cross_entropy(logits, y), "val_acc": (logits.argmax(-1) == y).float().mean()}
 
     def finalize(self, final, model):
         return {"finalized": True}

@@ -18,6 +18,7 @@ from pointcloud.parts import SHAPENET_PART_CLASSES, PartSegmentation, ShapeNetPa
 from pointcloud.partseg import PartSegMeter, create_model, list_models, shape_ious
 from pointcloud.partseg.metrics import category_part_mask, restricted_argmax
 from pointcloud.partseg.peers import propagate
+from pointcloud.testing import check_model_sweep
 from pointcloud.transforms import ShufflePoints
 
 SMALL = {"num_centroids": (32, 16), "num_neighbors": 8, "widths": (16, 32, 32, 64), "fuse_dim": 32,
@@ -43,17 +44,7 @@ def test_registered_model_sweep(name: str) -> None:
     """Per-point logits of the right shape, finite; every parameter gets a gradient; the state dict round-trips."""
     kwargs = {"num_parts": 7, "num_categories": 3, **SMALL_BY_MODEL.get(name, SMALL)}
     torch.manual_seed(0)
-    model = create_model(name, **kwargs)
-    points, category = _clouds(0, 4, 96), torch.tensor([0, 2, 1, 2])
-    logits = model(points, category)
-    assert logits.shape == (4, 96, 7) and bool(torch.isfinite(logits).all())
-    logits.logsumexp(-1).sum().backward()
-    missing = [n for n, p in model.named_parameters() if p.grad is None or not bool(p.grad.abs().sum() > 0)]
-    assert not missing, f"{name}: no gradient for {missing}"
-    model.eval()
-    clone = create_model(name, **kwargs).eval()
-    clone.load_state_dict(model.state_dict())
-    assert_close(clone(points, category), model(points, category))
+    check_model_sweep(create_model, name, kwargs, (_clouds(0, 4, 96), torch.tensor([0, 2, 1, 2])), (4, 96, 7))
 
 
 @pytest.mark.parametrize("name", list_models())
@@ -316,3 +307,20 @@ def test_a_mixer_reaches_the_encoder() -> None:
     model = create_model("centroid_transformer_partseg", num_parts=4, num_categories=2, mixer="softmax", **SMALL)
     assert isinstance(model.encoder.blocks[0], MixerBlock) and isinstance(model.encoder.blocks[2], MixerBlock)
     assert model.eval()(_clouds(9), torch.tensor([0, 1])).shape == (2, 64, 4)
+
+
+@pytest.mark.parametrize("which", ["modelnet", "partseg"])
+def test_both_point_recipes_refuse_the_shared_fields_by_name(which: str) -> None:
+    """:func:`pointcloud.recipe.point_checks`: each recipe with its own least number of points."""
+    from engine.errors import UsageError
+    from pointcloud.partseg.recipe import PartSegConfig, PartSegRecipe
+    from pointcloud.recipe import ModelNetConfig, ModelNetRecipe
+
+    recipe, config, least = {
+        "modelnet": (ModelNetRecipe, ModelNetConfig, 1),
+        "partseg": (PartSegRecipe, PartSegConfig, 2),
+    }[which]
+    recipe.validate(config())
+    problems = rf"num_points must be >= {least}, got {least - 1}.*num_neighbors \(K\).*votes must be >= 1.*scale_lo"
+    with pytest.raises(UsageError, match=problems):
+        recipe.validate(config(num_points=least - 1, votes=0, scale_lo=2.0, scale_hi=1.0))
