@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from engine import Recipe, check_config, collect_model_kwargs, count_gmacs, count_params, epoch_lr_schedule
+from engine import CompileMode, Recipe, check_config, collect_model_kwargs, count_gmacs, count_params, epoch_lr_schedule
 
 from ..parts import PART_NAMES, PartSegmentation, ShapeNetPart, SyntheticParts
 from ..recipe import point_checks
@@ -97,6 +97,7 @@ class PartSegConfig:
     label_smoothing: float = 0.0  # label smoothing of the per-point cross-entropy
     grad_clip: float | None = None  # max global gradient norm (null: no clipping)
     amp: bool = False  # bfloat16 autocast (CUDA only)
+    compile: CompileMode | None = None  # torch.compile mode for training (reduce-overhead: CUDA graphs; null: eager)
     workers: int = 0  # DataLoader worker processes
     threads: int | None = 1  # torch CPU threads of this process (null: torch's default, one per core)
     seed: int = 0  # seed of the initialization, data order and augmentation

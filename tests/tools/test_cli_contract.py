@@ -31,7 +31,7 @@ import lra
 from capsules.recipe import CapsulesRecipe
 from capsules.testing import TINY_CAPSULES_SETS
 from engine import Recipe, Trainer
-from engine.config import config_help, config_to_dict
+from engine.config import config_help, config_to_dict, load_config
 from engine.export import load_exported
 from engine.testing import read_log, run_tool, start_tool, stop_after_first_checkpoint, strip_timing, torchrun
 from lra.testing import TINY_LISTOPS_SETS
@@ -197,6 +197,17 @@ def test_help_lists_every_config_key_with_its_default_and_meaning(cli: CLI, caps
     flat = " ".join(text.split())
     for e in entries:
         assert " ".join(e.meaning.split()) in flat, e.name
+
+
+@pytest.mark.parametrize("cli", PARAMS)
+def test_every_cli_trains_through_torch_compile_by_one_config_key(cli: CLI) -> None:
+    """``--set compile=<mode>`` reaches engine.run's Trainer in every training CLI (tests/engine/test_compile.py checks
+    what it does); an unknown mode is refused."""
+    cls = cli.recipe.config_cls
+    assert "compile" in {f.name for f in dataclasses.fields(cls)}, f"{cls.__name__} has no compile key"
+    assert load_config(cls, overrides=["compile=reduce-overhead"]).compile == "reduce-overhead"
+    with pytest.raises(ValueError, match="compile"):
+        load_config(cls, overrides=["compile=fastest"])
 
 
 def _lrs(run: Path) -> list[float]:
