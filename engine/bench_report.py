@@ -17,19 +17,30 @@ from pathlib import Path
 from engine.atomic import atomic_write_text
 from engine.bench import format_target, markdown_table
 
-__all__ = ["DEVICE_ORDER", "REPORT_KEYS", "check_page", "load_reports", "render_page", "render_report", "write_page"]
+__all__ = [
+    "DEVICE_ORDER",
+    "REPORT_KEYS",
+    "TOOL_ORDER",
+    "check_page",
+    "load_reports",
+    "render_page",
+    "render_report",
+    "write_page",
+]
 
 # keys every report must hold to be rendered (engine.bench.write_report writes them)
 REPORT_KEYS = ("tool", "command", "commit", "machine", "args", "tables", "targets")
 DEVICE_ORDER = ("cpu", "cuda")
+# the page's order: the core ops, then the models by domain; a bench not listed here comes after them, by name
+TOOL_ORDER = ("bench_points", "bench_centroid", "bench_mixers", "bench_modelnet", "bench_partseg", "bench_vision",
+              "bench_capsules")  # fmt: skip
 
 _INTRO = """\
 # Benchmarks
 
 Each section is the latest report of one bench on one kind of machine: the command that made it, the machine line
 the bench printed, the commit it ran at, its tables and its target verdicts. Ratios compare rows of the same run;
-absolute times depend on the machine and its load. The CPU reports come from a shared 2-core machine
-(`OMP_NUM_THREADS=2`) and are noisy.
+absolute times depend on the machine and on its load while the bench ran.
 
 This page is generated: `python tools/docs_benchmarks.py` writes it from the reports in `docs/benchmarks/`
 (`<bench>-<device>.json`, each a bench's own `--json`). To update a section, run its command with
@@ -41,14 +52,17 @@ def _device(report: dict) -> str:
     return str(report["args"].get("device", "cpu")).split(":")[0]
 
 
+def _rank(order: Sequence[str], name: str) -> int:
+    return order.index(name) if name in order else len(order)
+
+
 def _sort_key(report: dict) -> tuple:
-    device = _device(report)
-    rank = DEVICE_ORDER.index(device) if device in DEVICE_ORDER else len(DEVICE_ORDER)
-    return report["tool"], rank, device
+    tool, device = report["tool"], _device(report)
+    return _rank(TOOL_ORDER, tool), tool, _rank(DEVICE_ORDER, device), device
 
 
 def load_reports(folder: str | os.PathLike) -> list[dict]:
-    """Every ``*.json`` report in ``folder``, ordered by bench and then device (CPU first).
+    """Every ``*.json`` report in ``folder``, ordered by bench (:data:`TOOL_ORDER`) and then device (CPU first).
 
     Raises:
         ValueError: a report lacks one of :data:`REPORT_KEYS` (say which file and which keys), or two reports are
@@ -96,7 +110,8 @@ def render_report(report: dict, level: int = 3) -> str:
 
 
 def render_page(reports: Sequence[dict]) -> str:
-    """The whole page: a short introduction, then for each bench (``## bench_x``) its reports, CPU first."""
+    """The whole page: a short introduction, then for each bench (``## bench_x``, :data:`TOOL_ORDER`) its reports,
+    CPU first."""
     parts = [_INTRO]
     tool = None
     for report in sorted(reports, key=_sort_key):
