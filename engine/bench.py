@@ -12,6 +12,7 @@ import math
 import os
 import platform
 import resource
+import shlex
 import statistics
 import subprocess
 import sys
@@ -305,9 +306,26 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
     return "\n".join(lines)
 
 
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    """Prints :func:`markdown_table` (for the bench scripts; the library itself never prints)."""
+def print_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    tables: list[dict] | None = None,
+    title: str | None = None,
+) -> None:
+    """Prints :func:`markdown_table` (for the bench scripts; the library itself never prints).
+
+    Args:
+        headers: column names.
+        rows: the table's rows.
+        tables: where given, the table is also appended to it as ``{"title", "headers", "rows"}``: the list a
+            bench passes to :func:`finish`, so that its ``--json`` holds every table it printed.
+        title: the table's heading, printed as ``## title`` above it.
+    """
+    if title is not None:
+        print(f"## {title}\n")
     print(markdown_table(headers, rows))
+    if tables is not None:
+        tables.append({"title": title, "headers": list(headers), "rows": [list(r) for r in rows]})
 
 
 def describe_machine(device: torch.device | str) -> str:
@@ -381,18 +399,62 @@ def format_target(t: dict) -> str:
     return f"target: {t['target']} {t['wanted']}: {t['verdict']} ({measured}{detail})"
 
 
-def finish(tool: str, device: torch.device | str, args: Any, targets: list[dict], **payload: object) -> None:
+def finish(
+    tool: str,
+    device: torch.device | str,
+    args: Any,
+    targets: list[dict],
+    *,
+    argv: Sequence[str] | None = None,
+    **payload: object,
+) -> None:
     """The end of every bench script: a blank line, each target's verdict line (:func:`format_target`), and with
-    ``args.json`` the report (:func:`write_report`, the script's flags as ``args``; ``payload`` holds ``results``)."""
+    ``args.json`` the report (:func:`write_report`, the script's flags as ``args``, its command line from ``argv``,
+    default ``sys.argv[1:]``; ``payload`` holds ``results`` and the printed ``tables``)."""
     print()
     for t in targets:
         print(format_target(t))
     if getattr(args, "json", None):
-        write_report(args.json, tool, device, vars(args), **payload, targets=targets)
+        write_report(args.json, tool, device, vars(args), argv=argv, **payload, targets=targets)
 
 
-def write_report(path: str | os.PathLike, tool: str, device: torch.device | str, args: dict, **payload: object) -> None:
-    """A bench's ``--json``: ``{"tool", "machine", "args", **payload}`` written atomically; ``payload`` holds its
-    ``results`` (the rows) and its ``targets`` (:func:`target`), and whatever else that bench reports."""
-    head = {"tool": tool, "machine": describe_machine(device), "args": args}
+def write_report(
+    path: str | os.PathLike,
+    tool: str,
+    device: torch.device | str,
+    args: dict,
+    *,
+    argv: Sequence[str] | None = None,
+    **payload: object,
+) -> None:
+    """A bench's ``--json``, written atomically: ``{"tool", "command", "commit", "machine", "args", **payload}``.
+
+    ``command`` is ``python tools/<tool>.py`` with ``argv`` (default ``sys.argv[1:]``), ``commit`` the checkout's
+    ``git`` commit (None outside a git checkout), ``machine`` :func:`describe_machine`. ``payload`` holds the bench's
+    ``results`` (the rows), its ``targets`` (:func:`target`), the ``tables`` it printed (:func:`print_table`), and
+    whatever else that bench reports. ``tools/docs_benchmarks.py`` renders these files into docs/benchmarks.md
+    (:mod:`engine.bench_report`).
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    head = {
+        "tool": tool,
+        "command": shlex.join(["python", f"tools/{tool}.py", *argv]),
+        "commit": git_commit(),
+        "machine": describe_machine(device),
+        "args": args,
+    }
     atomic_write_text(path, json.dumps({**head, **payload}, indent=2, default=str) + "\n")
+
+
+def git_commit() -> str | None:
+    """The short commit hash of the checkout this package runs from, with ``+`` when it has uncommitted changes
+    (None where git or the checkout is missing)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True, timeout=10).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+" if dirty else "") if head else None

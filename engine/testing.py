@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -27,12 +27,16 @@ from engine.recipe import Recipe
 from engine.trainer import TIMING_KEYS
 
 __all__ = [
+    "NOTEST",
     "REPO",
     "BlobsTask",
+    "FencedBlock",
     "assert_backends_agree",
     "assert_interpreted",
     "blobs",
     "compile_for_sm90",
+    "doc_pages",
+    "fenced_blocks",
     "free_port",
     "host_syncs",
     "read_log",
@@ -47,6 +51,48 @@ __all__ = [
 ]
 
 REPO = Path(__file__).resolve().parents[1]
+
+# the line right above a fence that the docs' tests leave alone (an HTML comment: invisible on GitHub and the site)
+NOTEST = "<!-- notest -->"
+
+
+class FencedBlock(NamedTuple):
+    """One fenced code block of a Markdown file: where it starts (1-based line of the fence), its language, its text,
+    and whether the line above the fence is :data:`NOTEST`."""
+
+    path: Path
+    line: int
+    language: str
+    code: str
+    notest: bool
+
+
+def doc_pages() -> list[Path]:
+    """The Markdown a user reads: README.md and every page under docs/."""
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def fenced_blocks(path: Path, languages: tuple[str, ...]) -> list[FencedBlock]:
+    """The fenced blocks of ``path`` (backtick fences, indented or not) whose language is one of ``languages``."""
+    lines = path.read_text().splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        m = re.match(r"^(\s*)```\s*([\w+-]*)", lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, language, start = m.group(1), m.group(2), i
+        i += 1
+        body = []
+        while i < len(lines) and not lines[i].strip().startswith("```"):
+            body.append(lines[i][len(indent) :] if lines[i].startswith(indent) else lines[i].lstrip())
+            i += 1
+        i += 1
+        if language in languages:
+            notest = start > 0 and lines[start - 1].strip() == NOTEST
+            blocks.append(FencedBlock(path, start + 1, language, "\n".join(body) + "\n", notest))
+    return blocks
+
 
 # aten ops whose result the host must read (a value, or a data-dependent size): on CUDA each waits for the GPU
 SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "_unique2", "unique_dim",

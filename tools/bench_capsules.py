@@ -95,11 +95,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         model_kwargs=args.model_kwargs,
     )  # fmt: skip
     goals = targets(results, args.device, args.train_steps)
-    print_table(*table(results, args.routing_impls, args.budget_gb, args.train_steps, args.decoders[0]))
-    print(f"\n# decoders: Chamfer and part purity after {args.train_steps} steps ({args.chamfer_points} points)\n")
-    print_table(*decoder_table(decoded, args.train_steps))
-    finish("bench_capsules", args.device, args, goals, chamfer_definition=CHAMFER_DEFINITION, results=results,
-           decoders=decoded)  # fmt: skip
+    tables: list[dict] = []
+    print_table(*table(results, args.routing_impls, args.budget_gb, args.train_steps, args.decoders[0]), tables)
+    print()
+    title = f"Decoders: Chamfer and part purity after {args.train_steps} steps ({args.chamfer_points} points)"
+    print_table(*decoder_table(decoded, args.train_steps), tables, title=title)
+    finish("bench_capsules", args.device, args, goals, argv=argv, chamfer_definition=CHAMFER_DEFINITION,
+           results=results, decoders=decoded, tables=tables)  # fmt: skip
     return results
 
 

@@ -63,9 +63,10 @@ def main(argv: list[str] | None = None) -> None:
     for r in results:
         if "note" in r and r["N"] == args.points[0]:
             print(f"# {r['path']}: not measured: {r['note']}")
-    print_table(CENTROID_HEADERS, centroid_rows(results))
+    tables: list[dict] = []
+    print_table(CENTROID_HEADERS, centroid_rows(results), tables)
     goals = centroid_targets(results, args.device)
-    finish("bench_centroid", args.device, args, goals, results=results)
+    finish("bench_centroid", args.device, args, goals, argv=argv, results=results, tables=tables)
 
 
 if __name__ == "__main__":

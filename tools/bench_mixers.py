@@ -69,9 +69,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     isolate = isolate_configs(args.isolate, args.device)
     results = mixer_rows(args.device, args.lengths, args.mixers, dim=args.dim, heads=args.heads, batch=args.batch,
                          repeats=args.repeats, max_quadratic_len=args.max_quadratic_len, isolate=isolate)  # fmt: skip
-    print_table(*mixer_table(results))
+    tables: list[dict] = []
+    print_table(*mixer_table(results), tables)
     targets = [fsat_target(results, args.device), *mixer_kernel_targets(results, args.device)]
-    finish("bench_mixers", args.device, args, targets, results=results)
+    finish("bench_mixers", args.device, args, targets, argv=argv, results=results, tables=tables)
     return results
 
 

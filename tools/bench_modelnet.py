@@ -57,9 +57,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"# {label}: not measured: {why}")
     print()
     results = benchmark(rows, args.device, args.batch, args.points, args.amp, args.repeats, args.warmup, args.stat)
-    print_table(*table(results))
+    tables: list[dict] = []
+    print_table(*table(results), tables)
     goals = targets(results, args.device, args.amp, args.points)
-    finish("bench_modelnet", args.device, args, goals, results=results)
+    finish("bench_modelnet", args.device, args, goals, argv=argv, results=results, tables=tables)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from engine.bench import add_throughput_arguments, describe_machine, print_table, write_report
+from engine.bench import add_throughput_arguments, describe_machine, finish, print_table
 from pointcloud.partseg import list_models
 from pointcloud.partseg.bench import benchmark, check_settings, plan, table
 
@@ -41,9 +41,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = plan(models, main_job=not args.no_main_job)
     results = benchmark(rows, args.device, args.batch, args.points, args.amp, args.repeats, args.warmup, args.stat,
                         use_normals=not args.no_normals)  # fmt: skip
-    print_table(*table(results))
-    if args.json:
-        write_report(args.json, "bench_partseg", args.device, vars(args), results=results)
+    tables: list[dict] = []
+    print_table(*table(results), tables)
+    finish("bench_partseg", args.device, args, [], argv=argv, results=results, tables=tables)
     return results
 
 

@@ -76,18 +76,18 @@ def main(argv: list[str] | None = None) -> None:
         print(f"# numba FPS first call in a fresh process: {cold:.0f} ms compiling, {warm:.0f} ms from the cache")
     print()
     fps_rows, knn_rows = point_op_rows(device, args.batch, args.points, args.channels, args.k, args.repeats)
-    print("## Farthest point sampling\n")
-    print_table(FPS_HEADERS, fps_rows)
-    print("\n## K nearest neighbours (M queries, N references)\n")
-    print_table(KNN_HEADERS, knn_rows)
+    tables: list[dict] = []
+    print_table(FPS_HEADERS, fps_rows, tables, title="Farthest point sampling")
+    print()
+    print_table(KNN_HEADERS, knn_rows, tables, title="K nearest neighbours (M queries, N references)")
     large_rows = large_cloud_rows(args.large, device, args.repeats, args.clouds)
     if args.large:
-        print("\n## FPS on one large cloud (C = 3)\n")
-        print_table(LARGE_HEADERS, large_rows)
+        print()
+        print_table(LARGE_HEADERS, large_rows, tables, title="FPS on one large cloud (C = 3)")
         print(f"\n# load average after the run: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     results = points_results(fps_rows, knn_rows, large_rows)
     targets = [fps_cluster_target(results["fps"], args.device)]
-    finish("bench_points", device, args, targets, results=results)
+    finish("bench_points", device, args, targets, argv=argv, results=results, tables=tables)
 
 
 if __name__ == "__main__":

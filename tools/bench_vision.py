@@ -60,9 +60,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     what = f"bf16 autocast {amp}, compile {args.compile}, {args.stat} of {args.repeats} rounds"
     print(f"# bench_vision on {device}: {describe_machine(device)}")
     print(f"# batch {args.batch}, {args.img_size} px, fp32 weights, {what}\n")
-    print_table(*table(results, train=not args.no_train))
+    tables: list[dict] = []
+    print_table(*table(results, train=not args.no_train), tables)
     targets = [ours_target(results, device)]
-    finish("bench_vision", device, args, targets, results=results)
+    finish("bench_vision", device, args, targets, argv=argv, results=results, tables=tables)
     return results
 
 

@@ -225,14 +225,16 @@ class GridCentroidBlock(nn.Module):
 class CentroidViT(nn.Module):
     """DeiT-style vision transformer whose block ``centroid_index`` is a :class:`GridCentroidBlock`.
 
+    ``in_chans``, ``num_classes``, ``global_pool`` (``"token"`` or ``"avg"``), ``embed_dim``, ``depth``, ``num_heads``,
+    ``mlp_ratio``, ``qkv_bias``, ``drop_rate``, ``pos_drop_rate``, ``proj_drop_rate``, ``attn_drop_rate`` and
+    ``drop_path_rate`` are as in timm's ViT.
+
     Args:
         img_size: input size; every token grid is computed from it at construction.
         patch_size: patch (kernel) size of the stem.
         patch_stride: stem stride; ``None`` = ``patch_size`` (timm's ``PatchEmbed``), else :class:`OverlapPatchEmbed`
             with ``patch_padding``.
         patch_padding: padding of the overlapping stem.
-        in_chans, num_classes, global_pool (``"token"`` or ``"avg"``), embed_dim, depth, num_heads, mlp_ratio,
-            qkv_bias, drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate: as timm's ViT.
         centroid_index: index of the centroid block (``None``: a plain DeiT, used by the baselines).
         centroid_steps: T of the centroid block.
         mixer: None (multi-head self-attention), or a name from :data:`attention.MIXERS` (``"cauchy"``, ``"fsat"``,

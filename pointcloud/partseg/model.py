@@ -105,12 +105,14 @@ class PartSegModel(nn.Module):
 class CentroidPartSeg(PartSegModel):
     """The centroid transformer's encoder with a per-point part classifier (see the module docstring).
 
+    The encoder's arguments (``widths``, ``num_centroids``, ``num_neighbors``, ``num_heads``, ``num_steps``, ``init``,
+    ``kmeans_iters``, ``mlp_ratio``, ``fuse_dim``, ``mixer``, ``mixer_kwargs``, ``attn_backend``) are those of
+    :class:`pointcloud.CentroidTransformer`.
+
     Args:
         num_parts: global part labels (50 in ShapeNet Part).
         num_categories: object categories (16 in ShapeNet Part), given as a one-hot input.
         in_channels: 3 (xyz) or 6 (xyz + normals).
-        widths, num_centroids, num_neighbors, num_heads, num_steps, init, kmeans_iters, mlp_ratio, fuse_dim, mixer,
-            mixer_kwargs, attn_backend: the encoder's, as in :class:`pointcloud.CentroidTransformer`.
         upsample: how the centroid stages reach the input points: ``"inverse_distance"`` (3 nearest) or
             ``"nearest"`` (:data:`pointcloud.model.UPSAMPLE`).
         global_dim: width of the per-shape vector (pooled features and category) given to every point.

@@ -1,4 +1,5 @@
-"""The README's commands that open a run (resume, eval-only, export, the capsule viewer) run as written.
+"""The commands of the README and the docs pages run as written: those that open a run (resume, eval-only, export,
+the viewers) for real, and every one names a script and flags that exist (its ``--help``).
 
 Each training CLI first trains a tiny run (one epoch, its config given entirely with ``--set``) into the folder its
 default config names (``runs/<group>/<name>/latest``), and every README training command with an ``--output-dir``
@@ -22,7 +23,7 @@ import engine
 import lra
 from capsules.recipe import CapsulesRecipe
 from capsules.testing import TINY_CAPSULES_SETS
-from engine.testing import REPO, tool_env
+from engine.testing import REPO, doc_pages, fenced_blocks, tool_env
 from lra.testing import TINY_LISTOPS_SETS
 from pointcloud.partseg.recipe import PartSegRecipe
 from pointcloud.recipe import ModelNetRecipe
@@ -48,16 +49,23 @@ OPENS_A_RUN = ("--resume", "--eval-only", "export_weights.py", "visualize_capsul
 SAMPLE = REPO.parent / "shared" / "data" / "modelnet40_normal_resampled_sample"
 
 
-def _readme_lines() -> list[str]:
-    """The ``python tools/...`` lines of the README's bash blocks, continuation lines joined, comments and ``&& ...``
-    dropped."""
+def _doc_lines(prefixes: tuple[str, ...] = ("python tools/",)) -> list[str]:
+    """The lines starting with one of ``prefixes`` in the bash blocks of the README and of every docs page,
+    continuation lines joined, comments and ``&& ...`` dropped."""
     lines = []
-    for block in re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.strip().split("  #")[0].split(" && ")[0].strip()
-            if line.startswith("python tools/"):
-                lines.append(line)
+    for page in doc_pages():
+        for block in fenced_blocks(page, ("bash", "sh", "shell")):
+            for line in block.code.replace("\\\n", " ").splitlines():
+                line = line.strip().split("  #")[0].split(" && ")[0].strip()
+                if line.startswith(prefixes):
+                    lines.append(line)
     return lines
+
+
+def _readme_lines() -> list[str]:
+    """The ``python tools/...`` commands of the README and the docs pages (:func:`_doc_lines`) that run as written:
+    a template with ``<placeholders>`` (``--config <config>``) only has its script and flags checked."""
+    return [line for line in _doc_lines() if not re.search(r"<[^<>\s]+>", line)]
 
 
 def readme_commands() -> list[str]:
@@ -114,3 +122,40 @@ def test_readme_command_runs_as_written(command: str, trained: Path) -> None:
     if opened and not (trained / opened.group(0)).exists() and not SAMPLE.is_dir():
         pytest.skip(f"{opened.group(1)} is trained on the real ModelNet40 sample (../shared/data), absent here")
     _run(shlex.split(command), trained)
+
+
+def _script_and_args(command: str) -> tuple[str, list[str]]:
+    """``(tools/<x>.py, its arguments)`` of a ``python tools/...`` or ``bash tools/run.sh train|test ...`` line
+    (``run.sh train`` is ``tools/train_modelnet.py``; ``run.sh test`` passes its arguments to pytest: none checked)."""
+    argv = shlex.split(command)
+    if argv[:2] == ["bash", "tools/run.sh"]:
+        if len(argv) > 2 and argv[2] == "train":
+            return "tools/train_modelnet.py", argv[3:]
+        return "tools/run.sh", []
+    return argv[1], argv[2:]
+
+
+@pytest.mark.slow
+def test_doc_commands_name_a_script_and_its_flags() -> None:
+    """Every ``python tools/...`` and ``bash tools/run.sh ...`` command shown in the README and the docs pages names
+    a script that exists and only flags that its ``--help`` lists."""
+    commands = _doc_lines(("python tools/", "bash tools/run.sh"))
+    assert any(c.startswith("bash tools/run.sh") for c in commands), "the finder sees no run.sh command"
+    helps: dict[str, set[str]] = {}
+    problems = []
+    for command in commands:
+        script, args = _script_and_args(command)
+        if not (REPO / script).is_file():
+            problems.append(f"{command}: no {script}")
+            continue
+        if script.endswith(".sh"):
+            continue
+        if script not in helps:
+            done = subprocess.run([sys.executable, str(REPO / script), "--help"], env=tool_env(), capture_output=True,
+                                  text=True, timeout=300)  # fmt: skip
+            assert done.returncode == 0, f"{script} --help: {done.stderr[-2000:]}"
+            helps[script] = set(re.findall(r"--[\w-]+", done.stdout))
+        unknown = [a.split("=")[0] for a in args if a.startswith("--") and a.split("=")[0] not in helps[script]]
+        if unknown:
+            problems.append(f"{command}: {script} has no {unknown}")
+    assert not problems, "\n".join(problems)
