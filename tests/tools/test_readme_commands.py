@@ -56,7 +56,7 @@ def _doc_lines(prefixes: tuple[str, ...] = ("python tools/",)) -> list[str]:
     for page in doc_pages():
         for block in fenced_blocks(page, ("bash", "sh", "shell")):
             for line in block.code.replace("\\\n", " ").splitlines():
-                line = line.strip().split("  #")[0].split(" && ")[0].strip()
+                line = re.split(r"\s#", line.strip())[0].split(" && ")[0].strip()  # a shell comment follows a blank
                 if line.startswith(prefixes):
                     lines.append(line)
     return lines
