@@ -8,7 +8,7 @@
 #   CENTROID_VENV         the virtualenv (default .venv)
 #   CENTROID_CONSTRAINTS  the exact versions (default constraints.txt); torch-cluster is built only when this file
 #                         pins it, e.g. constraints-torch211.txt (the oldest supported torch) leaves it out
-#   CENTROID_EXTRAS       the package's extras (default dev,viz; `dev` leaves out open3d)
+#   CENTROID_EXTRAS       the package's extras (default dev,viz,docs; `dev` alone leaves out open3d and the docs tools)
 #   CENTROID_PYTHON       the interpreter that creates the virtualenv (default python3)
 #   CENTROID_CLUSTER      1 (default) builds torch-cluster where the constraints pin it; 0 leaves the build for later
 #                         (`bash tools/run.sh train` passes 0: the main job runs on the torch paths without it)
@@ -19,7 +19,7 @@ VENV="${CENTROID_VENV:-$ROOT/.venv}"
 PY="${CENTROID_PYTHON:-python3}"
 CONSTRAINTS="${CENTROID_CONSTRAINTS:-$ROOT/constraints.txt}"
 case "$CONSTRAINTS" in /*) ;; *) CONSTRAINTS="$ROOT/$CONSTRAINTS" ;; esac
-EXTRAS="${CENTROID_EXTRAS:-dev,viz}"
+EXTRAS="${CENTROID_EXTRAS:-dev,viz,docs}"
 CLUSTER="${CENTROID_CLUSTER:-1}"
 STAMP="$VENV/.centroid-bootstrap"
 APT_PACKAGES=(libusb-1.0-0 libgl1 libegl1 libgomp1 libvulkan1 mesa-vulkan-drivers xvfb xauth)
