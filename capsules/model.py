@@ -613,11 +613,8 @@ class PointCapsNet(nn.Module):
 # Registry
 # --------------------------------------------------------------------------------------------------------------------
 
-_registry = ModelRegistry("point capsule")
-MODELS = _registry.models
-register_model = _registry.register_model
-list_models = _registry.list_models
-create_model = _registry.create_model  # kwargs override a model's defaults (e.g. ``num_points=1024``)
+# create_model: kwargs override a model's defaults (e.g. ``num_points=1024``)
+MODELS, register_model, list_models, create_model = ModelRegistry("point capsule").exports()
 
 _SMALL = {"num_primary": 512, "primary_dim": 16, "num_latent": 12, "latent_dim": 128, "num_points": 2048}
 _BASE = {"num_primary": 1024, "primary_dim": 16, "num_latent": 64, "latent_dim": 64, "num_points": 2048}
