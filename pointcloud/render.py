@@ -51,12 +51,38 @@ VIEWS = {
 }
 
 
-def add_viewer_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags of every viewer CLI (``tools/visualize_*.py``): where the pictures go, where the data lies, whether
-    to render PNGs even with a display, the picture's size and point size, and those of every command that reads a
-    checkpoint (:func:`engine.add_checkpoint_flags`)."""
-    parser.add_argument("--output-dir", default=None, help="default: <checkpoint folder>/viz")
-    parser.add_argument("--data-root", default=None, help="dataset root (default: the checkpoint config's)")
+def add_viewer_flags(
+    parser: argparse.ArgumentParser,
+    trained_by: str,
+    shape_example: str = "e.g. table_0053",
+    splits: Sequence[str] | None = ("train", "test"),
+    split_help: str = "which split's shapes to show",
+    output_folder: str = "viz",
+    output_aliases: Sequence[str] = (),
+    data_root_help: str = "dataset root (default: the checkpoint config's)",
+) -> None:
+    """The flags of every viewer CLI (``tools/visualize_*.py``): the checkpoint and the shapes to show (by split, index
+    and name), where the pictures go, where the data lies, whether to render PNGs even with a display, the picture's
+    size and point size, and those of every command that reads a checkpoint (:func:`engine.add_checkpoint_flags`).
+
+    Args:
+        parser: The viewer's parser.
+        trained_by: The training CLI whose checkpoints the viewer reads (``"tools/train_capsules.py"``).
+        shape_example: What a shape name looks like, for ``--shape``'s help.
+        splits: The choices of ``--split`` (None: any name, checked by the viewer).
+        split_help: ``--split``'s help.
+        output_folder: The default output folder inside the checkpoint's folder, for ``--output-dir``'s help.
+        output_aliases: Other spellings of ``--output-dir`` (``"--out"``).
+        data_root_help: ``--data-root``'s help.
+    """
+    parser.add_argument("--checkpoint", required=True, help=f"a last.pt / best.pt written by {trained_by}")
+    parser.add_argument("--split", default="test", choices=splits, help=split_help)
+    parser.add_argument("--index", type=int, nargs="+", default=[], help="shape indices in the split")
+    parser.add_argument("--shape", nargs="+", default=[], help=f"shape names in the split ({shape_example})")
+    parser.add_argument(
+        "--output-dir", *output_aliases, default=None, help=f"default: <checkpoint folder>/{output_folder}"
+    )
+    parser.add_argument("--data-root", default=None, help=data_root_help)
     parser.add_argument("--headless", action="store_true", help="render PNGs even when a display is present")
     parser.add_argument("--width", type=int, default=960)
     parser.add_argument("--height", type=int, default=480)

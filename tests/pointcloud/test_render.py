@@ -1,12 +1,14 @@
 """The viewers' shared helpers of :mod:`pointcloud.render` that need no renderer: the choice of shapes by index or
-name."""
+name, the viewer flags."""
 
 from __future__ import annotations
+
+import argparse
 
 import pytest
 
 from engine import UsageError
-from pointcloud.render import choose_shapes
+from pointcloud.render import add_viewer_flags, choose_shapes
 
 NAMES = ["table_0000", "table_0001", "mug_0000", "mug_0001", "chair_0000"]
 
@@ -25,3 +27,24 @@ def test_unknown_names_and_indices_are_refused_with_the_close_names() -> None:
         choose_shapes(NAMES, shapes=["sofa_x"])
     with pytest.raises(UsageError, match=r"shape indices \[5, -1\] are outside the test split's 5 shapes"):
         choose_shapes(NAMES, [5, -1, 2])
+
+
+def test_viewer_flags_take_the_shapes_and_the_picture_settings() -> None:
+    parser = argparse.ArgumentParser()
+    add_viewer_flags(parser, "tools/train_capsules.py")
+    args = parser.parse_args(["--checkpoint", "best.pt", "--index", "3", "7", "--shape", "mug_0000", "--width", "64"])
+    assert (args.checkpoint, args.split, args.index, args.shape) == ("best.pt", "test", [3, 7], ["mug_0000"])
+    assert (args.output_dir, args.headless, args.width, args.height, args.trust_checkpoint) == (
+        None,
+        False,
+        64,
+        480,
+        False,
+    )
+    assert "written by tools/train_capsules.py" in parser.format_help()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--checkpoint", "best.pt", "--split", "val"])
+    parser = argparse.ArgumentParser()
+    add_viewer_flags(parser, "tools/train_modelnet.py", splits=None, output_aliases=("--out",))
+    args = parser.parse_args(["--checkpoint", "best.pt", "--split", "val", "--out", "viz"])
+    assert (args.split, args.output_dir) == ("val", "viz")
