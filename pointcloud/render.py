@@ -17,6 +17,7 @@ import logging
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +36,7 @@ __all__ = [
     "render_png",
     "save_png",
     "show",
+    "viewer_kwargs",
     "write_ply",
 ]
 
@@ -88,6 +90,23 @@ def add_viewer_flags(
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--point-size", type=float, default=6.0)
     add_checkpoint_flags(parser)
+
+
+def viewer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments that the flags of :func:`add_viewer_flags` give every viewer's ``visualize_checkpoint``
+    (all but the checkpoint itself)."""
+    return {
+        "indices": args.index,
+        "split": args.split,
+        "shapes": args.shape,
+        "output_dir": args.output_dir,
+        "data_root": args.data_root,
+        "headless": args.headless,
+        "width": args.width,
+        "height": args.height,
+        "point_size": args.point_size,
+        "allow_pickle": args.trust_checkpoint,
+    }
 
 
 def choose_shapes(

@@ -22,7 +22,7 @@ import argparse
 
 from capsules.visualize import visualize_checkpoint
 from engine import setup_logging, user_errors
-from pointcloud.render import add_viewer_flags
+from pointcloud.render import add_viewer_flags, viewer_kwargs
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -32,10 +32,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     setup_logging(None)
     with user_errors(args.debug):
-        return visualize_checkpoint(
-            args.checkpoint, args.index, args.split, args.highlight, args.output_dir, args.data_root, args.headless,
-            args.width, args.height, args.point_size, allow_pickle=args.trust_checkpoint, shapes=args.shape,
-        )  # fmt: skip
+        return visualize_checkpoint(args.checkpoint, highlight=args.highlight, **viewer_kwargs(args))
 
 
 if __name__ == "__main__":

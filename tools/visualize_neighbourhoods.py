@@ -22,7 +22,7 @@ import argparse
 
 from engine import setup_logging, user_errors
 from pointcloud.neighbourhoods import PART_SOURCES, visualize_checkpoint
-from pointcloud.render import add_viewer_flags
+from pointcloud.render import add_viewer_flags, viewer_kwargs
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -45,10 +45,13 @@ def main(argv: list[str] | None = None) -> dict:
     setup_logging(None)
     with user_errors(args.debug):
         return visualize_checkpoint(
-            args.checkpoint, args.index, args.split, args.shape, args.parts, args.data_root, args.output_dir,
-            args.centroids, args.max_shapes, args.headless, args.width, args.height, args.point_size,
-            allow_pickle=args.trust_checkpoint, progress=not args.no_progress,
-        )  # fmt: skip
+            args.checkpoint,
+            parts=args.parts,
+            centroids=args.centroids,
+            max_shapes=args.max_shapes,
+            progress=not args.no_progress,
+            **viewer_kwargs(args),
+        )
 
 
 if __name__ == "__main__":

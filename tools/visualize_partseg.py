@@ -19,7 +19,7 @@ import argparse
 
 from engine import setup_logging, user_errors
 from pointcloud.partseg.visualize import visualize_checkpoint
-from pointcloud.render import add_viewer_flags
+from pointcloud.render import add_viewer_flags, viewer_kwargs
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -29,10 +29,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     setup_logging(None)
     with user_errors(args.debug):
-        return visualize_checkpoint(
-            args.checkpoint, args.index, args.split, args.output_dir, args.data_root, args.headless, args.together,
-            args.width, args.height, args.point_size, allow_pickle=args.trust_checkpoint, shapes=args.shape,
-        )  # fmt: skip
+        return visualize_checkpoint(args.checkpoint, together=args.together, **viewer_kwargs(args))
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
 """The viewers' shared helpers of :mod:`pointcloud.render` that need no renderer: the choice of shapes by index or
-name, the viewer flags."""
+name, the viewer flags and the keywords they give."""
 
 from __future__ import annotations
 
 import argparse
+import inspect
 
 import pytest
 
 from engine import UsageError
-from pointcloud.render import add_viewer_flags, choose_shapes
+from pointcloud.render import add_viewer_flags, choose_shapes, viewer_kwargs
 
 NAMES = ["table_0000", "table_0001", "mug_0000", "mug_0001", "chair_0000"]
 
@@ -48,3 +49,16 @@ def test_viewer_flags_take_the_shapes_and_the_picture_settings() -> None:
     add_viewer_flags(parser, "tools/train_modelnet.py", splits=None, output_aliases=("--out",))
     args = parser.parse_args(["--checkpoint", "best.pt", "--split", "val", "--out", "viz"])
     assert (args.split, args.output_dir) == ("val", "viz")
+
+
+def test_viewer_flags_name_the_keywords_of_every_viewer() -> None:
+    import capsules.visualize
+    import pointcloud.neighbourhoods
+    import pointcloud.partseg.visualize
+
+    parser = argparse.ArgumentParser()
+    add_viewer_flags(parser, "tools/train_modelnet.py")
+    kwargs = viewer_kwargs(parser.parse_args(["--checkpoint", "best.pt", "--shape", "mug_0000", "--trust-checkpoint"]))
+    assert kwargs["shapes"] == ["mug_0000"] and kwargs["allow_pickle"] and kwargs["indices"] == []
+    for viewer in (capsules.visualize, pointcloud.partseg.visualize, pointcloud.neighbourhoods):
+        inspect.signature(viewer.visualize_checkpoint).bind("best.pt", **kwargs)
