@@ -14,6 +14,7 @@ import argparse
 import colorsys
 import difflib
 import logging
+import os
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
@@ -30,6 +31,7 @@ __all__ = [
     "add_legend",
     "add_viewer_flags",
     "choose_shapes",
+    "has_display",
     "legend_panel_width",
     "palette",
     "render_image",
@@ -107,6 +109,12 @@ def viewer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "point_size": args.point_size,
         "allow_pickle": args.trust_checkpoint,
     }
+
+
+def has_display(headless: bool = False) -> bool:
+    """Whether a viewer opens a window: an X or Wayland display is present (``$DISPLAY``, ``$WAYLAND_DISPLAY``) and
+    ``headless`` is off; else it renders PNGs."""
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and not headless
 
 
 def choose_shapes(

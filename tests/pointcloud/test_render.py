@@ -1,5 +1,5 @@
 """The viewers' shared helpers of :mod:`pointcloud.render` that need no renderer: the choice of shapes by index or
-name, the viewer flags and the keywords they give."""
+name, the viewer flags and the keywords they give, whether a window opens."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import inspect
 import pytest
 
 from engine import UsageError
-from pointcloud.render import add_viewer_flags, choose_shapes, viewer_kwargs
+from pointcloud.render import add_viewer_flags, choose_shapes, has_display, viewer_kwargs
 
 NAMES = ["table_0000", "table_0001", "mug_0000", "mug_0001", "chair_0000"]
 
@@ -62,3 +62,11 @@ def test_viewer_flags_name_the_keywords_of_every_viewer() -> None:
     assert kwargs["shapes"] == ["mug_0000"] and kwargs["allow_pickle"] and kwargs["indices"] == []
     for viewer in (capsules.visualize, pointcloud.partseg.visualize, pointcloud.neighbourhoods):
         inspect.signature(viewer.visualize_checkpoint).bind("best.pt", **kwargs)
+
+
+def test_a_window_needs_a_display_and_no_headless(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    assert not has_display()
+    monkeypatch.setenv("WAYLAND_DISPLAY", "wayland-0")
+    assert has_display() and not has_display(headless=True)
