@@ -76,7 +76,7 @@ from torch import Tensor, nn
 
 from attention import CentroidBlock
 from attention.centroid import LinearInit
-from attention.checks import check_points
+from attention.checks import check_heads, check_points
 from engine.registry import ModelRegistry
 
 __all__ = [
@@ -340,10 +340,7 @@ class CentroidCapsules(nn.Module):
         lift_rank: int = 16,
     ) -> None:
         super().__init__()
-        if num_heads < 1 or latent_dim % num_heads:
-            raise ValueError(
-                f"num_heads must be >= 1 and latent_dim={latent_dim} divisible by it, got num_heads={num_heads}"
-            )
+        check_heads(latent_dim, num_heads, "latent_dim")
         self.lift = CapsuleLift(num_inputs, input_dim, latent_dim, rank=lift_rank)
         self.block = CentroidBlock(
             latent_dim,
