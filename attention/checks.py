@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "check_heads",
     "check_index",
     "check_mask",
     "check_points",
@@ -130,6 +131,13 @@ def check_points(
             )
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} contains NaN or Inf values; clean or mask them before calling")
+
+
+def check_heads(dim: int, num_heads: int, name: str = "dim") -> None:
+    """Checks, when a layer is built, that ``num_heads`` is at least 1 and divides the channel count ``dim`` (whose
+    argument name is ``name``)."""
+    if num_heads < 1 or dim % num_heads:
+        raise ValueError(f"num_heads must be >= 1 and {name}={dim} divisible by it, got num_heads={num_heads}")
 
 
 def check_seq(x: Tensor, name: str, *, channels: int | None = None, max_len: int | None = None) -> None:

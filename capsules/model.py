@@ -76,7 +76,7 @@ from torch import Tensor, nn
 
 from attention import CentroidBlock
 from attention.centroid import LinearInit
-from attention.checks import check_points
+from attention.checks import check_heads, check_points
 from engine.registry import ModelRegistry
 
 __all__ = [
@@ -340,10 +340,7 @@ class CentroidCapsules(nn.Module):
         lift_rank: int = 16,
     ) -> None:
         super().__init__()
-        if num_heads < 1 or latent_dim % num_heads:
-            raise ValueError(
-                f"num_heads must be >= 1 and latent_dim={latent_dim} divisible by it, got num_heads={num_heads}"
-            )
+        check_heads(latent_dim, num_heads, "latent_dim")
         self.lift = CapsuleLift(num_inputs, input_dim, latent_dim, rank=lift_rank)
         self.block = CentroidBlock(
             latent_dim,
@@ -613,11 +610,8 @@ class PointCapsNet(nn.Module):
 # Registry
 # --------------------------------------------------------------------------------------------------------------------
 
-_registry = ModelRegistry("point capsule")
-MODELS = _registry.models
-register_model = _registry.register_model
-list_models = _registry.list_models
-create_model = _registry.create_model  # kwargs override a model's defaults (e.g. ``num_points=1024``)
+# create_model: kwargs override a model's defaults (e.g. ``num_points=1024``)
+MODELS, register_model, list_models, create_model = ModelRegistry("point capsule").exports()
 
 _SMALL = {"num_primary": 512, "primary_dim": 16, "num_latent": 12, "latent_dim": 128, "num_points": 2048}
 _BASE = {"num_primary": 1024, "primary_dim": 16, "num_latent": 64, "latent_dim": 64, "num_points": 2048}

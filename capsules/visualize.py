@@ -20,7 +20,6 @@ data are rebuilt from the config saved in the checkpoint, as every command that 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
@@ -30,7 +29,7 @@ import torch
 
 from attention import knn
 from engine import open_trained
-from pointcloud.render import GREY, VIEWS, add_legend, choose_shapes, palette, render_png, show, write_ply
+from pointcloud.render import GREY, VIEWS, add_legend, choose_shapes, has_display, palette, render_png, show, write_ply
 
 from .metrics import capsule_parts, patch_spread, random_patches
 from .recipe import CapsulesConfig, build_datasets, build_model
@@ -185,7 +184,7 @@ def visualize_checkpoint(
     model.load_state_dict(state["model"])
     model.eval()
     out_dir = Path(output_dir) if output_dir is not None else checkpoint.parent / "viz"
-    interactive = bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and not headless
+    interactive = has_display(headless)
     up = cfg.up_axis or dataset.up_axis
     labels = getattr(dataset, "part_labels", None)  # synthetic parts: (class, part name) per label
     part_names = [part for _, part in labels] if labels is not None else None

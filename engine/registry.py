@@ -27,8 +27,7 @@ class ModelRegistry:
 
     Example::
 
-        _registry = ModelRegistry("point cloud")
-        register_model, create_model, list_models = _registry.register_model, _registry.create_model, ...
+        MODELS, register_model, list_models, create_model = ModelRegistry("point cloud").exports()
     """
 
     #: Every registry created so far (one per domain package that has been imported), for :func:`find_registry`.
@@ -70,6 +69,17 @@ class ModelRegistry:
                 )
             model.load_state_dict(load_file(str(path)))
         return model
+
+    def exports(
+        self,
+    ) -> tuple[dict[str, Callable[..., nn.Module]], Callable, Callable[..., list[str]], Callable[..., nn.Module]]:
+        """``(models, register_model, list_models, create_model)``: the names a domain's model module exports.
+
+        Example::
+
+            MODELS, register_model, list_models, create_model = ModelRegistry("point cloud").exports()
+        """
+        return self.models, self.register_model, self.list_models, self.create_model
 
     def __contains__(self, name: object) -> bool:
         return name in self.models

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -30,6 +31,7 @@ __all__ = [
     "NOTEST",
     "REPO",
     "BlobsTask",
+    "BlobsTaskConfig",
     "FencedBlock",
     "assert_backends_agree",
     "assert_interpreted",
@@ -110,9 +112,23 @@ def blobs(n: int, seed: int, dim: int = 8, classes: int = 3) -> TensorDataset:
     return TensorDataset(x, (x @ torch.randn(dim, classes, generator=torch.Generator().manual_seed(1))).argmax(-1))
 
 
+@dataclass
+class BlobsTaskConfig:
+    """The fields the harness and :class:`BlobsTask` read; a test's config subclasses it with its own knobs."""
+
+    name: str = "blobs"
+    epochs: int = 3
+    batch_size: int = 16
+    eval_batch_size: int = 64
+    lr: float = 1e-2
+    workers: int = 0
+    seed: int = 0
+
+
 class BlobsTask(Recipe):
     """The training harness's test recipe on :func:`blobs`: Adam at ``cfg.lr``, cross-entropy, and the eval set's
-    ``val_loss`` and ``val_acc``. A test's subclass gives its group, config class, datasets and model."""
+    ``val_loss`` and ``val_acc``. A test's subclass gives its group, config class (a :class:`BlobsTaskConfig`),
+    datasets and model."""
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.Adam(model.parameters(), lr=self.cfg.lr)

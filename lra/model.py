@@ -64,11 +64,7 @@ class ListOpsClassifier(nn.Module):
         return self.head((x * keep).sum(1) / keep.sum(1).clamp_min(1))
 
 
-_registry = ModelRegistry("sequence")
-MODELS = _registry.models
-register_model = _registry.register_model
-list_models = _registry.list_models
-create_model = _registry.create_model
+MODELS, register_model, list_models, create_model = ModelRegistry("sequence").exports()
 
 
 @register_model

@@ -287,11 +287,8 @@ class CentroidTransformer(PointClassifier):
 # Registry
 # --------------------------------------------------------------------------------------------------------------------
 
-_registry = ModelRegistry("point cloud")
-MODELS = _registry.models
-register_model = _registry.register_model
-list_models = _registry.list_models
-create_model = _registry.create_model  # kwargs override a model's defaults (e.g. ``num_steps=2``); checkpoint=
+# create_model: kwargs override a model's defaults (e.g. ``num_steps=2``); checkpoint= loads exported weights
+MODELS, register_model, list_models, create_model = ModelRegistry("point cloud").exports()
 
 
 @register_model

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
@@ -40,7 +39,7 @@ from engine import UsageError, load_checkpoint, load_config, saved_config, unwra
 
 from .model import CentroidTransformer, create_model
 from .parts import PartDataset, ShapeNetPart, SyntheticParts
-from .render import GREY, VIEWS, choose_shapes, palette, render_png, show, write_ply
+from .render import GREY, VIEWS, choose_shapes, has_display, palette, render_png, show, write_ply
 
 __all__ = [
     "PART_SOURCES",
@@ -380,7 +379,7 @@ def visualize_checkpoint(
         agreement["random"],
     )
     out_dir = Path(output_dir) if output_dir is not None else checkpoint.parent / "neighbourhoods"
-    interactive = bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and not headless
+    interactive = has_display(headless)
     names = dataset.part_names
     rows = []
     for index in chosen:

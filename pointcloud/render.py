@@ -14,9 +14,11 @@ import argparse
 import colorsys
 import difflib
 import logging
+import os
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,12 +31,14 @@ __all__ = [
     "add_legend",
     "add_viewer_flags",
     "choose_shapes",
+    "has_display",
     "legend_panel_width",
     "palette",
     "render_image",
     "render_png",
     "save_png",
     "show",
+    "viewer_kwargs",
     "write_ply",
 ]
 
@@ -51,17 +55,66 @@ VIEWS = {
 }
 
 
-def add_viewer_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags of every viewer CLI (``tools/visualize_*.py``): where the pictures go, where the data lies, whether
-    to render PNGs even with a display, the picture's size and point size, and those of every command that reads a
-    checkpoint (:func:`engine.add_checkpoint_flags`)."""
-    parser.add_argument("--output-dir", default=None, help="default: <checkpoint folder>/viz")
-    parser.add_argument("--data-root", default=None, help="dataset root (default: the checkpoint config's)")
+def add_viewer_flags(
+    parser: argparse.ArgumentParser,
+    trained_by: str,
+    shape_example: str = "e.g. table_0053",
+    splits: Sequence[str] | None = ("train", "test"),
+    split_help: str = "which split's shapes to show",
+    output_folder: str = "viz",
+    output_aliases: Sequence[str] = (),
+    data_root_help: str = "dataset root (default: the checkpoint config's)",
+) -> None:
+    """The flags of every viewer CLI (``tools/visualize_*.py``): the checkpoint and the shapes to show (by split, index
+    and name), where the pictures go, where the data lies, whether to render PNGs even with a display, the picture's
+    size and point size, and those of every command that reads a checkpoint (:func:`engine.add_checkpoint_flags`).
+
+    Args:
+        parser: The viewer's parser.
+        trained_by: The training CLI whose checkpoints the viewer reads (``"tools/train_capsules.py"``).
+        shape_example: What a shape name looks like, for ``--shape``'s help.
+        splits: The choices of ``--split`` (None: any name, checked by the viewer).
+        split_help: ``--split``'s help.
+        output_folder: The default output folder inside the checkpoint's folder, for ``--output-dir``'s help.
+        output_aliases: Other spellings of ``--output-dir`` (``"--out"``).
+        data_root_help: ``--data-root``'s help.
+    """
+    parser.add_argument("--checkpoint", required=True, help=f"a last.pt / best.pt written by {trained_by}")
+    parser.add_argument("--split", default="test", choices=splits, help=split_help)
+    parser.add_argument("--index", type=int, nargs="+", default=[], help="shape indices in the split")
+    parser.add_argument("--shape", nargs="+", default=[], help=f"shape names in the split ({shape_example})")
+    parser.add_argument(
+        "--output-dir", *output_aliases, default=None, help=f"default: <checkpoint folder>/{output_folder}"
+    )
+    parser.add_argument("--data-root", default=None, help=data_root_help)
     parser.add_argument("--headless", action="store_true", help="render PNGs even when a display is present")
     parser.add_argument("--width", type=int, default=960)
     parser.add_argument("--height", type=int, default=480)
     parser.add_argument("--point-size", type=float, default=6.0)
     add_checkpoint_flags(parser)
+
+
+def viewer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments that the flags of :func:`add_viewer_flags` give every viewer's ``visualize_checkpoint``
+    (all but the checkpoint itself)."""
+    return {
+        "indices": args.index,
+        "split": args.split,
+        "shapes": args.shape,
+        "output_dir": args.output_dir,
+        "data_root": args.data_root,
+        "headless": args.headless,
+        "width": args.width,
+        "height": args.height,
+        "point_size": args.point_size,
+        "allow_pickle": args.trust_checkpoint,
+    }
+
+
+def has_display(headless: bool = False) -> bool:
+    """Whether a viewer opens a window: an X or Wayland display is present (``$DISPLAY``, ``$WAYLAND_DISPLAY``) and
+    ``headless`` is off; else it renders PNGs."""
+    return bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and not headless
 
 
 def choose_shapes(

@@ -22,24 +22,17 @@ import argparse
 
 from capsules.visualize import visualize_checkpoint
 from engine import setup_logging, user_errors
-from pointcloud.render import add_viewer_flags
+from pointcloud.render import add_viewer_flags, viewer_kwargs
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="a last.pt / best.pt written by tools/train_capsules.py")
-    parser.add_argument("--split", default="test", choices=("train", "test"), help="which split's shapes to show")
-    parser.add_argument("--index", type=int, nargs="+", default=[], help="shape indices in the split")
-    parser.add_argument("--shape", nargs="+", default=[], help="shape names in the split (e.g. table_0053)")
+    add_viewer_flags(parser, "tools/train_capsules.py")
     parser.add_argument("--highlight", type=int, nargs="+", default=None, help="capsules to colour (others grey)")
-    add_viewer_flags(parser)
     args = parser.parse_args(argv)
     setup_logging(None)
     with user_errors(args.debug):
-        return visualize_checkpoint(
-            args.checkpoint, args.index, args.split, args.highlight, args.output_dir, args.data_root, args.headless,
-            args.width, args.height, args.point_size, allow_pickle=args.trust_checkpoint, shapes=args.shape,
-        )  # fmt: skip
+        return visualize_checkpoint(args.checkpoint, highlight=args.highlight, **viewer_kwargs(args))
 
 
 if __name__ == "__main__":

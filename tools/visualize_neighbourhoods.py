@@ -20,35 +20,38 @@ from __future__ import annotations
 
 import argparse
 
-from engine import add_checkpoint_flags, setup_logging, user_errors
+from engine import setup_logging, user_errors
 from pointcloud.neighbourhoods import PART_SOURCES, visualize_checkpoint
+from pointcloud.render import add_viewer_flags, viewer_kwargs
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="a last.pt / best.pt written by tools/train_modelnet.py")
+    add_viewer_flags(
+        parser,
+        "tools/train_modelnet.py",
+        shape_example="e.g. chair_0000",
+        splits=None,
+        split_help="which split's shapes (train, test; ShapeNet Part: val too)",
+        output_folder="neighbourhoods",
+        output_aliases=("--out",),
+        data_root_help="ShapeNet Part's root (default: $CENTROID_DATA)",
+    )
     parser.add_argument("--parts", default="synthetic", choices=PART_SOURCES, help="the part-labelled shapes")
-    parser.add_argument("--split", default="test", help="which split's shapes (train, test; ShapeNet Part: val too)")
-    parser.add_argument("--index", type=int, nargs="+", default=[], help="shape indices in the split")
-    parser.add_argument("--shape", nargs="+", default=[], help="shape names in the split (e.g. chair_0000)")
     parser.add_argument("--centroids", type=int, nargs="+", default=None, help="centroids to show (default: 0 1 2 3)")
     parser.add_argument("--max-shapes", type=int, default=None, help="measure on the first N shapes (default: all)")
-    parser.add_argument("--output-dir", "--out", default=None, help="default: <checkpoint folder>/neighbourhoods")
-    parser.add_argument("--data-root", default=None, help="ShapeNet Part's root (default: $CENTROID_DATA)")
-    parser.add_argument("--headless", action="store_true", help="render PNGs even when a display is present")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--width", type=int, default=960)
-    parser.add_argument("--height", type=int, default=480)
-    parser.add_argument("--point-size", type=float, default=6.0)
-    add_checkpoint_flags(parser)
     args = parser.parse_args(argv)
     setup_logging(None)
     with user_errors(args.debug):
         return visualize_checkpoint(
-            args.checkpoint, args.index, args.split, args.shape, args.parts, args.data_root, args.output_dir,
-            args.centroids, args.max_shapes, args.headless, args.width, args.height, args.point_size,
-            allow_pickle=args.trust_checkpoint, progress=not args.no_progress,
-        )  # fmt: skip
+            args.checkpoint,
+            parts=args.parts,
+            centroids=args.centroids,
+            max_shapes=args.max_shapes,
+            progress=not args.no_progress,
+            **viewer_kwargs(args),
+        )
 
 
 if __name__ == "__main__":

@@ -19,26 +19,17 @@ import argparse
 
 from engine import setup_logging, user_errors
 from pointcloud.partseg.visualize import visualize_checkpoint
-from pointcloud.render import add_viewer_flags
+from pointcloud.render import add_viewer_flags, viewer_kwargs
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="a last.pt / best.pt written by tools/train_partseg.py")
-    parser.add_argument("--split", default="test", choices=("train", "test"), help="which split's shapes to show")
-    parser.add_argument("--index", type=int, nargs="+", default=[], help="shape indices in the split")
-    parser.add_argument(
-        "--shape", nargs="+", default=[], help="shape names in the split (table_0003; ShapeNet Part: <synset>/<id>)"
-    )
+    add_viewer_flags(parser, "tools/train_partseg.py", shape_example="table_0003; ShapeNet Part: <synset>/<id>")
     parser.add_argument("--together", action="store_true", help="one PNG with every chosen shape as a row")
-    add_viewer_flags(parser)
     args = parser.parse_args(argv)
     setup_logging(None)
     with user_errors(args.debug):
-        return visualize_checkpoint(
-            args.checkpoint, args.index, args.split, args.output_dir, args.data_root, args.headless, args.together,
-            args.width, args.height, args.point_size, allow_pickle=args.trust_checkpoint, shapes=args.shape,
-        )  # fmt: skip
+        return visualize_checkpoint(args.checkpoint, together=args.together, **viewer_kwargs(args))
 
 
 if __name__ == "__main__":

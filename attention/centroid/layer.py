@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from ..backends import backend_names, resolve
-from ..checks import check_mask, check_points, checks_active
+from ..checks import check_heads, check_mask, check_points, checks_active
 from ..layers import DropPath
 from ..points import knn
 from .functional import (
@@ -97,8 +97,7 @@ class CentroidAttention(nn.Module):
         attn_backend: str = "auto",
     ) -> None:
         super().__init__()
-        if num_heads < 1 or dim % num_heads:
-            raise ValueError(f"num_heads must be >= 1 and dim={dim} divisible by it, got num_heads={num_heads}")
+        check_heads(dim, num_heads)
         if normalize not in NORMALIZATIONS:
             raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
         if num_neighbors is not None and num_neighbors < 1:

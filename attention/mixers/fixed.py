@@ -27,7 +27,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..checks import check_seq
+from ..checks import check_heads, check_seq
 
 __all__ = ["DenseMixer", "FourierMixer"]
 
@@ -50,8 +50,7 @@ class DenseMixer(nn.Module):
         self, dim: int, num_heads: int = 8, max_len: int | None = None, qkv_bias: bool = False, proj_drop: float = 0.0
     ) -> None:
         super().__init__()
-        if num_heads < 1 or dim % num_heads:
-            raise ValueError(f"num_heads must be >= 1 and dim={dim} divisible by it, got num_heads={num_heads}")
+        check_heads(dim, num_heads)
         if max_len is None or max_len < 1:
             raise ValueError(f"the dense mixer needs max_len >= 1 (its matrix's size), got {max_len}")
         self.dim, self.num_heads, self.head_dim, self.max_len = dim, num_heads, dim // num_heads, max_len

@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..backends import backend_names, resolve
-from ..checks import check_seq, checks_active
+from ..checks import check_heads, check_seq, checks_active
 from ..chunking import chunk_budget, chunk_rows
 
 __all__ = [
@@ -501,8 +501,7 @@ class FourierAttention(nn.Module):
         kernel_size: int = 3,
     ) -> None:
         super().__init__()
-        if num_heads < 1 or dim % num_heads:
-            raise ValueError(f"num_heads must be >= 1 and dim={dim} divisible by it, got num_heads={num_heads}")
+        check_heads(dim, num_heads)
         self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
         self.cross = FourierCross(dim, feature_map, kernel_size)
         self.q = nn.Linear(dim, dim, bias=qkv_bias)
@@ -564,8 +563,7 @@ class FourierSparseAttention(nn.Module):
         truncate_grad: bool = True,
     ) -> None:
         super().__init__()
-        if num_heads < 1 or dim % num_heads:
-            raise ValueError(f"num_heads must be >= 1 and dim={dim} divisible by it, got num_heads={num_heads}")
+        check_heads(dim, num_heads)
         if edge_backend not in ("auto", *EDGE_BACKENDS):
             raise ValueError(f"unknown edge_backend {edge_backend!r}; choose one of {('auto', *EDGE_BACKENDS)}")
         if edges not in EDGE_SETS:

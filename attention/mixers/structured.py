@@ -70,7 +70,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..backends import backend_names
-from ..checks import check_seq
+from ..checks import check_heads, check_seq
 from .functional import cauchy_mix, hydra_factors, hydra_mix, toeplitz_mix, vandermonde_mix
 
 __all__ = [
@@ -450,8 +450,7 @@ class MatrixMixer(nn.Module):
         super().__init__()
         if matrix not in MATRIX_MIXERS:
             raise ValueError(f"unknown matrix {matrix!r}; choose one of {sorted(MATRIX_MIXERS)}")
-        if num_heads < 1 or dim % num_heads:
-            raise ValueError(f"num_heads must be >= 1 and dim={dim} divisible by it, got num_heads={num_heads}")
+        check_heads(dim, num_heads)
         if not data_dependent and (max_len is None or max_len < 1):
             raise ValueError(f"the non-data-dependent twin needs max_len >= 1 (its parameters' length), got {max_len}")
         H, D = num_heads, dim // num_heads

@@ -186,11 +186,8 @@ class CentroidPartSeg(PartSegModel):
 # Registry
 # --------------------------------------------------------------------------------------------------------------------
 
-_registry = ModelRegistry("point part segmentation")
-MODELS = _registry.models
-register_model = _registry.register_model
-list_models = _registry.list_models
-create_model = _registry.create_model  # kwargs override a model's defaults (e.g. ``num_steps=2``); checkpoint=
+# create_model: kwargs override a model's defaults (e.g. ``num_steps=2``); checkpoint= loads exported weights
+MODELS, register_model, list_models, create_model = ModelRegistry("point part segmentation").exports()
 
 
 @register_model

@@ -14,7 +14,6 @@ command that opens a run does, and writes a ``.ply`` per shape and, without a di
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
@@ -29,6 +28,7 @@ from ..render import (
     VIEWS,
     add_legend,
     choose_shapes,
+    has_display,
     legend_panel_width,
     palette,
     render_image,
@@ -116,7 +116,7 @@ def visualize_checkpoint(
     model.load_state_dict(state["model"])
     model.eval()
     out_dir = Path(output_dir) if output_dir is not None else checkpoint.parent / "viz"
-    interactive = bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) and not headless
+    interactive = has_display(headless)
     up = "z" if cfg.dataset == "synthetic_parts" else "y"
     names = dataset.part_names
     rows, clouds = [], []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attention.checks import check_index, check_mask, check_seq, input_checks
+from attention.checks import check_heads, check_index, check_mask, check_seq, input_checks
 
 
 @pytest.mark.parametrize(
@@ -84,3 +84,11 @@ def test_check_index_with_a_shape_and_a_bound(idx: torch.Tensor, error: type[Exc
     with pytest.raises(error, match=match):
         check_index(idx, "idx", batch=2, device=torch.device("cpu"), **kwargs)
     check_index(torch.randint(0, 10, (2, 4, 7)), "idx", batch=2, device=torch.device("cpu"), **kwargs)
+
+
+def test_heads_must_divide_the_channels_and_the_message_names_the_argument() -> None:
+    check_heads(12, 3)
+    with pytest.raises(ValueError, match=r"num_heads must be >= 1 and latent_dim=10 divisible by it, got num_heads=4"):
+        check_heads(10, 4, "latent_dim")
+    with pytest.raises(ValueError, match=r"dim=8 divisible by it, got num_heads=0"):
+        check_heads(8, 0)

@@ -11,20 +11,15 @@ import torch
 from torch import nn
 
 from engine import CompileMode, Trainer, load_checkpoint, run
-from engine.testing import BlobsTask, blobs, read_log, strip_timing
+from engine.testing import BlobsTask, BlobsTaskConfig, blobs, read_log, strip_timing
 
 DIM, CLASSES = 8, 3
 
 
 @dataclass
-class LineConfig:
+class LineConfig(BlobsTaskConfig):
     name: str = "line"
     epochs: int = 2
-    batch_size: int = 16
-    eval_batch_size: int = 64
-    lr: float = 1e-2
-    workers: int = 0
-    seed: int = 0
     compile: CompileMode | None = None
 
 

@@ -28,6 +28,9 @@ def test_register_create_and_list_with_a_pattern():
     with pytest.raises(ValueError, match=r"unknown model 'toy_huge'; the toy models are \['toy_large', 'toy_small'\]"):
         registry.create_model("toy_huge")
     registry.register_model(toy_small)  # the same function again: fine
+    models, register_model, list_models, create_model = registry.exports()
+    assert models is registry.models and list_models("*_large") == ["toy_large"]
+    assert create_model("toy_small").in_features == 4 and register_model(toy_small) is toy_small
 
     def toy_small() -> nn.Module:  # another function under a taken name
         return nn.Identity()

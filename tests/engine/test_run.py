@@ -37,22 +37,15 @@ from engine import (
 )
 from engine.logger import read_records
 from engine.rundir import RunLock
-from engine.testing import BlobsTask, blobs
+from engine.testing import BlobsTask, BlobsTaskConfig, blobs
 
 DIM, CLASSES = 8, 3
 
 
 @dataclass
-class BlobsConfig:
-    name: str = "blobs"
+class BlobsConfig(BlobsTaskConfig):
     hidden: int | None = None  # a model knob: None keeps the model's default
     model_kwargs: dict = field(default_factory=dict)
-    epochs: int = 3
-    batch_size: int = 16
-    eval_batch_size: int = 64
-    lr: float = 1e-2
-    workers: int = 0
-    seed: int = 0
 
 
 def _mlp(hidden: int = 32, dropout: float = 0.2) -> nn.Module:
