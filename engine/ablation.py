@@ -19,7 +19,6 @@ import os
 import re
 import shlex
 import statistics
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.atomic import atomic_write_text
-from engine.bench import markdown_table
+from engine.bench import git_commit, markdown_table
 from engine.config import load_config
 from engine.recipe import Recipe
 from engine.run import RunOptions, run
@@ -129,20 +128,6 @@ def command(
     return f"python {table.tool} --config {row.config} {options} --set {items}"
 
 
-def git_commit(repo: str | Path = REPO) -> str:
-    """The short commit hash of ``repo``'s HEAD, ``+dirty`` if tracked files changed since; ``unknown`` without git."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True)
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True, text=True
-        )
-    except OSError:
-        return "unknown"
-    if head.returncode != 0:
-        return "unknown"
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
 def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
@@ -184,7 +169,7 @@ def run_table(
             raise ValueError(f"unknown rows {unknown} of table {table.name!r}; choose from {choices}")
     out_dir = Path(out_dir)
     records, trained = [], 0
-    commit = git_commit()  # the code this process imported, whatever changes in the checkout while it trains
+    commit = git_commit() or "unknown"  # the code this process imported, whatever the checkout becomes while it trains
     for seed in seeds:  # seed-major: one seed of every row first, so a partial table compares all rows
         for row in table.rows:
             folder = run_dir(table, row, seed, out_dir)

@@ -446,15 +446,16 @@ def write_report(
     atomic_write_text(path, json.dumps({**head, **payload}, indent=2, default=str) + "\n")
 
 
-def git_commit() -> str | None:
-    """The short commit hash of the checkout this package runs from, with ``+`` when it has uncommitted changes
-    (None where git or the checkout is missing)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def git_commit(root: str | os.PathLike | None = None) -> str | None:
+    """The short commit hash of the checkout ``root`` (default: the one this package runs from), with ``+dirty`` when
+    tracked files outside ``docs/`` have uncommitted changes (a report written into ``docs/`` is not a change of the
+    code it measures); None where git or the checkout is missing."""
+    root = os.fspath(root) if root is not None else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               check=True, timeout=10).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()  # fmt: skip
+        status = ["git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs"]
+        dirty = subprocess.run(status, capture_output=True, text=True, check=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
-    return head + ("+" if dirty else "") if head else None
+    return head + ("+dirty" if dirty else "") if head else None

@@ -3,6 +3,8 @@ and tables."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -109,3 +111,22 @@ def test_round_robin_times_one_call_of_every_fn_per_round() -> None:
 def test_markdown_table_rounds_floats_and_pads_columns() -> None:
     text = benchutil.markdown_table(["name", "x"], [["a", 1.23456], ["bbb", 1234.5]])
     assert text.splitlines() == ["| name | x    |", "|------|------|", "| a    | 1.23 |", "| bbb  | 1234 |"]
+
+
+def test_git_commit_marks_code_changes_but_not_reports_written_into_docs(tmp_path) -> None:
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "report.json").write_text("{}\n")
+    (tmp_path / "model.py").write_text("x = 1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    head = benchutil.git_commit(tmp_path)
+    assert head and "+" not in head
+    (tmp_path / "docs" / "report.json").write_text('{"ms": 1}\n')  # a bench's report: still the same code
+    assert benchutil.git_commit(tmp_path) == head
+    (tmp_path / "model.py").write_text("x = 2\n")
+    assert benchutil.git_commit(tmp_path) == head + "+dirty"
+    assert benchutil.git_commit(tmp_path / "missing") is None
