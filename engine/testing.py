@@ -186,9 +186,13 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"non-standard JSON constant {name}")
 
 
-def tool_env() -> dict[str, str]:
-    """The environment for a CLI subprocess: this checkout first on ``PYTHONPATH``, one thread."""
-    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+def tool_env(display: bool = True) -> dict[str, str]:
+    """The environment for a CLI subprocess: this checkout first on ``PYTHONPATH``, one thread; ``display=False``
+    hides an X or Wayland display, so that viewers render PNGs instead of opening windows."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    if not display:
+        env = {k: v for k, v in env.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    return env
 
 
 def start_tool(name: str, args: list[str]) -> subprocess.Popen:

@@ -12,7 +12,7 @@ dropout, float32.
 sequence: a key sends M predicted edges (M = 4 by default, plus M random ones in training), so a query receives about
 2M = 8 in training and M in inference, 3% of 256 positions (12% at the main job's 64 tokens, where the attention is
 close to dense). Longer sequences cost more than a run's budget of about 5 minutes on a 2-core CPU (per-step times
-at 256 and 512 tokens: docs/benchmarks.md). The chunked Cauchy and Vandermonde products do
+at 256 and 512 tokens: docs/ablations.md). The chunked Cauchy and Vandermonde products do
 O(L^2 D) work on a CPU (their fast path is a GPU kernel): those rows and their twins take many times longer.
 """
 

@@ -1,7 +1,8 @@
 """Headless rendering of coloured point clouds with Open3D: a PNG without a display, a ``.ply``, an interactive window.
 
-Shared by the capsule part-decomposition view (:mod:`capsules.visualize`) and the part-segmentation view
-(:mod:`pointcloud.partseg.visualize`): :func:`render_png` (Open3D's ``OffscreenRenderer``, which needs Debian's
+Shared by the capsule part-decomposition view (:mod:`capsules.visualize`), the part-segmentation view
+(:mod:`pointcloud.partseg.visualize`) and the centroid-neighbourhood view (:mod:`pointcloud.neighbourhoods`):
+:func:`render_png` (Open3D's ``OffscreenRenderer``, which needs Debian's
 ``libvulkan1 mesa-vulkan-drivers`` or a GPU driver; else the legacy ``Visualizer`` with a hidden window, which needs an
 X display such as ``xvfb-run``), :func:`write_ply`, :func:`show`, a legend panel drawn with Pillow
 (:func:`add_legend`), a palette of distinct colours (:func:`palette`) and the choice of the shapes to show, by index

@@ -56,7 +56,7 @@ def test_python_blocks_run(page: Path, tmp_path: Path) -> None:
         pytest.skip(f"every python block of {_label(page)} is marked notest")
     script = tmp_path / "blocks.json"
     script.write_text(json.dumps([[f"{_label(page)}:{b.line}", b.code] for b in blocks]))
-    env = {k: v for k, v in tool_env().items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    env = tool_env(display=False)
     done = subprocess.run([sys.executable, "-c", _RUNNER, str(script)], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]

@@ -107,7 +107,7 @@ def _run(argv: list[str], cwd: Path) -> None:
     script = str(REPO / argv[1])
     if argv[1].startswith("tools/train_") or argv[1] == "tools/lra_listops.py":
         argv = [*argv, "--no-progress"]
-    env = {k: v for k, v in tool_env().items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}  # render PNGs, no window
+    env = tool_env(display=False)  # render PNGs, no window
     done = subprocess.run([sys.executable, script, *argv[2:]], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=600)  # fmt: skip
     assert done.returncode == 0, f"{' '.join(argv)}\n{done.stderr[-3000:]}"
