@@ -28,7 +28,7 @@ CHUNK_BUDGETS: dict[str, dict[str, int]] = {
     "knn_attention": {"default": 16 * _MiB, "cuda": 256 * _MiB},
     # attention.mixers.fsat.sparse_edge_attention (gather backend): the gathered (rows, E, D) blocks
     "fsat_edges": {"default": 16 * _MiB},
-    # attention.mixers.cauchy_mix / vandermonde_mix (chunked path): the (B, H, rows, L, d_group + 2) scratch
+    # attention.mixers.cauchy_mix / vandermonde_mix (chunked path): the scratch of one chunk of rows
     "structured_mix": {"default": 64 * _MiB},
     # capsules.chamfer_distance ("chunked", "knn_torch"): one tile of the distance matrix
     "chamfer": {"default": 32 * _MiB},

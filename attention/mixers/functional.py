@@ -5,9 +5,10 @@ against, outputs and gradients. All ops are plain PyTorch and run on CPU and CUD
 an optional Triton kernel for CUDA); tensors are ``(B, H, L, D)``.
 
 * :func:`cauchy_mix` / :func:`vandermonde_mix`: the matrix entry is a sum over D terms, so materializing it costs
-  ``B H L L D``. Here a custom autograd function walks query rows in chunks of ``chunk`` rows and the D terms in
-  groups of ``d_group``, in the forward pass and again (recomputing) in the backward pass: peak extra memory
-  ``B H chunk L (d_group + 2)`` values, O(B H chunk L). The chunk is picked from a byte budget unless given. This
+  ``B H L L D``. Here the rows are walked in chunks, in the forward pass and again (recomputing) in the backward
+  pass, so that no more than a chunk's ``(chunk, L)`` block and its scratch exist at once: Cauchy sums the D terms in
+  groups of ``d_group`` (peak extra memory ``B H chunk L (d_group + 2)`` values), Vandermonde builds each row's cosine
+  sums from ``O(D sqrt(L))`` cosines by angle addition. The chunk is picked from a byte budget unless given. This
   chunked path (``backend="torch"``) is the reference. ``backend="triton"``
   (:mod:`attention.kernels.mixers_triton`) is a flash-attention-style tiled kernel, forward and backward, that never
   builds more than a ``(block, block, D)`` tile in registers; ``"auto"`` picks it for CUDA tensors when triton is
@@ -31,6 +32,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from ..backends import HAS_TRITON, resolve
 from ..chunking import chunk_budget, chunk_rows
@@ -53,9 +55,9 @@ def _mix_backend(op: str, backend: str, x: Tensor, v: Tensor) -> str:
     return resolve(op, backend, x.device, {"D": x.shape[-1], "Dv": v.shape[-1]}, x.dtype)
 
 
-def _chunk(B: int, H: int, L: int, d_group: int, itemsize: int, device: torch.device) -> int:
-    """Query rows per chunk so that ``B H rows L (d_group + 2)`` scratch values fit the op's chunk budget."""
-    return chunk_rows(L, B * H * L * (d_group + 2) * itemsize, chunk_budget("structured_mix", device))
+def _chunk(row_bytes: int, L: int, device: torch.device) -> int:
+    """Rows per chunk so that ``rows * row_bytes`` of scratch fit the op's chunk budget."""
+    return chunk_rows(L, row_bytes, chunk_budget("structured_mix", device))
 
 
 def _acc(t: Tensor) -> torch.dtype:
@@ -136,61 +138,58 @@ def cauchy_mix(
         return y.to(v.dtype)
     acc = _acc(v)
     d_group = max(1, min(d_group, D))
-    chunk = chunk or _chunk(B, H, L, d_group, torch.finfo(acc).bits // 8, v.device)
+    chunk = chunk or _chunk(B * H * L * (d_group + 2) * (torch.finfo(acc).bits // 8), L, v.device)
     with torch.autocast(device_type=v.device.type, enabled=False):
         y = _CauchyMix.apply(a.to(acc), b.to(acc), v.to(acc), chunk, d_group)
     return y.to(v.dtype)
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Vandermonde: y_i = sum_j (sum_d cos(w q_id j) - cos(w k_jd i)) v_j
+# Vandermonde: y_i = sum_j (sum_d cos(w q_id j) - cos(w k_jd i)) v_j, w = 2 pi freq
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _vandermonde_block(q_c: Tensor, k: Tensor, rows: Tensor, cols: Tensor, w: float, d_group: int) -> Tensor:
-    """``m_ij = sum_d cos(w q_id j) - cos(w k_jd i)`` for rows ``rows`` (q_c ``(B, H, c, D)``): ``(B, H, c, L)``."""
-    m = None
-    for d0 in range(0, q_c.shape[-1], d_group):
-        d1 = d0 + d_group
-        t = torch.cos(w * q_c[..., :, None, d0:d1] * cols[:, None]) - torch.cos(
-            w * k[..., None, :, d0:d1] * rows[:, None, None]
-        )  # (B, H, c, L, g)
-        m = t.sum(-1) if m is None else m + t.sum(-1)
-    return m
+def _cos_sums(theta: Tensor, n: int) -> Tensor:
+    """``t_rp = sum_d cos(theta_rd p)`` for ``p = 0 .. n-1``: ``(..., R, D) -> (..., R, n)``.
+
+    With ``p = a S + b`` and ``S ~ sqrt(n)``, ``cos(theta (aS + b)) = cos(aS theta) cos(b theta) - sin(aS theta)
+    sin(b theta)``: ``2 D (n / S + S)`` cosines and sines per row instead of ``D n``, and the sum over d becomes one
+    batched ``(n / S, 2D) @ (2D, S)`` product per row.
+    """
+    S = math.isqrt(max(n - 1, 0)) + 1
+    A = -(-n // S)
+    ta = theta.unsqueeze(-1) * (S * torch.arange(A, device=theta.device, dtype=theta.dtype))  # (..., R, D, A)
+    tb = theta.unsqueeze(-1) * torch.arange(S, device=theta.device, dtype=theta.dtype)  # (..., R, D, S)
+    left = torch.cat([ta.cos(), ta.sin()], -2).transpose(-1, -2)  # (..., R, A, 2D)
+    right = torch.cat([tb.cos(), tb.sin().neg()], -2)  # (..., R, 2D, S)
+    return (left @ right).flatten(-2)[..., :n]
 
 
-class _VandermondeMix(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, w: float, chunk: int, d_group: int) -> Tensor:
-        ctx.save_for_backward(q, k, v)
-        ctx.w, ctx.chunk, ctx.d_group = w, chunk, d_group
-        L = q.shape[2]
-        pos = torch.arange(L, device=q.device, dtype=q.dtype)
-        y = torch.empty_like(v)
-        for i0 in range(0, L, chunk):
-            rows = pos[i0 : i0 + chunk]
-            y[:, :, i0 : i0 + chunk] = _vandermonde_block(q[:, :, i0 : i0 + chunk], k, rows, pos, w, d_group) @ v
-        return y
+def _rows_mix(theta_c: Tensor, v: Tensor) -> Tensor:
+    """``sum_j (sum_d cos(theta_id j)) v_j`` for one chunk of rows i: ``(B, H, c, Dv)``."""
+    return _cos_sums(theta_c, v.shape[-2]) @ v
 
-    @staticmethod
-    def backward(ctx, gy: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v = ctx.saved_tensors
-        w, chunk, d_group = ctx.w, ctx.chunk, ctx.d_group
-        L = q.shape[2]
-        pos = torch.arange(L, device=q.device, dtype=q.dtype)
-        gq, gk, gv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for i0 in range(0, L, chunk):
-            rows, q_c, gy_c = pos[i0 : i0 + chunk], q[:, :, i0 : i0 + chunk], gy[:, :, i0 : i0 + chunk]
-            gv += _vandermonde_block(q_c, k, rows, pos, w, d_group).transpose(-1, -2) @ gy_c
-            g = (gy_c @ v.transpose(-1, -2)).unsqueeze(-1)  # (B, H, c, L, 1): dLoss / dm_ij
-            for d0 in range(0, q.shape[-1], d_group):
-                d1 = d0 + d_group
-                # d/dq_id cos(w q_id j) = -w j sin(w q_id j);  d/dk_jd of -cos(w k_jd i) = w i sin(w k_jd i)
-                jw = w * pos[:, None]  # (L, 1)
-                iw = w * rows[:, None, None]  # (c, 1, 1)
-                gq[:, :, i0 : i0 + chunk, d0:d1] = -(g * jw * torch.sin(q_c[..., :, None, d0:d1] * jw)).sum(3)
-                gk[..., d0:d1] += (g * iw * torch.sin(k[..., None, :, d0:d1] * iw)).sum(2)
-        return gq, gk, gv, None, None, None
+
+def _cols_mix(theta_c: Tensor, v_c: Tensor, L: int) -> Tensor:
+    """``sum_{j in chunk} (sum_d cos(theta_jd i)) v_j`` for ``i = 0 .. L-1``: ``(B, H, L, Dv)``."""
+    return _cos_sums(theta_c, L).transpose(-1, -2) @ v_c
+
+
+def _vandermonde_chunked(q: Tensor, k: Tensor, v: Tensor, w: float, chunk: int) -> Tensor:
+    """The two sums of :func:`vandermonde_mix`, each over chunks of its own rows (q's for the first, k's for the
+    second), every chunk recomputed in the backward pass (activation checkpointing)."""
+    L = q.shape[2]
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+
+    def run(fn, *args: Tensor) -> Tensor:
+        return checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args)
+
+    first = torch.cat([run(_rows_mix, w * q[:, :, i0 : i0 + chunk], v) for i0 in range(0, L, chunk)], 2)
+    second = None
+    for j0 in range(0, L, chunk):
+        part = run(_cols_mix, w * k[:, :, j0 : j0 + chunk], v[:, :, j0 : j0 + chunk], L)
+        second = part if second is None else second + part
+    return first - second
 
 
 def vandermonde_mix(
@@ -199,16 +198,23 @@ def vandermonde_mix(
     v: Tensor,
     freq: float,
     chunk: int | None = None,
-    d_group: int = 8,
     backend: str = "auto",
 ) -> Tensor:
     """``y_i = sum_j (sum_d cos(2 pi freq q_id j) - cos(2 pi freq k_jd i)) v_j`` in real arithmetic, chunked.
+
+    The chunked path (``backend="torch"``) computes the two sums apart, ``sum_j (sum_d cos(w q_id j)) v_j`` over
+    chunks of rows i and ``sum_j (sum_d cos(w k_jd i)) v_j`` over chunks of j, and builds each chunk's ``(chunk, L)``
+    block of cosine sums with the angle-addition formula (``O(D sqrt(L))`` cosines per row; the sum over d is a
+    matrix product): peak extra memory about ``B H chunk (2 L + 12 D sqrt(L))`` values. The backward pass recomputes
+    each chunk.
 
     Args:
         q, k: ``(B, H, L, D)``.
         v: ``(B, H, L, Dv)``.
         freq: the frequency scale (cycles per position per unit of q / k).
-        chunk, d_group, backend: as :func:`cauchy_mix`.
+        chunk: rows per chunk (default: from ``attention.chunking.chunk_budget("structured_mix", device)``); chunked
+            path only.
+        backend: as :func:`cauchy_mix`.
 
     Returns:
         ``(B, H, L, Dv)`` in ``v``'s dtype.
@@ -221,10 +227,10 @@ def vandermonde_mix(
             y = VandermondeMixTriton.apply(q.float(), k.float(), v.float(), freq, None, None)
         return y.to(v.dtype)
     acc = _acc(v)
-    d_group = max(1, min(d_group, D))
-    chunk = chunk or _chunk(B, H, L, d_group, torch.finfo(acc).bits // 8, v.device)
+    row_values = 2 * L + 12 * D * (math.isqrt(max(L - 1, 0)) + 1)
+    chunk = chunk or _chunk(B * H * row_values * (torch.finfo(acc).bits // 8), L, v.device)
     with torch.autocast(device_type=v.device.type, enabled=False):
-        y = _VandermondeMix.apply(q.to(acc), k.to(acc), v.to(acc), 2 * math.pi * freq, chunk, d_group)
+        y = _vandermonde_chunked(q.to(acc), k.to(acc), v.to(acc), 2 * math.pi * freq, chunk)
     return y.to(v.dtype)
 
 

@@ -4,6 +4,8 @@ Dense and DFT mixers against their matrices written out."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -138,12 +140,31 @@ def test_chunked_paths_never_build_more_than_a_chunk(fn: str) -> None:
         if fn == "cauchy":
             y = cauchy_mix(q + 1, k, v, chunk=chunk, d_group=d_group)
         else:
-            y = vandermonde_mix(q, k, v, 0.01, chunk=chunk, d_group=d_group)
+            y = vandermonde_mix(q, k, v, 0.01, chunk=chunk)
         y.square().sum().backward()
 
     largest = largest_output_bytes(step) // 4  # float32 elements
-    assert largest <= B * H * chunk * L * d_group  # vs B H L L D = 64x more here
-    assert largest < B * H * L * L * D / 32
+    # cauchy: B H chunk L d_group; vandermonde: B H chunk 2D sqrt(L) (the cosines and sines of a chunk's rows)
+    per_row = L * d_group if fn == "cauchy" else 2 * D * (math.isqrt(L - 1) + 1)
+    assert largest <= B * H * chunk * per_row
+    assert largest < B * H * L * L * D / 32  # the (B, H, L, L, D) tensor that materializing would build
+
+
+def test_vandermonde_chunked_path_against_its_definition_at_long_lengths() -> None:
+    """The angle-addition grid (p = a S + b) against cos(theta p) written out, at lengths that are not squares and
+    with positions up to L - 1 where the arguments are largest."""
+    torch.manual_seed(4)
+    for L, chunk in ((1, 1), (2, 1), (97, 10), (300, 64)):
+        q = torch.rand(1, 2, L, 3, dtype=torch.float64) * 4 - 2
+        k = torch.rand(1, 2, L, 3, dtype=torch.float64) * 4 - 2
+        v = torch.randn(1, 2, L, 5, dtype=torch.float64)
+        w = 2 * math.pi * 0.37 / max(L, 1)
+        pos = torch.arange(L, dtype=torch.float64)
+        m = (
+            torch.cos(w * q[:, :, :, None, :] * pos[:, None]) - torch.cos(w * k[:, :, None, :, :] * pos[:, None, None])
+        ).sum(-1)
+        y = vandermonde_mix(q, k, v, 0.37 / max(L, 1), chunk=chunk, backend="torch")
+        torch.testing.assert_close(y, m @ v, atol=1e-9, rtol=1e-9)
 
 
 def test_softmax_matches_explicit_and_takes_a_mask() -> None:

@@ -42,7 +42,7 @@ def _dense(kind: str, x, y, v, freq: float):
 def _mix(kind: str, x, y, v, freq: float, backend: str):
     if kind == "cauchy":
         return cauchy_mix(x, y, v, chunk=8, d_group=4, backend=backend)
-    return vandermonde_mix(x, y, v, freq, chunk=8, d_group=4, backend=backend)
+    return vandermonde_mix(x, y, v, freq, chunk=8, backend=backend)
 
 
 def _out_and_grads(fn, x, y, v, w):
