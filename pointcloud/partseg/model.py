@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from attention.checks import check_index
 from engine.registry import ModelRegistry
 
-from ..model import CentroidTransformer, PointBatchNorm
+from ..model import CentroidTransformer, PointBatchNorm, PointModel, _leaky, classifier_head, linear_head
 
 __all__ = [
     "MODELS",
@@ -53,10 +53,6 @@ __all__ = [
 ]
 
 
-def _leaky() -> nn.Module:
-    return nn.LeakyReLU(0.2)
-
-
 def category_one_hot(category: Tensor, num_categories: int, dtype: torch.dtype) -> Tensor:
     """``(B,)`` category indices -> ``(B, num_categories)`` one-hot rows (a comparison, traceable by torch.export)."""
     return (category[:, None] == torch.arange(num_categories, device=category.device)).to(dtype)
@@ -64,14 +60,10 @@ def category_one_hot(category: Tensor, num_categories: int, dtype: torch.dtype) 
 
 def point_head(in_dim: int, hidden: Sequence[int], act, drop: float) -> nn.Sequential:
     """Hidden layers of a per-point head on ``(B, N, C)``: Linear + BatchNorm over batch x points + act + dropout."""
-    layers: list[nn.Module] = []
-    for h in hidden:
-        layers += [nn.Linear(in_dim, h, bias=False), PointBatchNorm(h), act(), nn.Dropout(drop)]
-        in_dim = h
-    return nn.Sequential(*layers)
+    return classifier_head(in_dim, hidden, act, drop, norm=PointBatchNorm)
 
 
-class PartSegModel(nn.Module):
+class PartSegModel(PointModel):
     """The surface shared by the part-segmentation models: ``forward(points, category)`` -> ``(B, N, num_parts)``.
 
     Subclasses set ``num_parts``, ``num_categories``, ``in_channels``, ``head`` (the final Linear) and implement
@@ -81,17 +73,10 @@ class PartSegModel(nn.Module):
     num_parts: int
     num_categories: int
     in_channels: int
-    head: nn.Module
-
-    def no_weight_decay(self) -> set[str]:
-        return set()
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
 
     def reset_classifier(self, num_parts: int) -> None:
         self.num_parts = num_parts
-        self.head = nn.Linear(self.head.in_features, num_parts) if num_parts > 0 else nn.Identity()
+        self.head = linear_head(self.head.in_features, num_parts)
 
     def check_category(self, category: Tensor, batch: int) -> None:
         """``category`` must be ``(B,)`` integer indices in ``[0, num_categories)`` (eager mode only)."""
