@@ -207,6 +207,7 @@ class CentroidTransformer(PointClassifier):
         self.num_centroids = tuple(num_centroids)
         self.num_neighbors = num_neighbors
         self.upsample_neighbors = UPSAMPLE[upsample]
+        self.fuse_dim = fuse_dim
         self.num_features = 2 * fuse_dim
         act = _leaky
         block = partial(dict, num_heads=num_heads, mlp_ratio=mlp_ratio, act_layer=act, attn_backend=attn_backend)

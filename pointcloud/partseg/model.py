@@ -90,10 +90,6 @@ class PartSegModel(PointModel):
 class CentroidPartSeg(PartSegModel):
     """The centroid transformer's encoder with a per-point part classifier (see the module docstring).
 
-    The encoder's arguments (``widths``, ``num_centroids``, ``num_neighbors``, ``num_heads``, ``num_steps``, ``init``,
-    ``kmeans_iters``, ``mlp_ratio``, ``fuse_dim``, ``mixer``, ``mixer_kwargs``, ``attn_backend``) are those of
-    :class:`pointcloud.CentroidTransformer`.
-
     Args:
         num_parts: global part labels (50 in ShapeNet Part).
         num_categories: object categories (16 in ShapeNet Part), given as a one-hot input.
@@ -103,6 +99,10 @@ class CentroidPartSeg(PartSegModel):
         global_dim: width of the per-shape vector (pooled features and category) given to every point.
         head_dims: hidden widths of the per-point head.
         drop: dropout in the per-point head.
+        **encoder_kwargs: the encoder's other arguments, with its defaults: those of
+            :class:`pointcloud.CentroidTransformer` but the head's (``widths``, ``num_centroids``, ``num_neighbors``,
+            ``num_heads``, ``num_steps``, ``init``, ``kmeans_iters``, ``mlp_ratio``, ``fuse_dim``, ``mixer``,
+            ``mixer_kwargs``, ``attn_backend``).
 
     Shapes:
         points: ``(B, N, in_channels)``; category: ``(B,)`` int64; features ``(B, N, fuse_dim + in_channels)``;
@@ -114,22 +114,11 @@ class CentroidPartSeg(PartSegModel):
         num_parts: int = 50,
         num_categories: int = 16,
         in_channels: int = 3,
-        widths: Sequence[int] = (64, 128, 128, 512),
-        num_centroids: Sequence[int | float] = (0.5, 0.5),
-        num_neighbors: int = 24,
-        num_heads: int = 4,
-        num_steps: int = 1,
-        init: str = "fps",
-        kmeans_iters: int = 3,
-        mlp_ratio: float = 2.0,
-        fuse_dim: int = 512,
         upsample: str = "inverse_distance",
         global_dim: int = 256,
         head_dims: Sequence[int] = (256, 128),
         drop: float = 0.5,
-        mixer: str | None = None,
-        mixer_kwargs: dict | None = None,
-        attn_backend: str = "auto",
+        **encoder_kwargs,
     ) -> None:
         super().__init__()
         if num_parts < 1 or num_categories < 1:
@@ -137,16 +126,14 @@ class CentroidPartSeg(PartSegModel):
         self.num_parts = num_parts
         self.num_categories = num_categories
         self.in_channels = in_channels
+        # the classifier's network without its head, read at its fused per-point features
         self.encoder = CentroidTransformer(
-            num_classes=0, in_channels=in_channels, widths=widths, num_centroids=num_centroids,
-            num_neighbors=num_neighbors, num_heads=num_heads, num_steps=num_steps, init=init,
-            kmeans_iters=kmeans_iters, mlp_ratio=mlp_ratio, fuse_dim=fuse_dim, head_dims=(), upsample=upsample,
-            mixer=mixer, mixer_kwargs=mixer_kwargs, attn_backend=attn_backend,
-        )  # fmt: skip
-        self.fuse_dim = fuse_dim
-        self.num_features = fuse_dim + in_channels
+            num_classes=0, in_channels=in_channels, head_dims=(), upsample=upsample, **encoder_kwargs
+        )
+        self.fuse_dim = self.encoder.fuse_dim
+        self.num_features = self.fuse_dim + in_channels
         # No BatchNorm on the per-shape vector: its statistics would come from the few shapes of a batch.
-        self.global_proj = nn.Sequential(nn.Linear(2 * fuse_dim + num_categories, global_dim), _leaky())
+        self.global_proj = nn.Sequential(nn.Linear(2 * self.fuse_dim + num_categories, global_dim), _leaky())
         self.head_hidden = point_head(self.num_features + global_dim, head_dims, _leaky, drop)
         self.head = nn.Linear(head_dims[-1] if head_dims else self.num_features + global_dim, num_parts)
 
