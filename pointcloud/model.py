@@ -53,8 +53,10 @@ __all__ = [
     "CentroidTransformer",
     "PointBatchNorm",
     "PointClassifier",
+    "PointModel",
     "classifier_head",
     "create_model",
+    "linear_head",
     "list_models",
     "register_model",
 ]
@@ -79,23 +81,48 @@ class PointBatchNorm(nn.BatchNorm1d):
         return super().forward(x.reshape(B * N, C)).view(B, N, C)
 
 
-def classifier_head(in_dim: int, hidden: Sequence[int], act: Callable[[], nn.Module], drop: float) -> nn.Sequential:
-    """Hidden layers of a classification head: Linear + BatchNorm1d + activation + dropout per layer."""
+def classifier_head(
+    in_dim: int,
+    hidden: Sequence[int],
+    act: Callable[[], nn.Module],
+    drop: float,
+    norm: Callable[[int], nn.Module] = nn.BatchNorm1d,
+) -> nn.Sequential:
+    """Hidden layers of a classification head: Linear + ``norm`` (BatchNorm1d on ``(B, C)`` rows; PointBatchNorm for
+    a per-point head on ``(B, N, C)``) + activation + dropout per layer."""
     layers: list[nn.Module] = []
     for h in hidden:
-        layers += [nn.Linear(in_dim, h, bias=False), nn.BatchNorm1d(h), act(), nn.Dropout(drop)]
+        layers += [nn.Linear(in_dim, h, bias=False), norm(h), act(), nn.Dropout(drop)]
         in_dim = h
     return nn.Sequential(*layers)
 
 
-class PointClassifier(nn.Module):
+def linear_head(in_features: int, num_outputs: int) -> nn.Module:
+    """A model's final layer: a Linear to ``num_outputs``, or an Identity for 0 (the features, as timm's
+    ``num_classes=0``)."""
+    return nn.Linear(in_features, num_outputs) if num_outputs > 0 else nn.Identity()
+
+
+class PointModel(nn.Module):
+    """What every point model answers under timm's names: its final layer ``head`` (set by the subclass) and the
+    parameters kept from weight decay (none)."""
+
+    head: nn.Module
+
+    def no_weight_decay(self) -> set[str]:
+        return set()
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+
+class PointClassifier(PointModel):
     """The model surface shared by the point-cloud classifiers: subclasses pass ``num_classes`` and ``in_channels``
     (checked here: positions come first), set ``head`` (the final Linear) and implement ``forward_features`` and
     ``forward_head``."""
 
     num_classes: int
     in_channels: int
-    head: nn.Module
 
     def __init__(self, num_classes: int, in_channels: int = 3) -> None:
         super().__init__()
@@ -104,15 +131,9 @@ class PointClassifier(nn.Module):
         self.num_classes = num_classes
         self.in_channels = in_channels
 
-    def no_weight_decay(self) -> set[str]:
-        return set()
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
     def reset_classifier(self, num_classes: int) -> None:
         self.num_classes = num_classes
-        self.head = nn.Linear(self.head.in_features, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = linear_head(self.head.in_features, num_classes)
 
     def forward(self, points: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(points))
@@ -186,6 +207,7 @@ class CentroidTransformer(PointClassifier):
         self.num_centroids = tuple(num_centroids)
         self.num_neighbors = num_neighbors
         self.upsample_neighbors = UPSAMPLE[upsample]
+        self.fuse_dim = fuse_dim
         self.num_features = 2 * fuse_dim
         act = _leaky
         block = partial(dict, num_heads=num_heads, mlp_ratio=mlp_ratio, act_layer=act, attn_backend=attn_backend)
@@ -220,8 +242,7 @@ class CentroidTransformer(PointClassifier):
         # network did not learn at all (chance accuracy).
         self.fuse = nn.Sequential(nn.Linear(sum(widths), fuse_dim, bias=False), PointBatchNorm(fuse_dim), act())
         self.head_hidden = classifier_head(self.num_features, head_dims, act, drop)
-        head_in = head_dims[-1] if head_dims else self.num_features
-        self.head = nn.Linear(head_in, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = linear_head(head_dims[-1] if head_dims else self.num_features, num_classes)
 
     @staticmethod
     def _sa_block(dim: int, num_neighbors: int, mixer: str | None, mixer_kwargs: dict | None, kw: dict) -> nn.Module:

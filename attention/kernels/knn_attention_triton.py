@@ -51,6 +51,24 @@ __all__ = ["MAX_HEAD_DIM", "KnnAttentionTriton", "knn_attention_triton", "launch
 
 
 @triton.jit
+def _neighbours(idx_base, si_k, mask_ptr, b, N, k0, offs_k, K, mask_d, HAS_MASK: tl.constexpr):
+    """Block ``k0`` of the centroid's neighbours: their input rows ``j`` (BLOCK_K,), which of them count (listed and,
+    with a mask, real inputs) and the ``(BLOCK_K, BLOCK_D)`` tile of their key and value rows to read."""
+    in_k = k0 + offs_k < K
+    j = tl.load(idx_base + (k0 + offs_k) * si_k, mask=in_k, other=0)
+    valid = in_k
+    if HAS_MASK:
+        valid = valid & (tl.load(mask_ptr + b * N + j, mask=in_k, other=0) != 0)
+    return j, valid, in_k[:, None] & mask_d[None, :]
+
+
+@triton.jit
+def _rows(base, j, s_n, s_d, offs_d, tile):
+    """Rows ``j`` of one head's keys or values (strides ``s_n``, ``s_d`` from ``base``), in float32."""
+    return tl.load(base + j[:, None] * s_n + offs_d[None, :] * s_d, mask=tile, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _knn_attn_fwd_kernel(
     q_ptr,  # (B, H, M, D), any strides
     k_ptr,  # (B, H, N, D)
@@ -85,20 +103,15 @@ def _knn_attn_fwd_kernel(
     l_i = tl.zeros([1], tl.float32)
     acc = tl.zeros([BLOCK_D], tl.float32)
     for k0 in range(0, loop_bound(K), BLOCK_K):
-        in_k = k0 + offs_k < K
-        j = tl.load(idx_base + (k0 + offs_k) * si_k, mask=in_k, other=0)  # (BLOCK_K,) neighbour rows
-        valid = in_k
-        if HAS_MASK:
-            valid = valid & (tl.load(mask_ptr + b * N + j, mask=in_k, other=0) != 0)
-        tile = in_k[:, None] & mask_d[None, :]
-        kn = tl.load(k_base + j[:, None] * sk_n + offs_d[None, :] * sk_d, mask=tile, other=0.0).to(tl.float32)
+        j, valid, tile = _neighbours(idx_base, si_k, mask_ptr, b, N, k0, offs_k, K, mask_d, HAS_MASK)
+        kn = _rows(k_base, j, sk_n, sk_d, offs_d, tile)
         s = tl.where(valid, tl.sum(kn * q[None, :], axis=1) * scale, float("-inf"))  # (BLOCK_K,)
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
         # an all -inf prefix keeps the max at -inf: shift by 0 instead, so that exp gives 0 rather than NaN
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe)
-        vn = tl.load(v_base + j[:, None] * sv_n + offs_d[None, :] * sv_d, mask=tile, other=0.0).to(tl.float32)
+        vn = _rows(v_base, j, sv_n, sv_d, offs_d, tile)
         l_i = l_i * alpha + tl.sum(p, axis=0)
         acc = acc * alpha + tl.sum(p[:, None] * vn, axis=0)
         m_i = m_new
@@ -145,14 +158,8 @@ def _knn_attn_bwd_kernel(
     grad_base = b * N * H * D + h * D  # row j of (B, N, H, D) starts at grad_base + j * H * D
     dq = tl.zeros([BLOCK_D], tl.float32)
     for k0 in range(0, loop_bound(K), BLOCK_K):
-        in_k = k0 + offs_k < K
-        j = tl.load(idx_base + (k0 + offs_k) * si_k, mask=in_k, other=0)
-        valid = in_k
-        if HAS_MASK:
-            valid = valid & (tl.load(mask_ptr + b * N + j, mask=in_k, other=0) != 0)
-        tile = in_k[:, None] & mask_d[None, :]
-        kn = tl.load(k_base + j[:, None] * sk_n + offs_d[None, :] * sk_d, mask=tile, other=0.0).to(tl.float32)
-        vn = tl.load(v_base + j[:, None] * sv_n + offs_d[None, :] * sv_d, mask=tile, other=0.0).to(tl.float32)
+        j, valid, tile = _neighbours(idx_base, si_k, mask_ptr, b, N, k0, offs_k, K, mask_d, HAS_MASK)
+        kn, vn = _rows(k_base, j, sk_n, sk_d, offs_d, tile), _rows(v_base, j, sv_n, sv_d, offs_d, tile)
         s = tl.where(valid, tl.sum(kn * q[None, :], axis=1) * scale, float("-inf"))
         # exp(-inf - lse) = 0 for a masked neighbour; NaN (as the reference's) when all are masked and lse = -inf
         p = tl.exp(s - lse)

@@ -88,6 +88,20 @@ def _sin_turns(t):
 
 
 @triton.jit
+def _load_tile(base, rows, mask_rows, cols, mask_cols, width, other):
+    """The ``(rows, cols)`` tile of a row-major matrix ``width`` wide at ``base``; ``other`` where masked."""
+    return tl.load(
+        base + rows[:, None] * width + cols[None, :], mask=mask_rows[:, None] & mask_cols[None, :], other=other
+    )
+
+
+@triton.jit
+def _store_tile(base, rows, mask_rows, cols, mask_cols, width, value):
+    """Writes ``value`` to the ``(rows, cols)`` tile of a row-major matrix ``width`` wide at ``base``."""
+    tl.store(base + rows[:, None] * width + cols[None, :], value, mask=mask_rows[:, None] & mask_cols[None, :])
+
+
+@triton.jit
 def _m_tile(x_base, y_base, offs_m, offs_n, mask_m, mask_n, D, f, KIND: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr):  # fmt: skip
     """The ``(BLOCK_M, BLOCK_N)`` tile of M at rows ``offs_m`` and columns ``offs_n``, summed over d in a loop;
@@ -142,12 +156,9 @@ def _mix_fwd_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < L
         m = _m_tile(x_base, y_base, offs_m, offs_n, mask_m, mask_n, D, f, KIND, BLOCK_M, BLOCK_N)
-        vj = tl.load(
-            v_base + offs_n[:, None] * DV + offs_dv[None, :], mask=mask_n[:, None] & mask_dv[None, :], other=0.0
-        )
+        vj = _load_tile(v_base, offs_n, mask_n, offs_dv, mask_dv, DV, 0.0)
         acc = tl.dot(m, vj, acc, input_precision="ieee")  # (BLOCK_M, BLOCK_DV)
-    out = out_ptr + bh * L * DV + offs_m[:, None] * DV + offs_dv[None, :]
-    tl.store(out, acc, mask=mask_m[:, None] & mask_dv[None, :])
+    _store_tile(out_ptr + bh * L * DV, offs_m, mask_m, offs_dv, mask_dv, DV, acc)
 
 
 @triton.jit
@@ -172,17 +183,14 @@ def _mix_bwd_rows_kernel(
     )
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_m = offs_m < L
-    md = mask_m[:, None] & mask_d[None, :]
-    x = tl.load(x_base + offs_m[:, None] * D + offs_d[None, :], mask=md, other=1.0)  # (BLOCK_M, BLOCK_D)
-    g = tl.load(g_base + offs_m[:, None] * DV + offs_dv[None, :], mask=mask_m[:, None] & mask_dv[None, :], other=0.0)
+    x = _load_tile(x_base, offs_m, mask_m, offs_d, mask_d, D, 1.0)  # (BLOCK_M, BLOCK_D)
+    g = _load_tile(g_base, offs_m, mask_m, offs_dv, mask_dv, DV, 0.0)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for n0 in range(0, loop_bound(L), BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < L
-        y = tl.load(y_base + offs_n[:, None] * D + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=1.0)
-        vj = tl.load(
-            v_base + offs_n[:, None] * DV + offs_dv[None, :], mask=mask_n[:, None] & mask_dv[None, :], other=0.0
-        )
+        y = _load_tile(y_base, offs_n, mask_n, offs_d, mask_d, D, 1.0)
+        vj = _load_tile(v_base, offs_n, mask_n, offs_dv, mask_dv, DV, 0.0)
         gm = tl.dot(g, tl.trans(vj), input_precision="ieee")  # (BLOCK_M, BLOCK_N): G_ij = g_i . v_j
         valid = (mask_m[:, None] & mask_n[None, :])[:, :, None] & mask_d[None, None, :]  # (BLOCK_M, BLOCK_N, BLOCK_D)
         if KIND == _CAUCHY:
@@ -192,7 +200,7 @@ def _mix_bwd_rows_kernel(
             jf = f * offs_n.to(tl.float32)[None, :, None]  # f j
             dm = -(_TWO_PI * jf) * _sin_turns(x[:, None, :] * jf)  # d m_ij / d q_id
         acc += tl.sum(gm[:, :, None] * tl.where(valid, dm, 0.0), axis=1)
-    tl.store(gx_ptr + bh * L * D + offs_m[:, None] * D + offs_d[None, :], acc, mask=md)
+    _store_tile(gx_ptr + bh * L * D, offs_m, mask_m, offs_d, mask_d, D, acc)
 
 
 @triton.jit
@@ -218,18 +226,15 @@ def _mix_bwd_cols_kernel(
     )
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < L
-    nd, ndv = mask_n[:, None] & mask_d[None, :], mask_n[:, None] & mask_dv[None, :]
-    y = tl.load(y_base + offs_n[:, None] * D + offs_d[None, :], mask=nd, other=1.0)  # (BLOCK_N, BLOCK_D)
-    vj = tl.load(v_base + offs_n[:, None] * DV + offs_dv[None, :], mask=ndv, other=0.0)  # (BLOCK_N, BLOCK_DV)
+    y = _load_tile(y_base, offs_n, mask_n, offs_d, mask_d, D, 1.0)  # (BLOCK_N, BLOCK_D)
+    vj = _load_tile(v_base, offs_n, mask_n, offs_dv, mask_dv, DV, 0.0)  # (BLOCK_N, BLOCK_DV)
     acc_y = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     acc_v = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     for m0 in range(0, loop_bound(L), BLOCK_M):
         offs_m = m0 + tl.arange(0, BLOCK_M)
         mask_m = offs_m < L
-        x = tl.load(x_base + offs_m[:, None] * D + offs_d[None, :], mask=mask_m[:, None] & mask_d[None, :], other=1.0)
-        g = tl.load(
-            g_base + offs_m[:, None] * DV + offs_dv[None, :], mask=mask_m[:, None] & mask_dv[None, :], other=0.0
-        )
+        x = _load_tile(x_base, offs_m, mask_m, offs_d, mask_d, D, 1.0)
+        g = _load_tile(g_base, offs_m, mask_m, offs_dv, mask_dv, DV, 0.0)
         gm = tl.dot(g, tl.trans(vj), input_precision="ieee")  # (BLOCK_M, BLOCK_N): G_ij
         valid = (mask_m[:, None] & mask_n[None, :])[:, :, None] & mask_d[None, None, :]  # (BLOCK_M, BLOCK_N, BLOCK_D)
         if KIND == _CAUCHY:
@@ -244,8 +249,8 @@ def _mix_bwd_cols_kernel(
             dm = tl.where(valid, (_TWO_PI * fi) * _sin_turns(y[None, :, :] * fi), 0.0)  # d m_ij / d k_jd
         acc_y += tl.sum(gm[:, :, None] * dm, axis=0)
         acc_v = tl.dot(tl.trans(m), g, acc_v, input_precision="ieee")  # dv_j += sum_i m_ij g_i
-    tl.store(gy_ptr + bh * L * D + offs_n[:, None] * D + offs_d[None, :], acc_y, mask=nd)
-    tl.store(gv_ptr + bh * L * DV + offs_n[:, None] * DV + offs_dv[None, :], acc_v, mask=ndv)
+    _store_tile(gy_ptr + bh * L * D, offs_n, mask_n, offs_d, mask_d, D, acc_y)
+    _store_tile(gv_ptr + bh * L * DV, offs_n, mask_n, offs_dv, mask_dv, DV, acc_v)
 
 
 def _blocks(L: int, D: int, Dv: int, block_m: int | None, block_n: int | None) -> dict[str, int]:

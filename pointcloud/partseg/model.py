@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from attention.checks import check_index
 from engine.registry import ModelRegistry
 
-from ..model import CentroidTransformer, PointBatchNorm
+from ..model import CentroidTransformer, PointBatchNorm, PointModel, _leaky, classifier_head, linear_head
 
 __all__ = [
     "MODELS",
@@ -53,10 +53,6 @@ __all__ = [
 ]
 
 
-def _leaky() -> nn.Module:
-    return nn.LeakyReLU(0.2)
-
-
 def category_one_hot(category: Tensor, num_categories: int, dtype: torch.dtype) -> Tensor:
     """``(B,)`` category indices -> ``(B, num_categories)`` one-hot rows (a comparison, traceable by torch.export)."""
     return (category[:, None] == torch.arange(num_categories, device=category.device)).to(dtype)
@@ -64,14 +60,10 @@ def category_one_hot(category: Tensor, num_categories: int, dtype: torch.dtype) 
 
 def point_head(in_dim: int, hidden: Sequence[int], act, drop: float) -> nn.Sequential:
     """Hidden layers of a per-point head on ``(B, N, C)``: Linear + BatchNorm over batch x points + act + dropout."""
-    layers: list[nn.Module] = []
-    for h in hidden:
-        layers += [nn.Linear(in_dim, h, bias=False), PointBatchNorm(h), act(), nn.Dropout(drop)]
-        in_dim = h
-    return nn.Sequential(*layers)
+    return classifier_head(in_dim, hidden, act, drop, norm=PointBatchNorm)
 
 
-class PartSegModel(nn.Module):
+class PartSegModel(PointModel):
     """The surface shared by the part-segmentation models: ``forward(points, category)`` -> ``(B, N, num_parts)``.
 
     Subclasses set ``num_parts``, ``num_categories``, ``in_channels``, ``head`` (the final Linear) and implement
@@ -81,17 +73,10 @@ class PartSegModel(nn.Module):
     num_parts: int
     num_categories: int
     in_channels: int
-    head: nn.Module
-
-    def no_weight_decay(self) -> set[str]:
-        return set()
-
-    def get_classifier(self) -> nn.Module:
-        return self.head
 
     def reset_classifier(self, num_parts: int) -> None:
         self.num_parts = num_parts
-        self.head = nn.Linear(self.head.in_features, num_parts) if num_parts > 0 else nn.Identity()
+        self.head = linear_head(self.head.in_features, num_parts)
 
     def check_category(self, category: Tensor, batch: int) -> None:
         """``category`` must be ``(B,)`` integer indices in ``[0, num_categories)`` (eager mode only)."""
@@ -105,10 +90,6 @@ class PartSegModel(nn.Module):
 class CentroidPartSeg(PartSegModel):
     """The centroid transformer's encoder with a per-point part classifier (see the module docstring).
 
-    The encoder's arguments (``widths``, ``num_centroids``, ``num_neighbors``, ``num_heads``, ``num_steps``, ``init``,
-    ``kmeans_iters``, ``mlp_ratio``, ``fuse_dim``, ``mixer``, ``mixer_kwargs``, ``attn_backend``) are those of
-    :class:`pointcloud.CentroidTransformer`.
-
     Args:
         num_parts: global part labels (50 in ShapeNet Part).
         num_categories: object categories (16 in ShapeNet Part), given as a one-hot input.
@@ -118,6 +99,10 @@ class CentroidPartSeg(PartSegModel):
         global_dim: width of the per-shape vector (pooled features and category) given to every point.
         head_dims: hidden widths of the per-point head.
         drop: dropout in the per-point head.
+        **encoder_kwargs: the encoder's other arguments, with its defaults: those of
+            :class:`pointcloud.CentroidTransformer` but the head's (``widths``, ``num_centroids``, ``num_neighbors``,
+            ``num_heads``, ``num_steps``, ``init``, ``kmeans_iters``, ``mlp_ratio``, ``fuse_dim``, ``mixer``,
+            ``mixer_kwargs``, ``attn_backend``).
 
     Shapes:
         points: ``(B, N, in_channels)``; category: ``(B,)`` int64; features ``(B, N, fuse_dim + in_channels)``;
@@ -129,22 +114,11 @@ class CentroidPartSeg(PartSegModel):
         num_parts: int = 50,
         num_categories: int = 16,
         in_channels: int = 3,
-        widths: Sequence[int] = (64, 128, 128, 512),
-        num_centroids: Sequence[int | float] = (0.5, 0.5),
-        num_neighbors: int = 24,
-        num_heads: int = 4,
-        num_steps: int = 1,
-        init: str = "fps",
-        kmeans_iters: int = 3,
-        mlp_ratio: float = 2.0,
-        fuse_dim: int = 512,
         upsample: str = "inverse_distance",
         global_dim: int = 256,
         head_dims: Sequence[int] = (256, 128),
         drop: float = 0.5,
-        mixer: str | None = None,
-        mixer_kwargs: dict | None = None,
-        attn_backend: str = "auto",
+        **encoder_kwargs,
     ) -> None:
         super().__init__()
         if num_parts < 1 or num_categories < 1:
@@ -152,16 +126,14 @@ class CentroidPartSeg(PartSegModel):
         self.num_parts = num_parts
         self.num_categories = num_categories
         self.in_channels = in_channels
+        # the classifier's network without its head, read at its fused per-point features
         self.encoder = CentroidTransformer(
-            num_classes=0, in_channels=in_channels, widths=widths, num_centroids=num_centroids,
-            num_neighbors=num_neighbors, num_heads=num_heads, num_steps=num_steps, init=init,
-            kmeans_iters=kmeans_iters, mlp_ratio=mlp_ratio, fuse_dim=fuse_dim, head_dims=(), upsample=upsample,
-            mixer=mixer, mixer_kwargs=mixer_kwargs, attn_backend=attn_backend,
-        )  # fmt: skip
-        self.fuse_dim = fuse_dim
-        self.num_features = fuse_dim + in_channels
+            num_classes=0, in_channels=in_channels, head_dims=(), upsample=upsample, **encoder_kwargs
+        )
+        self.fuse_dim = self.encoder.fuse_dim
+        self.num_features = self.fuse_dim + in_channels
         # No BatchNorm on the per-shape vector: its statistics would come from the few shapes of a batch.
-        self.global_proj = nn.Sequential(nn.Linear(2 * fuse_dim + num_categories, global_dim), _leaky())
+        self.global_proj = nn.Sequential(nn.Linear(2 * self.fuse_dim + num_categories, global_dim), _leaky())
         self.head_hidden = point_head(self.num_features + global_dim, head_dims, _leaky, drop)
         self.head = nn.Linear(head_dims[-1] if head_dims else self.num_features + global_dim, num_parts)
 

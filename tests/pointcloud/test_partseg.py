@@ -60,6 +60,32 @@ def test_the_category_changes_the_logits_and_normals_enter(name: str) -> None:
         model(points, torch.tensor([0, 2]))
 
 
+@pytest.mark.parametrize("name", list_models())
+def test_head_surface_as_the_classifiers(name: str) -> None:
+    """timm's surface (:class:`pointcloud.model.PointModel`): a new head for other parts, or none (the features)."""
+    model = create_model(name, num_parts=5, num_categories=2, **SMALL_BY_MODEL.get(name, SMALL)).eval()
+    points, category = _clouds(2), torch.tensor([0, 1])
+    assert isinstance(model, point_model.PointModel) and model.no_weight_decay() == set()
+    model.reset_classifier(3)
+    width = model.get_classifier().in_features
+    assert model.num_parts == 3 and model.get_classifier().out_features == 3
+    with torch.no_grad():
+        assert model(points, category).shape == (2, 64, 3)
+        model.reset_classifier(0)
+        assert isinstance(model.get_classifier(), torch.nn.Identity)
+        assert model(points, category).shape == (2, 64, width)
+
+
+def test_encoder_keywords_reach_the_classifier_network_and_unknown_ones_are_named() -> None:
+    """Every keyword but the head's goes on to :class:`pointcloud.CentroidTransformer`, with its defaults."""
+    model = create_model("centroid_transformer_partseg", num_parts=4, num_categories=2, num_steps=2, **SMALL)
+    assert model.encoder.blocks[1].attn.num_steps == 2 and model.fuse_dim == SMALL["fuse_dim"]
+    default = create_model("centroid_transformer_partseg")
+    assert default.encoder.num_neighbors == create_classifier("centroid_transformer_modelnet40").num_neighbors
+    with pytest.raises(ValueError, match=r"does not take one of the keywords.*num_step"):
+        create_model("centroid_transformer_partseg", num_step=2)
+
+
 def _brute_force_interpolate(feats: torch.Tensor, query: torch.Tensor, ref: torch.Tensor, k: int) -> torch.Tensor:
     """Inverse-distance weights over the k nearest, from the full distance matrix (float64)."""
     d = ((query[:, :, None].double() - ref[:, None].double()) ** 2).sum(-1)  # (B, N, M)

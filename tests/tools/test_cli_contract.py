@@ -46,7 +46,7 @@ from vision.testing import TINY_DEIT_SETS
 class CLI:
     tool: str  # the script in tools/ (run as a subprocess where a test needs a process to kill)
     recipe: type[Recipe]  # what the script runs: engine.main(recipe, argv, report=report), run in process
-    tiny: tuple[str, ...]  # ends inside --set: more KEY=VALUE items can follow
+    tiny: tuple[str, ...]  # the tiny config's KEY=VALUE items of --set
     final_keys: tuple[str, ...]
     epochs_to_kill: int = 4
     report: Callable[[dict], str] | None = None
@@ -59,42 +59,42 @@ class CLI:
         return engine.main(self.recipe, self.args(*args, sets=sets), report=self.report)
 
     def args(self, *args: str, sets: tuple[str, ...] = ()) -> list[str]:
-        """Options, then the tiny config's ``--set`` items, then ``sets`` (which win)."""
-        return [*args, *self.tiny, *sets]
+        """Options, then :data:`COMMON` and the tiny config's ``--set`` items, then ``sets`` (which win)."""
+        return [*args, *COMMON, *self.tiny, *sets]
 
 
-COMMON = ("--no-progress", "--device", "cpu", "--set")
+COMMON = ("--no-progress", "--device", "cpu", "--set")  # every CLI's options; ends inside --set
 CLIS = {
     cli.tool: cli
     for cli in (
         CLI(
             "train_modelnet",
             ModelNetRecipe,
-            (*COMMON, *TINY_MODELNET_SETS, "model_kwargs.widths=[16,32,32,32]", "model_kwargs.head_dims=[32,32]"),
+            (*TINY_MODELNET_SETS, "model_kwargs.widths=[16,32,32,32]", "model_kwargs.head_dims=[32,32]"),
             ("test_oa", "test_macc", "best_test_oa", "params", "gmacs"),
         ),
         CLI(
             "train_partseg",
             PartSegRecipe,
-            (*COMMON, *TINY_PARTSEG_SETS),
+            TINY_PARTSEG_SETS,
             ("test_instance_miou", "test_class_miou", "class_ious", "best_test_instance_miou", "params", "gmacs"),
         ),
         CLI(
             "train_capsules",
             CapsulesRecipe,
-            (*COMMON, *TINY_CAPSULES_SETS),
+            TINY_CAPSULES_SETS,
             ("chamfer", "part_purity", "chamfer_definition", "first_epoch_test_chamfer", "params"),
         ),
         CLI(
             "train_deit",
             DeiTRecipe,
-            (*COMMON, *TINY_DEIT_SETS),
+            TINY_DEIT_SETS,
             ("top1", "top5", "ema_top1", "params", "gmacs", "lr_scaled"),
         ),
         CLI(
             "lra_listops",
             lra.ListOpsRecipe,
-            (*COMMON, *TINY_LISTOPS_SETS),
+            TINY_LISTOPS_SETS,
             ("test_acc", "majority_acc", "mixer", "params"),
             epochs_to_kill=8,
             report=lra.report,
