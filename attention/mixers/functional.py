@@ -193,12 +193,7 @@ def _vandermonde_chunked(q: Tensor, k: Tensor, v: Tensor, w: float, chunk: int) 
 
 
 def vandermonde_mix(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    freq: float,
-    chunk: int | None = None,
-    backend: str = "auto",
+    q: Tensor, k: Tensor, v: Tensor, freq: float, chunk: int | None = None, backend: str = "auto"
 ) -> Tensor:
     """``y_i = sum_j (sum_d cos(2 pi freq q_id j) - cos(2 pi freq k_jd i)) v_j`` in real arithmetic, chunked.
 
