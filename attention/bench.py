@@ -17,7 +17,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -477,7 +476,7 @@ def centroid_results(
                 r: dict = {"note": why}
             else:
                 cfg = dict(mode=path, device=device, B=batch, N=N, M=N // 4, C=dim, H=heads, K=k, repeats=repeats)
-                r = run_config(measure_centroid, cfg, isolate)
+                r = run_config(measure_centroid, cfg, isolate, rss=True)
                 _logger.info("N=%d %s: %s", N, path, r)
             results.append({"N": N, "M": N // 4, "path": path, **r})
     return results
@@ -588,7 +587,8 @@ def _bench_mixer(name: str, dim: int, heads: int, max_len: int, device: torch.de
 
 def measure_mixer(cfg: dict) -> dict:
     """Time (ms) and peak memory (MB) of one training step ``mixer(x).sum().backward()`` of one configuration
-    ``{"mixer", "device", "B", "L", "C", "H", "repeats", "warmup", "time_separately"}``."""
+    ``{"mixer", "device", "B", "L", "C", "H", "repeats"}``: one warm-up step, one step under the memory tracker, then
+    the median of ``repeats`` clean steps (the tracked one carries the tracker's per-op overhead)."""
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
     B, L, C, H = cfg["B"], cfg["L"], cfg["C"], cfg["H"]
@@ -600,16 +600,12 @@ def measure_mixer(cfg: dict) -> dict:
         x.grad = None
         layer.zero_grad(set_to_none=True)
 
-    if cfg["warmup"]:
-        step()  # warm-up
+    step()  # warm-up
     # Peak memory of one step: exact tensor accounting on CPU (tensors the step creates: activations, gradients,
     # temporaries), the allocator's peak above what was allocated before on CUDA.
     base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-    t0 = time.perf_counter()
     peak = peak_tensor_bytes(step, device) - base
-    ms = (time.perf_counter() - t0) * 1e3
-    if cfg["time_separately"]:  # the tracked step carries the tracker's per-op overhead: time clean steps
-        ms = time_fn(step, device, repeats=cfg["repeats"], warmup=0)
+    ms = time_fn(step, device, repeats=cfg["repeats"], warmup=0)
     return {"ms": ms, "peak_mb": peak / 2**20}
 
 
@@ -652,11 +648,7 @@ def mixer_rows(
             if name.endswith("-torch") and paths[name] == mixer_path(base, device, C // H):
                 res[name] = {"error": f"skipped: the {base} row runs this path ({paths[name]}) on {device}"}
                 continue
-            # the O(L^2 D) mixers skip the warm-up step on CPU: one step is minutes there, one-time costs negligible
-            # and time the memory step itself (the tracker's per-op overhead is nothing against their few large ops)
-            slow = name in QUADRATIC_MIXERS and device == "cpu"
-            cfg = dict(mixer=name, device=device, B=B, L=L, C=C, H=H, repeats=repeats, warmup=not slow,
-                       time_separately=not slow)  # fmt: skip
+            cfg = dict(mixer=name, device=device, B=B, L=L, C=C, H=H, repeats=repeats)
             res[name] = run_config(measure_mixer, cfg, isolate)
             _logger.info("L=%d %s: %s", L, name, res[name])
         for name, r in res.items():

@@ -202,16 +202,16 @@ def count_aten_ops(fn: Callable[[], object]) -> tuple[int, int]:
     return counter.total, sum(n for name, n in counter.counts.items() if name in VIEW_OPS)
 
 
-def run_config(measure: Callable[[dict], dict], payload: dict, isolate: bool) -> dict:
-    """One configuration of a bench: ``measure(payload)`` in a fresh process (:func:`run_isolated`), or in this one,
-    where an exception (e.g. CUDA running out of memory) becomes that row's ``{"error": ...}`` as a failed child
-    process would.
+def run_config(measure: Callable[[dict], dict], payload: dict, isolate: bool, rss: bool = False) -> dict:
+    """One configuration of a bench: ``measure(payload)`` in a fresh process (:func:`run_isolated`, ``rss`` passed on),
+    or in this one, where an exception (e.g. CUDA running out of memory) becomes that row's ``{"error": ...}`` as a
+    failed child process would.
 
     On CUDA a process per configuration buys nothing (the allocator reports the peak of each step) and costs seconds
     of start-up per row; on CPU the resident set is only clean in a fresh process.
     """
     if isolate:
-        return run_isolated(measure, payload)
+        return run_isolated(measure, payload, rss)
     try:
         return measure(payload)
     except Exception as e:  # the row reports its error; the other rows still run
@@ -264,20 +264,23 @@ _CHILD = (
 )
 
 
-def run_isolated(measure: Callable[[dict], dict], payload: dict) -> dict:
+def run_isolated(measure: Callable[[dict], dict], payload: dict, rss: bool = False) -> dict:
     """``measure(payload)`` in a fresh Python process: the JSON-able dict it returns, or ``{"error": ...}`` with the
     last line the child wrote to stderr.
 
     Peak CPU memory of one configuration can only be read cleanly in a process that ran nothing else. ``measure``
     must be a module-level function of an importable module (the child imports it by name) that takes and returns
-    JSON-able dicts.
+    JSON-able dicts. ``rss``: ``measure`` reads the resident set (:func:`peak_rss_bytes`), so the child's allocator
+    returns freed memory to the OS at once.
     """
     module, name = measure.__module__, measure.__qualname__
     if module == "__main__" or "." in name:
         raise ValueError(f"run_isolated needs a module-level function of an importable module, got {module}.{name}")
     # A fixed mmap threshold makes glibc return every freed block above 64 KiB to the OS at once, so the resident
-    # set follows the live tensors instead of keeping freed ones cached (which would hide later peaks).
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    # set follows the live tensors instead of keeping freed ones cached (which would hide later peaks). It makes every
+    # such allocation a fresh mapping, which slows allocation-heavy steps (3x for the chunked Vandermonde mixer in
+    # tools/bench_mixers.py), so only a measure that reads the resident set asks for it.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"} if rss else None
     out = subprocess.run(
         [sys.executable, "-c", _CHILD, module, name, json.dumps(payload)],
         capture_output=True,

@@ -149,7 +149,6 @@ def test_kernel_mixer_rows_name_their_path_and_skip_a_torch_row_that_repeats_aut
 
 @pytest.mark.slow
 def test_torch_path_row_runs_under_dynamo() -> None:
-    cfg = dict(mixer="hydra-compiled", device="cpu", B=1, L=40, C=16, H=2, repeats=1, warmup=True,
-               time_separately=True)  # fmt: skip
+    cfg = dict(mixer="hydra-compiled", device="cpu", B=1, L=40, C=16, H=2, repeats=1)
     r = bench.measure_mixer(cfg)
     assert r["ms"] > 0 and r["peak_mb"] > 0

@@ -4,6 +4,7 @@ and tables."""
 from __future__ import annotations
 
 import subprocess
+import types
 
 import pytest
 import torch
@@ -46,6 +47,22 @@ def test_run_config_in_process_turns_an_exception_into_the_rows_error() -> None:
     }
     assert benchutil.isolate_configs("auto", "cpu") and not benchutil.isolate_configs("auto", "cuda")
     assert benchutil.isolate_configs("yes", "cuda") and not benchutil.isolate_configs("no", "cpu")
+
+
+def test_only_a_resident_set_measure_gets_the_fixed_mmap_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The threshold makes every allocation above 64 KiB a fresh mapping: right for the resident set, slow for the
+    timing of allocation-heavy steps, so the child gets it only when asked."""
+    seen = []
+
+    def fake_run(cmd: list, **kw: object) -> object:
+        seen.append((kw["env"] or {}).get("MALLOC_MMAP_THRESHOLD_"))
+        return types.SimpleNamespace(returncode=0, stdout='{"ms": 1.0}\n', stderr="")
+
+    monkeypatch.setattr(benchutil.subprocess, "run", fake_run)
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    benchutil.run_config(dict, {}, isolate=True)
+    benchutil.run_config(dict, {}, isolate=True, rss=True)
+    assert seen == [None, "65536"]
 
 
 def test_run_isolated_imports_the_measure_function_by_name_in_a_fresh_process() -> None:
