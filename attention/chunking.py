@@ -28,8 +28,11 @@ CHUNK_BUDGETS: dict[str, dict[str, int]] = {
     "knn_attention": {"default": 16 * _MiB, "cuda": 256 * _MiB},
     # attention.mixers.fsat.sparse_edge_attention (gather backend): the gathered (rows, E, D) blocks
     "fsat_edges": {"default": 16 * _MiB},
-    # attention.mixers.cauchy_mix / vandermonde_mix (chunked path): the scratch of one chunk of rows
-    "structured_mix": {"default": 64 * _MiB},
+    # attention.mixers.cauchy_mix (chunked path): the (B, H, rows, L, d_group + 2) scratch of one chunk of rows. On
+    # CPU a chunk that stays in cache is 3-4x faster than 64 MiB (python tools/bench_mixers.py --mixers cauchy)
+    "cauchy_mix": {"default": 8 * _MiB, "cuda": 64 * _MiB},
+    # attention.mixers.vandermonde_mix (chunked path): the cosine sums of one chunk of rows and their scratch
+    "vandermonde_mix": {"default": 64 * _MiB},
     # capsules.chamfer_distance ("chunked", "knn_torch"): one tile of the distance matrix
     "chamfer": {"default": 32 * _MiB},
 }

@@ -55,9 +55,9 @@ def _mix_backend(op: str, backend: str, x: Tensor, v: Tensor) -> str:
     return resolve(op, backend, x.device, {"D": x.shape[-1], "Dv": v.shape[-1]}, x.dtype)
 
 
-def _chunk(row_bytes: int, L: int, device: torch.device) -> int:
+def _chunk(op: str, row_bytes: int, L: int, device: torch.device) -> int:
     """Rows per chunk so that ``rows * row_bytes`` of scratch fit the op's chunk budget."""
-    return chunk_rows(L, row_bytes, chunk_budget("structured_mix", device))
+    return chunk_rows(L, row_bytes, chunk_budget(op, device))
 
 
 def _acc(t: Tensor) -> torch.dtype:
@@ -109,7 +109,7 @@ class _CauchyMix(torch.autograd.Function):
 
 
 def cauchy_mix(
-    a: Tensor, b: Tensor, v: Tensor, chunk: int | None = None, d_group: int = 8, backend: str = "auto"
+    a: Tensor, b: Tensor, v: Tensor, chunk: int | None = None, d_group: int = 16, backend: str = "auto"
 ) -> Tensor:
     """``y_i = sum_j (sum_d 1 / (a_id + b_jd)) v_j`` without building the ``(B, H, L, L, D)`` tensor.
 
@@ -119,8 +119,8 @@ def cauchy_mix(
         a: ``(B, H, L, D)`` row terms.
         b: ``(B, H, L, D)`` column terms.
         v: ``(B, H, L, Dv)``.
-        chunk: query rows per chunk (default: from ``attention.chunking.chunk_budget("structured_mix", device)``,
-            64 MiB of scratch); chunked path only.
+        chunk: query rows per chunk (default: from ``attention.chunking.chunk_budget("cauchy_mix", device)``: 8 MiB
+            of scratch on CPU, 64 MiB on CUDA); chunked path only.
         d_group: D terms summed per step; chunked path only.
         backend: ``"torch"`` (the chunked path), ``"triton"`` (CUDA, D and Dv <= 64; CPU tensors only under
             ``TRITON_INTERPRET=1``) or ``"auto"`` (triton for CUDA tensors when it applies, else torch).
@@ -138,7 +138,7 @@ def cauchy_mix(
         return y.to(v.dtype)
     acc = _acc(v)
     d_group = max(1, min(d_group, D))
-    chunk = chunk or _chunk(B * H * L * (d_group + 2) * (torch.finfo(acc).bits // 8), L, v.device)
+    chunk = chunk or _chunk("cauchy_mix", B * H * L * (d_group + 2) * (torch.finfo(acc).bits // 8), L, v.device)
     with torch.autocast(device_type=v.device.type, enabled=False):
         y = _CauchyMix.apply(a.to(acc), b.to(acc), v.to(acc), chunk, d_group)
     return y.to(v.dtype)
@@ -207,7 +207,7 @@ def vandermonde_mix(
         q, k: ``(B, H, L, D)``.
         v: ``(B, H, L, Dv)``.
         freq: the frequency scale (cycles per position per unit of q / k).
-        chunk: rows per chunk (default: from ``attention.chunking.chunk_budget("structured_mix", device)``); chunked
+        chunk: rows per chunk (default: from ``attention.chunking.chunk_budget("vandermonde_mix", device)``); chunked
             path only.
         backend: as :func:`cauchy_mix`.
 
@@ -223,7 +223,7 @@ def vandermonde_mix(
         return y.to(v.dtype)
     acc = _acc(v)
     row_values = 2 * L + 12 * D * (math.isqrt(max(L - 1, 0)) + 1)
-    chunk = chunk or _chunk(B * H * row_values * (torch.finfo(acc).bits // 8), L, v.device)
+    chunk = chunk or _chunk("vandermonde_mix", B * H * row_values * (torch.finfo(acc).bits // 8), L, v.device)
     with torch.autocast(device_type=v.device.type, enabled=False):
         y = _vandermonde_chunked(q.to(acc), k.to(acc), v.to(acc), 2 * math.pi * freq, chunk)
     return y.to(v.dtype)
