@@ -149,6 +149,11 @@ def cauchy_mix(
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def _grid_side(n: int) -> int:
+    """The side ``S = ceil(sqrt(n))`` (at least 1) of the ``p = a S + b`` grid of :func:`_cos_sums`."""
+    return math.isqrt(max(n - 1, 0)) + 1
+
+
 def _cos_sums(theta: Tensor, n: int) -> Tensor:
     """``t_rp = sum_d cos(theta_rd p)`` for ``p = 0 .. n-1``: ``(..., R, D) -> (..., R, n)``.
 
@@ -156,7 +161,7 @@ def _cos_sums(theta: Tensor, n: int) -> Tensor:
     sin(b theta)``: ``2 D (n / S + S)`` cosines and sines per row instead of ``D n``, and the sum over d becomes one
     batched ``(n / S, 2D) @ (2D, S)`` product per row.
     """
-    S = math.isqrt(max(n - 1, 0)) + 1
+    S = _grid_side(n)
     A = -(-n // S)
     ta = theta.unsqueeze(-1) * (S * torch.arange(A, device=theta.device, dtype=theta.dtype))  # (..., R, D, A)
     tb = theta.unsqueeze(-1) * torch.arange(S, device=theta.device, dtype=theta.dtype)  # (..., R, D, S)
@@ -222,7 +227,7 @@ def vandermonde_mix(
             y = VandermondeMixTriton.apply(q.float(), k.float(), v.float(), freq, None, None)
         return y.to(v.dtype)
     acc = _acc(v)
-    row_values = 2 * L + 12 * D * (math.isqrt(max(L - 1, 0)) + 1)
+    row_values = 2 * L + 12 * D * _grid_side(L)
     chunk = chunk or _chunk("vandermonde_mix", B * H * row_values * (torch.finfo(acc).bits // 8), L, v.device)
     with torch.autocast(device_type=v.device.type, enabled=False):
         y = _vandermonde_chunked(q.to(acc), k.to(acc), v.to(acc), 2 * math.pi * freq, chunk)
