@@ -8,6 +8,11 @@ of the row's config) and its rows (a config file and the row's own items). Each 
 fills up over several invocations (``max_runs``); rows without a run are listed with their commands. Each run folder
 also gets ``ablation.json``: the commit the run was trained at (``+dirty`` with uncommitted changes to tracked files),
 the load average before and after it, and its wall time; the table names every commit its runs come from.
+
+A run folder holds checkpoints; its result is one small JSON. With a ``records`` folder, every finished run's final
+metrics and record are also kept as ``<records>/<table>/<row>/seed<seed>.json``, and a run found there counts as
+finished: a table can then be continued, merged from several machines, or regenerated (``max_runs=0``) from the
+records alone, without the run folders.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ __all__ = [
     "ablate",
     "command",
     "git_commit",
+    "record_path",
     "register_table",
     "run_table",
     "summarize",
@@ -132,10 +138,16 @@ def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def _read(folder: Path) -> dict[str, Any] | None:
+def record_path(table: Table, row: Row, seed: int, records: str | Path) -> Path:
+    """``<records>/<table>/<row>/seed<seed>.json``: a finished run's final metrics and :data:`RECORD`, in one file."""
+    return Path(records) / table.name / _slug(row.label) / f"seed{seed}.json"
+
+
+def _read(folder: Path, kept: Path | None = None) -> dict[str, Any] | None:
+    """A finished run's final metrics and record, from its folder, else from its kept record (``kept``)."""
     done = folder / "final_metrics.json"
     if not done.is_file():
-        return None
+        return json.loads(kept.read_text()) if kept is not None and kept.is_file() else None
     metrics = json.loads(done.read_text())
     record = folder / RECORD
     return {**metrics, **(json.loads(record.read_text()) if record.is_file() else {})}
@@ -149,9 +161,10 @@ def run_table(
     device: str = "cpu",
     rows: Sequence[str] | None = None,
     max_runs: int | None = None,
+    records: str | Path | None = None,
 ) -> list[dict[str, Any]]:
-    """Trains every (row, seed) of ``table`` that has no finished run in ``out_dir`` yet; returns one record per
-    finished run (read back or new) with the row's label, the seed and the run's final metrics.
+    """Trains every (row, seed) of ``table`` that has no finished run in ``out_dir`` (or in ``records``) yet; returns
+    one record per finished run (read back or new) with the row's label, the seed and the run's final metrics.
 
     Args:
         table: the table.
@@ -161,6 +174,8 @@ def run_table(
         device: ``--device`` of every run.
         rows: labels of the rows to run (default: all); the others are only read back.
         max_runs: train at most this many new runs in this call (0: none, only read back).
+        records: folder of the runs' kept records (:func:`record_path`): read as finished runs, and every finished run
+            of ``out_dir`` is written there.
     """
     if rows is not None:
         unknown = sorted(set(rows) - {r.label for r in table.rows})
@@ -168,12 +183,13 @@ def run_table(
             choices = [r.label for r in table.rows]
             raise ValueError(f"unknown rows {unknown} of table {table.name!r}; choose from {choices}")
     out_dir = Path(out_dir)
-    records, trained = [], 0
+    finished, trained = [], 0
     commit = git_commit() or "unknown"  # the code this process imported, whatever the checkout becomes while it trains
     for seed in seeds:  # seed-major: one seed of every row first, so a partial table compares all rows
         for row in table.rows:
             folder = run_dir(table, row, seed, out_dir)
-            result = _read(folder)
+            kept = record_path(table, row, seed, records) if records is not None else None
+            result = _read(folder, kept)
             wanted = rows is None or row.label in rows
             if result is None and wanted and (max_runs is None or trained < max_runs):
                 cfg = load_config(table.recipe.config_cls, REPO / row.config, _items(table, row, seed, extra))
@@ -190,9 +206,13 @@ def run_table(
                 atomic_write_text(folder / RECORD, json.dumps(record, indent=1) + "\n")
                 trained += 1
                 result = _read(folder)
-            if result is not None:
-                records.append({"row": row.label, "seed": seed, **result})
-    return records
+            if result is None:
+                continue
+            if kept is not None and (not kept.is_file() or json.loads(kept.read_text()) != result):
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(kept, json.dumps(result, indent=1, sort_keys=True) + "\n")
+            finished.append({"row": row.label, "seed": seed, **result})
+    return finished
 
 
 def _spread(values: list[float]) -> float | None:
@@ -288,10 +308,11 @@ def ablate(
     max_runs: int | None = None,
     markdown: str | Path | None = None,
     json_path: str | Path | None = None,
+    records: str | Path | None = None,
 ) -> str:
     """Prepares ``table``, trains its missing runs (at most ``max_runs``; 0: none), and writes the table
-    (:func:`write_table`) from every finished run in ``out_dir``. Returns the Markdown."""
+    (:func:`write_table`) from every finished run in ``out_dir`` and ``records``. Returns the Markdown."""
     out_dir = Path(out_dir)
     extra = table.prepare(out_dir) if table.prepare is not None else ()
-    records = run_table(table, seeds, out_dir, extra, device, rows, max_runs)
-    return write_table(table, summarize(table, records, seeds), seeds, out_dir, extra, markdown, json_path, device)
+    finished = run_table(table, seeds, out_dir, extra, device, rows, max_runs, records)
+    return write_table(table, summarize(table, finished, seeds), seeds, out_dir, extra, markdown, json_path, device)

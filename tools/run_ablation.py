@@ -3,13 +3,16 @@
     python tools/run_ablation.py --table fsat --seeds 3               # FSAT's Table 3 on ListOps, 3 seeds
     python tools/run_ablation.py --table sam --seeds 3 --max-runs 4   # the SAM table, 4 more runs in this call
     python tools/run_ablation.py --table modelnet --plan              # the table and its commands, no training
+    python tools/run_ablation.py --table modelnet --plan --records docs/ablations/records  # the docs' table again
 
 Tables: ``fsat`` and ``sam`` (:mod:`lra.ablation`: FSAT's switches; each matrix mixer with and without data
 dependence, Dense and DFT) on ListOps at 128-256 tokens, and ``modelnet`` (:mod:`pointcloud.ablation`: T = 1 / 2 / 3,
 the downsampling-only twins, PointNet, PointNet++, DGCNN) on 13 synthetic classes at 1,024 points. Runs go to
 ``<out>/<table>/<row>/seed<N>``, each equal to the training command the table lists; finished runs are read back and
 stopped ones resume, so a table fills up over several calls (``--max-runs``). The table (mean, std, every seed, the
-commits and load averages the runs saw) goes to ``<out>/<table>.md`` and ``.json`` and to the console.
+commits and load averages the runs saw) goes to ``<out>/<table>.md`` and ``.json`` and to the console. With
+``--records DIR`` each finished run's result is also kept as ``DIR/<table>/<row>/seed<N>.json`` and runs found there
+count as finished, so a table continues on another machine or from a fresh clone.
 """
 
 from __future__ import annotations
@@ -31,11 +34,17 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--plan", action="store_true", help="train nothing: write the table of the finished runs")
     parser.add_argument("--out", default="runs/ablation", help="folder of the runs and the tables")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--records",
+        default=None,
+        help="also keep every finished run's result here (one JSON per run) and count the runs found here as finished: "
+        "a table continues or is regenerated without its run folders (docs/ablations/records holds the docs' runs)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     table = TABLES[args.table]
     md = ablate(table, list(range(args.seeds)), args.out, args.device, args.rows, 0 if args.plan else args.max_runs,
-                f"{args.out}/{table.name}.md", f"{args.out}/{table.name}.json")  # fmt: skip
+                f"{args.out}/{table.name}.md", f"{args.out}/{table.name}.json", args.records)  # fmt: skip
     print(md)
     return md
 

@@ -55,6 +55,34 @@ def test_a_table_fills_up_over_calls_and_summarizes_every_seed(tmp_path: Path, m
     assert [r["test_acc"] for r in again[:3]] == [r["test_acc"] for r in records]
 
 
+def test_kept_records_stand_for_runs_whose_folders_are_gone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run finished on one machine continues the table on another from its kept record alone."""
+    kept = tmp_path / "records"
+    (first,) = ablation.run_table(TINY, [0], tmp_path / "a", rows=["softmax"], records=kept)
+    path = ablation.record_path(TINY, TINY.rows[0], 0, kept)
+    assert path == kept / "tiny" / "softmax" / "seed0.json"
+    assert json.loads(path.read_text()) == {k: v for k, v in first.items() if k not in ("row", "seed")}
+
+    calls = []
+    real_run = ablation.run
+    monkeypatch.setattr(ablation, "run", lambda *a, **k: calls.append(a[1].seed) or real_run(*a, **k))
+    again = ablation.run_table(TINY, [0], tmp_path / "b", records=kept)  # fresh folder: softmax is not retrained
+    assert calls == [0] and [r["row"] for r in again] == ["softmax", "FSAT-2"]
+    assert again[0] == first and (kept / "tiny" / "fsat_2" / "seed0.json").is_file()
+    assert not (tmp_path / "b" / "tiny" / "softmax").exists()
+
+    md = ablation.ablate(TINY, [0], tmp_path / "c", max_runs=0, records=kept)
+    assert f"0: {first['test_acc']:.2f}" in md and "Not run yet" not in md
+
+    t1 = ablation.record_path(TABLES["modelnet"], TABLES["modelnet"].rows[0], 0, kept)
+    t1.parent.mkdir(parents=True)
+    t1.write_text(json.dumps({"test_oa": 61.25, "params": 1000, "train_time_s": 60.0, "commit": "abc1234"}))
+    argv = ["--table", "modelnet", "--plan", "--seeds", "1", "--out", str(tmp_path / "d"), "--records", str(kept)]
+    out = run_tool("run_ablation", argv)
+    assert out.returncode == 0, out.stderr
+    assert "0: 61.25" in out.stdout and "Not run yet (8 runs)" in out.stdout and "abc1234" in out.stdout
+
+
 def test_a_run_equals_its_printed_command(tmp_path: Path) -> None:
     """The command a table lists for a row, run through the training CLI, gives the in-process run's metrics."""
     row = TINY.rows[1]
