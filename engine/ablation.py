@@ -143,11 +143,10 @@ def record_path(table: Table, row: Row, seed: int, records: str | Path) -> Path:
     return Path(records) / table.name / _slug(row.label) / f"seed{seed}.json"
 
 
-def _read(folder: Path, kept: Path | None = None) -> dict[str, Any] | None:
-    """A finished run's final metrics and record, from its folder, else from its kept record (``kept``)."""
+def _read(folder: Path) -> dict[str, Any] | None:
     done = folder / "final_metrics.json"
     if not done.is_file():
-        return json.loads(kept.read_text()) if kept is not None and kept.is_file() else None
+        return None
     metrics = json.loads(done.read_text())
     record = folder / RECORD
     return {**metrics, **(json.loads(record.read_text()) if record.is_file() else {})}
@@ -189,7 +188,10 @@ def run_table(
         for row in table.rows:
             folder = run_dir(table, row, seed, out_dir)
             kept = record_path(table, row, seed, records) if records is not None else None
-            result = _read(folder, kept)
+            result = _read(folder)
+            from_kept = result is None and kept is not None and kept.is_file()
+            if from_kept:
+                result = json.loads(kept.read_text())
             wanted = rows is None or row.label in rows
             if result is None and wanted and (max_runs is None or trained < max_runs):
                 cfg = load_config(table.recipe.config_cls, REPO / row.config, _items(table, row, seed, extra))
@@ -208,7 +210,7 @@ def run_table(
                 result = _read(folder)
             if result is None:
                 continue
-            if kept is not None and (not kept.is_file() or json.loads(kept.read_text()) != result):
+            if kept is not None and not from_kept:  # the run folder's result is the newer one
                 kept.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_text(kept, json.dumps(result, indent=1, sort_keys=True) + "\n")
             finished.append({"row": row.label, "seed": seed, **result})
