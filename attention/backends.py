@@ -11,7 +11,9 @@ prefers it. :func:`resolve` is the only code that orders or rejects backends; ca
   installed, runs on the device, supports the shape and prefers it; the list's last entry takes every shape. A backend
   enters an order only once a bench has timed it on that device (``tools/bench_points.py``, ``tools/bench_centroid.py``,
   ``tools/bench_modelnet.py``; ``docs/benchmarks.md``): pytorch3d, never timed, is explicit only.
-* while FX, dynamo or ``torch.export`` trace the caller, ``"auto"`` is the reference (plain tensor code);
+* while ``torch.compile`` traces the caller, ``"auto"`` walks the same order but takes only *traceable* backends
+  (plain tensor code, or a Triton kernel run as an operator of :mod:`attention.kernels.ops`, which the compiled graph
+  calls as one opaque op); while FX or ``torch.export`` trace it, ``"auto"`` is the reference (plain tensor code);
 * an explicit name runs that backend or raises: ``ImportError`` (with the install hint) when its package is missing,
   ``ValueError`` naming the limit when it cannot take the device or the shape (never a silent fallback).
 
@@ -30,7 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .checks import is_tracing
+from .checks import is_compiling, is_tracing
+from .kernels import ops as _kernel_ops  # noqa: F401  (declares the kernels' operators, torch.ops.attention.*)
 from .kernels.limits import (
     FPS_TRITON_MAX_CHANNELS,
     FPS_TRITON_MAX_POINTS,
@@ -119,6 +122,9 @@ class Backend:
         prefer: ``"auto"`` only: ``prefer(shape, dtype)`` -> whether auto takes this backend for that shape (where a
             bench found it faster); an explicit request ignores it.
         interpreted: a Triton kernel, which also runs CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1``).
+        traceable: ``torch.compile`` follows it (plain tensor code dynamo traces, or a kernel launched through an
+            operator of :mod:`attention.kernels.ops`); default: no optional package. Under ``torch.compile`` ``"auto"``
+            takes only traceable backends.
     """
 
     op: str
@@ -131,6 +137,7 @@ class Backend:
     check: Callable[[Shape, torch.dtype | None], str | None] | None = None
     prefer: Callable[[Shape, torch.dtype | None], bool] | None = None
     interpreted: bool = False
+    traceable: bool | None = None
 
     def installed(self) -> bool:
         return INSTALLED[self.package]
@@ -166,6 +173,10 @@ class Backend:
     def preferred(self, shape: Shape | None = None, dtype: torch.dtype | None = None) -> bool:
         """Whether ``"auto"`` takes this backend for ``shape`` and ``dtype`` (given that it supports them)."""
         return self.prefer is None or (shape is not None and self.prefer(shape, dtype))
+
+    def compiles(self) -> bool:
+        """Whether ``torch.compile`` follows this backend (:attr:`traceable`, by default: it needs no package)."""
+        return self.package is None if self.traceable is None else self.traceable
 
     def load(self) -> Callable:
         """The callable that runs this backend (its module is imported on the first call)."""
@@ -299,8 +310,10 @@ BACKENDS: dict[str, dict[str, Backend]] = {}
 
 def _triton_backend(op: str, target: str, limits: Mapping[str, int], **kwargs: Callable) -> Backend:
     """Backend ``"triton"`` of ``op``: a kernel of :mod:`attention.kernels` for CUDA tensors (CPU ones under Triton's
-    interpreter) within its shape ``limits``."""
-    return Backend(op, "triton", target, "triton", devices=("cuda",), limits=limits, interpreted=True, **kwargs)
+    interpreter) within its shape ``limits``; launched through :mod:`attention.kernels.ops`, so traceable."""
+    return Backend(
+        op, "triton", target, "triton", devices=("cuda",), limits=limits, interpreted=True, traceable=True, **kwargs
+    )
 
 
 def _register(*backends: Backend) -> None:
@@ -318,7 +331,7 @@ _register(
     Backend("fps", "pytorch3d", "attention.points:_fps_pytorch3d", "pytorch3d"),
     _triton_backend(
         "fps",
-        "attention.kernels.fps_triton:fps_triton",
+        "attention.kernels.ops:fps_triton",
         {"N": FPS_TRITON_MAX_POINTS, "C": FPS_TRITON_MAX_CHANNELS},
     ),
     # fpsample's plain FPS (Rust, CPU, one cloud at a time) is FPS, but its float rounding differs from the
@@ -349,7 +362,7 @@ _register(
     # attention/kernels/knn_triton.py: exact squared distances tile by tile with a running top-k per query in
     # registers (no distance matrix); pads missing neighbours with inf as the reference does. Timed against the
     # reference by tools/bench_points.py (KNN rows, --device cuda).
-    _triton_backend("knn", "attention.kernels.knn_triton:knn_triton", {"k": KNN_TRITON_MAX_NEIGHBORS}),
+    _triton_backend("knn", "attention.kernels.ops:knn_triton", {"k": KNN_TRITON_MAX_NEIGHBORS}),
     # Chamfer (capsules.chamfer_distance, which holds the callables: capsules depends on attention, not the other way):
     # the dense reference, the chunked exact search in the inputs' precision, attention.knn's searches (float32),
     # pytorch3d's KNN.
@@ -374,7 +387,7 @@ _register(
         )
     ),
     # FSAT's edge products (attention.mixers.fsat.sparse_edge_attention branches on the name)
-    Backend("fsat_edges", "csr"),
+    Backend("fsat_edges", "csr", traceable=False),  # dynamo does not trace torch.sparse's CSR tensors
     Backend("fsat_edges", "gather"),
     # attention/kernels/fsat_triton.py: the fused edge attention (edges grouped by query, online softmax, gathered rows)
     _triton_backend(
@@ -496,14 +509,19 @@ def resolve(
     if choices is None:
         raise ValueError(f"unknown op {op!r}; choose one of {sorted(BACKENDS)}")
     reference = next(iter(choices))
-    if backend == "auto" and is_tracing():
-        return reference  # FX / dynamo / export follow plain tensor code; a compiled extension or numpy would break it
+    if backend == "auto" and is_tracing() and not is_compiling():
+        return reference  # FX / export graphs hold plain aten ops; an extension, numpy or a kernel would break them
     if backend == "auto":
         device = torch.device(device)  # after the tracing check: under FX a tensor's .device is a proxy
+        compiling = is_compiling()
         for name in AUTO_ORDER.get((op, device.type), (reference,)):
             b = choices[name]
+            if compiling and not b.compiles():
+                continue
             if b.exact and b.installed() and b.preferred(shape, dtype) and b.supports(device, shape, dtype):
                 return name
+        if compiling and not choices[reference].compiles():  # FSAT's csr: the first traceable entry that can run
+            return next(n for n, b in choices.items() if b.compiles() and b.exact and b.supports(device, shape, dtype))
         return reference
     if backend not in choices:
         raise ValueError(f"unknown backend {backend!r} for {op}; choose one of {['auto', *choices]}")

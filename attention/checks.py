@@ -27,6 +27,7 @@ __all__ = [
     "checks_active",
     "input_checks",
     "input_checks_enabled",
+    "is_compiling",
     "is_tracing",
     "set_input_checks",
 ]
@@ -54,6 +55,17 @@ def input_checks_enabled() -> bool:
 def is_tracing() -> bool:
     """True while FX, ``torch.jit.trace``, dynamo (``torch.compile``) or ``torch.export`` trace the caller."""
     return _is_fx_tracing() or torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.compiler.is_exporting()
+
+
+def is_compiling() -> bool:
+    """True while ``torch.compile`` traces the caller, and neither ``torch.export``, FX nor ``torch.jit.trace`` does:
+    the one tracer whose graph may hold the package's kernel operators (:mod:`attention.kernels.ops`)."""
+    return (
+        torch.compiler.is_compiling()
+        and not torch.compiler.is_exporting()
+        and not _is_fx_tracing()
+        and not torch.jit.is_tracing()
+    )
 
 
 def checks_active() -> bool:

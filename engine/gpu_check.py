@@ -364,8 +364,10 @@ def bench_args(ctx: Ctx, name: str) -> list[str]:
         if not cuda:  # a compiled row (tens of seconds to compile on CPU) and the skipped line of a torch row
             mixers = ["fsat", "fsat-torch", "fsat-compiled", "hydra", "cauchy"]
             return [*d, "--lengths", "128", "--dim", "32", "--heads", "2", "--mixers", *mixers]
-        if quick:  # the targets' rows only: FSAT and Hydra against SDPA from 4K to 16K, Cauchy / Vandermonde at 4K
-            mixers = ["fsat", "fsat-torch", "hydra", "hydra-torch", "cauchy", "vandermonde"]
+        if quick:  # the targets' rows only: FSAT and Hydra (eager and compiled kernels) against SDPA from 4K to 16K,
+            # Cauchy / Vandermonde at 4K
+            mixers = ["fsat", "fsat-torch", "fsat-fused-compiled", "hydra", "hydra-torch", "hydra-fused-compiled",
+                      "cauchy", "vandermonde"]  # fmt: skip
             return [*d, "--lengths", "4096", "8192", "16384", "--mixers", *mixers, "--max-quadratic-len", "4096"]
         # every mixer but the compiled rows, whose compiles (one per mixer and length) would not fit the section's
         # time: `tools/bench_mixers.py --device cuda` alone runs them

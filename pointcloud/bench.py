@@ -6,7 +6,8 @@ other than ``auto``, labelled with it, e.g. ``T=1 masked``: :func:`attention.cen
 triton``: the fused kernel; one per chunk budget, e.g. ``T=1 chunks 16 MiB``: the gather form and the KNN searches
 chunked at that budget instead of the device's default, :func:`attention.chunking.chunk_budget`; and one per form to
 compile, e.g. ``T=1 masked compiled``: ``torch.compile`` of the model in that form, static shapes, what the compiler
-alone gives to the eager path), its downsampling-only twins (``_random``,
+alone gives to the eager path; ``T=1 compiled`` and ``T=1 triton compiled`` keep the fused kernels on CUDA as opaque
+operators inside the compiled graph, :mod:`attention.kernels.ops`), its downsampling-only twins (``_random``,
 ``_fps``, ``_kmeans``: the centroid blocks keep their init and MLP, no attention step) and every peer model registered
 in :mod:`pointcloud` (names not starting with ``centroid_transformer``), all on the same random batch of unit-sphere
 clouds, 40 classes.
@@ -24,9 +25,9 @@ clouds, 40 classes.
 * ``ops_per_step``: aten ops one train step dispatches (forward and backward, not the optimizer; one extra untimed
   step) and ``kernel_ops_per_step`` those that are not views, i.e. launch kernels on a GPU
   (:func:`engine.bench.count_aten_ops`). A GPU runs small-kernel models at the speed the host issues them, a few
-  microseconds per op, so this column predicts that cost on any device. A Triton launch is not an aten op: the
-  rows with the fused kernels (``auto`` and ``triton`` on CUDA) launch two more kernels per attention step and one per
-  KNN search than they count; compiled rows count nothing (``-``: their work runs as generated kernels).
+  microseconds per op, so this column predicts that cost on any device. Each launch of a fused kernel is one
+  operator (:mod:`attention.kernels.ops`) and counts as one op; compiled rows count nothing (``-``: their work runs as
+  generated kernels).
 
 Targets (:func:`targets`): the centroid model (T = 1) trains at >= 0.5x the random twin's samples/s (the paper:
 60 / 312 = 0.19x, FPS being their bottleneck); on CUDA, the centroid model (T = 1) trains at >= 1.3x PointNet++'s
@@ -75,7 +76,7 @@ NUM_CLASSES = 40
 RANDOM_TARGET = 0.5  # centroid (T = 1) train samples/s over the random twin's
 POINTNET2_TARGET = 1.3  # centroid (T = 1, "auto": the fused kernels) train samples/s over PointNet++'s, on CUDA
 POINTNET2_GATHER_TARGET = 1.0  # the same in the gather form
-COMPILE_FORMS = ("auto", "gather", "masked")  # forms torch.compile traces (the Triton kernel is called, not traced)
+COMPILE_FORMS = ("auto", "gather", "masked", "triton")  # the fused kernel: an opaque operator in the compiled graph
 
 # Paper training throughput, samples/s (section 3.2), by row label.
 PAPER_TRAIN = {f"{CENTROID} T=1": 60, f"{CENTROID} T=2": 55, f"{CENTROID} T=3": 52, RANDOM: 312}

@@ -22,7 +22,10 @@ linear attention and ``lowrank`` the framework's unnormalized low-rank mixer (bo
 ``hydra-torch`` run the plain PyTorch path auto picks without the kernels (FSAT: gather on CUDA, csr on CPU; Hydra:
 the chunked scan; a CPU run skips these rows, the same paths as ``fsat`` / ``hydra`` there), and ``fsat-compiled`` /
 ``hydra-compiled`` that path under ``torch.compile`` (FSAT's gather products: dynamo does not trace csr's sparse
-tensors), compiled in the warm-up step. The table names each of these rows' path.
+tensors), compiled in the warm-up step: what the compiler alone gives. ``fsat-fused-compiled`` /
+``hydra-fused-compiled`` compile the layer with the kernels, which stay opaque operators in the compiled graph
+(:mod:`attention.kernels.ops`) while inductor fuses the small ops around them: what ``"auto"`` runs in a compiled
+model (CUDA only; a CPU run skips them). The table names each of these rows' path.
 
 Cauchy and Vandermonde cost O(L^2 D) operations (their matrices are sums over D): on CPU they run up to
 ``--max-quadratic-len``; their ``dense BHLLD MB`` column is what materializing the ``(B, H, L, L, D)`` tensor of the
@@ -31,10 +34,10 @@ the default ``backend="auto"``: the chunked PyTorch path on CPU, the Triton kern
 ``attention/kernels/mixers_triton.py`` with ``--device cuda``.
 
 Targets (on CUDA; printed under the table and written with every row to ``--json``): FSAT faster than SDPA at
-L >= 16K (:func:`attention.bench.fsat_target`), and those of the fused kernels
-(:func:`attention.bench.mixer_kernel_targets`, for B = 1 and B = 8): FSAT at most 0.4x vanilla attention's time
-and 0.16x its peak memory at 4K and faster than SDPA from 8K, Hydra faster than SDPA from 4K and at most 2.2x
-slower at 16K than at 8K::
+L >= 16K (:func:`attention.bench.fsat_target`), and those of the fused kernels, eager or compiled, whichever row
+ran faster (:func:`attention.bench.mixer_kernel_targets`, for B = 1 and B = 8): FSAT at most 0.4x vanilla
+attention's time and 0.16x its peak memory at 4K and faster than SDPA from 8K, Hydra faster than SDPA from 4K and at
+most 2.2x slower at 16K than at 8K::
 
     python tools/bench_mixers.py --device cuda --lengths 1024 2048 4096 8192 16384 --batch 1
     python tools/bench_mixers.py --device cuda --lengths 1024 2048 4096 8192 16384 --batch 8

@@ -36,8 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunk-mb", nargs="+", type=int, default=[],
                         help="extra centroid rows: the gather form chunked at these budgets (MiB)")  # fmt: skip
     parser.add_argument("--compile", nargs="+", default=[], choices=COMPILE_FORMS, metavar="FORM",
-                        help="extra centroid rows: torch.compile of the model in these forms (masked is what "
-                        "auto took on CUDA before the fused kernel)")  # fmt: skip
+                        help="extra centroid rows: torch.compile of the model in these forms (masked is what auto "
+                        "took on CUDA before the fused kernel; auto and triton keep the kernels on CUDA)")  # fmt: skip
     args = parser.parse_args(argv)
     models = args.models or default_models()
     try:

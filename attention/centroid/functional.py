@@ -390,28 +390,6 @@ def _scatter_outer(w: Tensor, x: Tensor, idx: Tensor, rows: int, like: Tensor) -
 _LIB.impl("gather_dot", _gather_dot, "CompositeExplicitAutograd")
 _LIB.impl("gather_weighted_sum", _gather_weighted_sum, "CompositeExplicitAutograd")
 
-# The fused kernel's two launches (attention.kernels.knn_attention_triton) as operators too, declared here so that
-# importing attention declares them, and their FLOP formula, without importing triton: a FLOP counter or an op count
-# (engine.bench.count_aten_ops) sees one call per launch, which it otherwise could not see at all.
-_LIB.define(
-    "knn_attention_triton_fwd(Tensor q, Tensor k, Tensor v, Tensor idx, Tensor? mask, int? block_k) "
-    "-> (Tensor, Tensor, Tensor)"
-)
-_LIB.define(
-    "knn_attention_triton_bwd(Tensor q, Tensor k, Tensor v, Tensor idx, Tensor? mask, Tensor out32, Tensor g, "
-    "Tensor lse, int? block_k) -> (Tensor, Tensor, Tensor)"
-)
-
-
-def _triton_kernels():
-    from ..kernels import knn_attention_triton as kernels  # triton, imported on the first launch
-
-    return kernels
-
-
-_LIB.impl("knn_attention_triton_fwd", lambda *a: _triton_kernels().launch_forward(*a), "CompositeExplicitAutograd")
-_LIB.impl("knn_attention_triton_bwd", lambda *a: _triton_kernels().launch_backward(*a), "CompositeExplicitAutograd")
-
 
 @torch.library.register_fake("attention::gather_dot", lib=_LIB)
 def _gather_dot_fake(q: Tensor, k: Tensor, idx: Tensor, rows: int) -> Tensor:
@@ -421,21 +399,6 @@ def _gather_dot_fake(q: Tensor, k: Tensor, idx: Tensor, rows: int) -> Tensor:
 @torch.library.register_fake("attention::gather_weighted_sum", lib=_LIB)
 def _gather_weighted_sum_fake(a: Tensor, v: Tensor, idx: Tensor, rows: int) -> Tensor:
     return v.new_empty(a.shape[0], a.shape[2], v.shape[2])
-
-
-@torch.library.register_fake("attention::knn_attention_triton_fwd", lib=_LIB)
-def _knn_attention_triton_fwd_fake(q, k, v, idx, mask, block_k) -> tuple[Tensor, Tensor, Tensor]:
-    B, H, M, D = q.shape
-    low = q.dtype != torch.float32
-    out32 = q.new_empty(B, M, H, D, dtype=torch.float32).transpose(1, 2) if low else q.new_empty(0, dtype=torch.float32)
-    return q.new_empty(B, M, H, D).transpose(1, 2), q.new_empty(B, H, M, dtype=torch.float32), out32
-
-
-@torch.library.register_fake("attention::knn_attention_triton_bwd", lib=_LIB)
-def _knn_attention_triton_bwd_fake(q, k, v, idx, mask, out32, g, lse, block_k) -> tuple[Tensor, Tensor, Tensor]:
-    B, H, M, D = q.shape
-    dk, dv = (t.new_empty(B, k.shape[2], H, D).transpose(1, 2) for t in (k, v))
-    return q.new_empty(B, M, H, D).transpose(1, 2), dk, dv
 
 
 class _GatherProduct(torch.autograd.Function):

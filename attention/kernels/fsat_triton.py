@@ -52,7 +52,15 @@ from torch import Tensor
 from ._triton_compat import loop_bound
 from .limits import FSAT_TRITON_MAX_HEAD_DIM as MAX_HEAD_DIM
 
-__all__ = ["MAX_HEAD_DIM", "EdgeAttentionTriton", "edge_blocks", "group_edges_by_query", "sparse_edge_attention_triton"]
+__all__ = [
+    "MAX_HEAD_DIM",
+    "EdgeAttentionTriton",
+    "edge_blocks",
+    "group_edges_by_query",
+    "launch_backward",
+    "launch_forward",
+    "sparse_edge_attention_triton",
+]
 
 _LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 _NEG_BIG: tl.constexpr = tl.constexpr(-1.0e30)  # the running max before any edge: finite, so exp2(m - m_new) is 1
@@ -194,6 +202,51 @@ def _device(t: Tensor) -> contextlib.AbstractContextManager:
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()  # launch on the tensors' GPU
 
 
+def launch_forward(
+    q: Tensor, k: Tensor, v: Tensor, conf: Tensor, crow: Tensor, order: Tensor, block: int | None
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The forward kernel: ``(out, lse)``, ``(N, D)`` in v's dtype and ``(N,)`` float32, from contiguous ``(N, D)``
+    rows q, k, v (N = B H L), float32 conf ``(N E,)`` and the edges grouped by query (:func:`group_edges_by_query`).
+    Runs as ``torch.ops.attention.fsat_edges_fwd`` (declared in :mod:`attention.kernels.ops`)."""
+    N, D = q.shape
+    E = conf.numel() // N
+    blk = edge_blocks(D)
+    bq = block or blk["BLOCK_Q"]
+    out = torch.empty(N, D, device=v.device, dtype=v.dtype)
+    lse = torch.empty(N, device=q.device, dtype=torch.float32)
+    with _device(q):
+        _edge_fwd_kernel[(triton.cdiv(N, bq),)](
+            q, k, v, conf, crow, order, out, lse, N, D, E, _LOG2E.value / math.sqrt(D),
+            BLOCK_Q=bq, BLOCK_D=blk["BLOCK_D"], num_warps=blk["num_warps"], enable_fp_fusion=True,
+        )  # fmt: skip
+    return out, lse
+
+
+def launch_backward(
+    q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Tensor, lse: Tensor, delta: Tensor, do: Tensor,
+    truncate: bool, block: int | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """The backward kernel: ``(dq, dk, dv, dconf)``, dq ``(N, D)`` float32 (summed by atomics), dk and dv in k's and
+    v's dtypes, dconf ``(N E,)`` float32, from the forward's inputs (idx ``(B, H, L, E)``), its normalizer, the
+    output gradient ``do`` ``(N, D)`` and ``delta = do . out`` ``(N,)``. Runs as
+    ``torch.ops.attention.fsat_edges_bwd``."""
+    N, D = q.shape
+    L, E = idx.shape[-2:]
+    dq = torch.zeros(N, D, device=q.device, dtype=torch.float32)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dconf = torch.empty(N * E, device=q.device, dtype=torch.float32)
+    blk = edge_blocks(D)
+    bk = block or blk["BLOCK_K"]
+    with _device(q):
+        _edge_bwd_kernel[(triton.cdiv(N, bk),)](
+            q, k, v, idx, conf, do, lse, delta, dq, dk, dv, dconf, N, L, D, E,
+            _LOG2E.value / math.sqrt(D), 1.0 / math.sqrt(D),
+            TRUNCATE=truncate, BLOCK_K=bk, BLOCK_D=blk["BLOCK_D"], num_warps=blk["num_warps"],
+            enable_fp_fusion=True,
+        )  # fmt: skip
+    return dq, dk, dv, dconf
+
+
 class EdgeAttentionTriton(torch.autograd.Function):
     """``apply(q, k, v, idx, conf, truncate_conf_grad, block)``: see :func:`sparse_edge_attention_triton`."""
 
@@ -209,41 +262,23 @@ class EdgeAttentionTriton(torch.autograd.Function):
                 f"the Triton edge attention indexes in int32: needs B H L max(D, E) < 2^31, got {N * max(D, E)}"
             )
         q2, k2, v2 = (t.reshape(N, D).contiguous() for t in (q, k, v))
-        idx2 = idx.reshape(N * E).contiguous()
+        idx = idx.contiguous()
         conf2 = conf.reshape(N * E).float().contiguous()
-        blk = edge_blocks(D)
-        bq = block or blk["BLOCK_Q"]
-        out = torch.empty(N, D, device=v.device, dtype=v.dtype)
-        lse = torch.empty(N, device=q.device, dtype=torch.float32)
         crow, order = group_edges_by_query(idx)
-        with _device(q):
-            _edge_fwd_kernel[(triton.cdiv(N, bq),)](
-                q2, k2, v2, conf2, crow, order, out, lse, N, D, E, _LOG2E.value / math.sqrt(D),
-                BLOCK_Q=bq, BLOCK_D=blk["BLOCK_D"], num_warps=blk["num_warps"], enable_fp_fusion=True,
-            )  # fmt: skip
-        ctx.save_for_backward(q2, k2, v2, idx2, conf2, out, lse)
+        out, lse = torch.ops.attention.fsat_edges_fwd(q2, k2, v2, conf2, crow, order, block)
+        ctx.save_for_backward(q2, k2, v2, idx, conf2, out, lse)
         ctx.shape, ctx.truncate, ctx.block, ctx.conf_dtype = (B, H, L, D, E), truncate, block, conf.dtype
         return out.view(B, H, L, D)
 
     @staticmethod
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, ...]:
-        q2, k2, v2, idx2, conf2, out, lse = ctx.saved_tensors
+        q2, k2, v2, idx, conf2, out, lse = ctx.saved_tensors
         B, H, L, D, E = ctx.shape
-        N = B * H * L
-        do = g.reshape(N, D).contiguous()
+        do = g.reshape(-1, D).contiguous()
         delta = (do.float() * out.float()).sum(-1)  # (N,): do_i . o_i, the softmax's correction term
-        dq = torch.zeros(N, D, device=q2.device, dtype=torch.float32)
-        dk, dv = torch.empty_like(k2), torch.empty_like(v2)
-        dconf = torch.empty(N * E, device=q2.device, dtype=torch.float32)
-        blk = edge_blocks(D)
-        bk = ctx.block or blk["BLOCK_K"]
-        with _device(q2):
-            _edge_bwd_kernel[(triton.cdiv(N, bk),)](
-                q2, k2, v2, idx2, conf2, do, lse, delta, dq, dk, dv, dconf, N, L, D, E,
-                _LOG2E.value / math.sqrt(D), 1.0 / math.sqrt(D),
-                TRUNCATE=ctx.truncate, BLOCK_K=bk, BLOCK_D=blk["BLOCK_D"], num_warps=blk["num_warps"],
-                enable_fp_fusion=True,
-            )  # fmt: skip
+        dq, dk, dv, dconf = torch.ops.attention.fsat_edges_bwd(
+            q2, k2, v2, idx, conf2, lse, delta, do, ctx.truncate, ctx.block
+        )
         shape = (B, H, L, D)
         dconf = dconf.view(B, H, L, E).to(ctx.conf_dtype)
         return dq.to(q2.dtype).view(shape), dk.view(shape), dv.view(shape), None, dconf, None, None

@@ -210,7 +210,7 @@ def launch_forward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The forward kernel: ``(out, lse, out32)``, out ``(B, H, M, D)`` in q's dtype (a view of ``(B, M, H, D)``), lse
     ``(B, H, M)`` float32, and out unrounded in float32 for a half-precision q (else an empty tensor: out is that).
-    Runs as ``torch.ops.attention.knn_attention_triton_fwd`` (declared in :mod:`attention.centroid.functional`)."""
+    Runs as ``torch.ops.attention.knn_attention_triton_fwd`` (declared in :mod:`attention.kernels.ops`)."""
     B, H, M, D = q.shape
     N, K = k.shape[2], idx.shape[-1]
     m8 = mask.contiguous().view(torch.uint8) if mask is not None else idx  # any pointer when unused

@@ -13,6 +13,7 @@ __all__ = [
     "KNN_ATTN_TRITON_MAX_HEAD_DIM",
     "KNN_TRITON_MAX_NEIGHBORS",
     "MIX_TRITON_MAX_HEAD_DIM",
+    "SSD_TRITON_CHUNK",
     "SSD_TRITON_MAX_DIM",
 ]
 
@@ -46,3 +47,5 @@ FSAT_TRITON_MAX_HEAD_DIM = 128
 # kernel holds about a dozen of them, which past 64 (state size N or head dim Dv) spill out of registers (ptxas,
 # sm_90). Larger states or heads take the chunked PyTorch scan.
 SSD_TRITON_MAX_DIM = 64
+# Its default chunk length T (scan_blocks there says why 16); the operators' shape functions read it without triton.
+SSD_TRITON_CHUNK = 16

@@ -283,7 +283,11 @@ def _check(x: Tensor, y: Tensor, v: Tensor) -> None:
         raise ValueError(f"the Triton mixers take float32 tensors (the caller casts), got {x.dtype, y.dtype, v.dtype}")
 
 
-def _forward(x: Tensor, y: Tensor, v: Tensor, f: float, kind: int, block_m: int | None, block_n: int | None) -> Tensor:
+def launch_forward(
+    x: Tensor, y: Tensor, v: Tensor, f: float, kind: int, block_m: int | None, block_n: int | None
+) -> Tensor:
+    """The forward kernel on contiguous float32 x, y, v: ``y = M v``. Runs as ``torch.ops.attention.structured_mix_fwd``
+    (declared in :mod:`attention.kernels.ops`)."""
     B, H, L, D = x.shape
     Dv = v.shape[-1]
     blk = _blocks(L, D, Dv, block_m, block_n)
@@ -297,9 +301,11 @@ def _forward(x: Tensor, y: Tensor, v: Tensor, f: float, kind: int, block_m: int 
     return out
 
 
-def _backward(
+def launch_backward(
     x: Tensor, y: Tensor, v: Tensor, g: Tensor, f: float, kind: int, block_m: int | None, block_n: int | None
 ) -> tuple[Tensor, Tensor, Tensor]:
+    """The two backward kernels (rows: dx; columns: dy, dv): ``(dx, dy, dv)``. Runs as
+    ``torch.ops.attention.structured_mix_bwd``."""
     B, H, L, D = x.shape
     Dv = v.shape[-1]
     blk = _blocks(L, D, Dv, block_m, block_n)
@@ -324,12 +330,12 @@ class CauchyMixTriton(torch.autograd.Function):
         a, b, v = a.contiguous(), b.contiguous(), v.contiguous()
         ctx.save_for_backward(a, b, v)
         ctx.blocks = block_m, block_n
-        return _forward(a, b, v, 0.0, _CAUCHY.value, block_m, block_n)
+        return torch.ops.attention.structured_mix_fwd(a, b, v, 0.0, _CAUCHY.value, block_m, block_n)
 
     @staticmethod
     def backward(ctx, gy: Tensor) -> tuple[Tensor | None, ...]:
         a, b, v = ctx.saved_tensors
-        return (*_backward(a, b, v, gy, 0.0, _CAUCHY.value, *ctx.blocks), None, None)
+        return (*torch.ops.attention.structured_mix_bwd(a, b, v, gy, 0.0, _CAUCHY.value, *ctx.blocks), None, None)
 
 
 class VandermondeMixTriton(torch.autograd.Function):
@@ -342,12 +348,13 @@ class VandermondeMixTriton(torch.autograd.Function):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         ctx.save_for_backward(q, k, v)
         ctx.freq, ctx.blocks = float(freq), (block_m, block_n)
-        return _forward(q, k, v, ctx.freq, _VANDERMONDE.value, block_m, block_n)
+        return torch.ops.attention.structured_mix_fwd(q, k, v, ctx.freq, _VANDERMONDE.value, block_m, block_n)
 
     @staticmethod
     def backward(ctx, gy: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v = ctx.saved_tensors
-        return (*_backward(q, k, v, gy, ctx.freq, _VANDERMONDE.value, *ctx.blocks), None, None, None)
+        grads = torch.ops.attention.structured_mix_bwd(q, k, v, gy, ctx.freq, _VANDERMONDE.value, *ctx.blocks)
+        return (*grads, None, None, None)
 
 
 def cauchy_mix_triton(

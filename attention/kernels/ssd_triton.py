@@ -48,6 +48,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._triton_compat import loop_bound
+from .limits import SSD_TRITON_CHUNK
 from .limits import SSD_TRITON_MAX_DIM as MAX_DIM
 
 __all__ = ["MAX_DIM", "QuasiseparableScanTriton", "quasiseparable_mix_triton", "scan_blocks"]
@@ -238,7 +239,7 @@ def scan_blocks(L: int, N: int, Dv: int, chunk: int | None = None) -> dict[str, 
     the sm_90 cubin's).
     """
     bn, bdv = max(16, triton.next_power_of_2(N)), max(16, triton.next_power_of_2(Dv))
-    return {"BLOCK_T": chunk or 16, "BLOCK_N": bn, "BLOCK_DV": bdv, "num_warps": 4}
+    return {"BLOCK_T": chunk or SSD_TRITON_CHUNK, "BLOCK_N": bn, "BLOCK_DV": bdv, "num_warps": 4}
 
 
 def _device(t: Tensor) -> contextlib.AbstractContextManager:
@@ -264,6 +265,38 @@ def _scan_pass(sums: tuple, chunk_kernel: triton.JITFunction, chunk_args: tuple,
         chunk_kernel[grid](*chunk_args, BH, L, N, Dv, nc, **tiles, **launch)
 
 
+def launch_forward(c: Tensor, b: Tensor, v: Tensor, log_a: Tensor, chunk: int | None) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward pass's three launches: ``(states, tot, z)``, the states entering every chunk ``(2, B H, chunks, N,
+    Dv)``, each chunk's total log decay ``(2, B H, chunks)`` and both directions' shifted outputs ``(2, B, H, L, Dv)``,
+    float32. Runs as ``torch.ops.attention.ssd_scan_fwd`` (declared in :mod:`attention.kernels.ops`)."""
+    _, B, H, L, N = c.shape
+    Dv = v.shape[-1]
+    c, b, v, log_a = c.contiguous(), b.contiguous(), v.contiguous(), log_a.contiguous()
+    blk = scan_blocks(L, N, Dv, chunk)
+    nc = triton.cdiv(L, blk["BLOCK_T"])
+    states = torch.empty(2, B * H, nc, N, Dv, device=v.device, dtype=torch.float32)
+    tot = torch.empty(2, B * H, nc, device=v.device, dtype=torch.float32)
+    z = torch.zeros(2, B, H, L, Dv, device=v.device, dtype=torch.float32)  # rows no shifted output reaches: 0
+    _scan_pass((b, v, log_a, states, tot), _chunk_out_kernel, (c, b, v, log_a, states, z), blk, backward=False)
+    return states, tot, z
+
+
+def launch_backward(
+    c: Tensor, b: Tensor, v: Tensor, log_a: Tensor, states: Tensor, tot: Tensor, dy: Tensor, chunk: int | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The backward pass's three launches: ``(dc, db, dv)``, dv per direction ``(2, B, H, L, Dv)``, float32. Runs as
+    ``torch.ops.attention.ssd_scan_bwd``."""
+    _, B, H, L, N = c.shape
+    c, b, v, log_a, dy = c.contiguous(), b.contiguous(), v.contiguous(), log_a.contiguous(), dy.float().contiguous()
+    blk = scan_blocks(L, N, v.shape[-1], chunk)
+    grads = torch.empty_like(states)
+    dc, db = torch.empty_like(c), torch.empty_like(b)
+    dv = torch.empty(2, B, H, L, v.shape[-1], device=v.device, dtype=torch.float32)
+    grad_args = (c, b, v, dy, log_a, states, grads, dc, db, dv)
+    _scan_pass((c, dy, log_a, grads, tot), _chunk_grad_kernel, grad_args, blk, backward=True)
+    return dc, db, dv
+
+
 class QuasiseparableScanTriton(torch.autograd.Function):
     """``apply(c, b, v, log_a, chunk)``: both directions' scans, shifted and summed (without the diagonal).
 
@@ -273,34 +306,18 @@ class QuasiseparableScanTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, c: Tensor, b: Tensor, v: Tensor, log_a: Tensor, chunk: int | None) -> Tensor:
-        _, B, H, L, N = c.shape
-        Dv = v.shape[-1]
-        BH = B * H
-        c, b, v, log_a = c.contiguous(), b.contiguous(), v.contiguous(), log_a.contiguous()
-        blk = scan_blocks(L, N, Dv, chunk)
-        nc = triton.cdiv(L, blk["BLOCK_T"])
-        states = torch.empty(2, BH, nc, N, Dv, device=v.device, dtype=torch.float32)
-        tot = torch.empty(2, BH, nc, device=v.device, dtype=torch.float32)
-        z = torch.zeros(2, B, H, L, Dv, device=v.device, dtype=torch.float32)  # rows no shifted output reaches: 0
-        _scan_pass((b, v, log_a, states, tot), _chunk_out_kernel, (c, b, v, log_a, states, z), blk, backward=False)
+        states, tot, z = torch.ops.attention.ssd_scan_fwd(c, b, v, log_a, chunk)
         ctx.save_for_backward(c, b, v, log_a, states, tot, z)
-        ctx.blk = blk
+        ctx.chunk = chunk
         return z[0] + z[1]
 
     @staticmethod
     def backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
         c, b, v, log_a, states, tot, z = ctx.saved_tensors
-        blk = ctx.blk
-        _, B, H, L, _ = c.shape
-        dy = dy.float().contiguous()
-        grads = torch.empty_like(states)
-        dc, db = torch.empty_like(c), torch.empty_like(b)
-        dv = torch.empty(2, B, H, L, v.shape[-1], device=v.device, dtype=torch.float32)
-        grad_args = (c, b, v, dy, log_a, states, grads, dc, db, dv)
-        _scan_pass((c, dy, log_a, grads, tot), _chunk_grad_kernel, grad_args, blk, backward=True)
+        dc, db, dv = torch.ops.attention.ssd_scan_bwd(c, b, v, log_a, states, tot, dy, ctx.chunk)
         # dlog a_s = sum over scan times t >= s of dz_t . z_t - v_t . dv_t. z holds z_t at the row of scan time
         # t + 1, where the output gradient is dz_t: their product is shifted back one row in scan time.
-        zz = (dy.unsqueeze(0) * z).sum(-1)  # (2, B, H, L): dz_t . z_t at the row of scan time t + 1
+        zz = (dy.float().unsqueeze(0) * z).sum(-1)  # (2, B, H, L): dz_t . z_t at the row of scan time t + 1
         vv = (v.unsqueeze(0) * dv).sum(-1)  # v_t . dv_t at the row of t
         fwd = torch.nn.functional.pad(zz[0, ..., 1:], (0, 1)) - vv[0]  # forward scan: row t + 1 -> t
         bwd = torch.nn.functional.pad(zz[1, ..., :-1], (1, 0)) - vv[1]  # backward scan: row p - 1 -> p

@@ -184,9 +184,16 @@ def sparse_edge_attention(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Te
     E = idx.shape[-1]
     if idx.shape != (B, H, L, E) or conf.shape != idx.shape:
         raise ValueError(f"idx and conf must be (B, H, L, E) = {(B, H, L, E)}, got {tuple(idx.shape)}, {conf.shape}")
-    backend = resolve("fsat_edges", backend, q.device, {"D": D, "E": E}, q.dtype)  # attention.backends decides
-    if checks_active() and idx.numel() and int(idx.max()) >= L:
+    if checks_active() and idx.numel() and int(idx.max()) >= L:  # reads a value back: FSAT's own edges skip it
         raise ValueError(f"idx must hold query positions < L = {L} (or < 0 for no edge), got max {int(idx.max())}")
+    return _edge_attention(q, k, v, idx, conf, backend)
+
+
+def _edge_attention(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Tensor, backend: str) -> Tensor:
+    """:func:`sparse_edge_attention` on edges already known to be in range (FSAT's, by construction)."""
+    B, H, L, D = q.shape
+    E = idx.shape[-1]
+    backend = resolve("fsat_edges", backend, q.device, {"D": D, "E": E}, q.dtype)  # attention.backends decides
     if backend == "triton":
         from ..kernels.fsat_triton import EdgeAttentionTriton
 
@@ -636,5 +643,5 @@ class FourierSparseAttention(nn.Module):
         q = self.q(x).view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
         k, v = self.kv(c).view(B, L, 2, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, L, D) each
         idx, conf = self.edges(c)
-        out = sparse_edge_attention(q, k, v, idx, conf, backend=self.edge_backend)  # (B, H, L, D)
+        out = _edge_attention(q, k, v, idx, conf, self.edge_backend)  # (B, H, L, D); edges() keeps idx < L
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, L, C).to(x.dtype)))

@@ -129,6 +129,21 @@ def test_mixer_kernel_targets_are_fractions_of_the_baselines_of_the_same_run() -
     assert growth["met"] is None and growth["detail"] == "hydra at L = 16384: not measured"
 
 
+def test_kernel_targets_read_the_compiled_kernels_where_they_ran_faster() -> None:
+    """A compiled model runs the kernels under torch.compile: the target takes that row where it is faster and names
+    it; the eager row where it is faster."""
+    compiled = _mixer_row(4096, "fsat-fused-compiled", 0.5, vs_matmul=6.0, vs_sdpa=1.6, memory=0.11)
+    rows = [
+        _mixer_row(4096, "fsat", 1.0, vs_matmul=3.0, vs_sdpa=0.8, memory=0.12),
+        {**compiled, "path": "triton compiled"},
+    ]
+    time4k, memory4k, *_ = bench.mixer_kernel_targets(rows, "cuda")
+    assert time4k["measured"] == pytest.approx(1 / 6) and memory4k["measured"] == 0.11
+    assert time4k["detail"] == "fsat-fused-compiled at L = 4096 ran triton compiled"
+    rows[1] = {**rows[1], "ms": 2.0, "speedup vs attention-matmul": 1.5}
+    assert bench.mixer_kernel_targets(rows, "cuda")[0]["detail"] == "fsat at L = 4096 ran triton"
+
+
 def test_kernel_mixer_rows_name_their_path_and_skip_a_torch_row_that_repeats_auto(monkeypatch) -> None:
     monkeypatch.setitem(backends.INSTALLED, "triton", True)
     # CUDA: auto runs the kernels; the torch rows the plain path auto would take without them; compiled: traceable
@@ -138,13 +153,18 @@ def test_kernel_mixer_rows_name_their_path_and_skip_a_torch_row_that_repeats_aut
     assert bench.mixer_path("fsat", "cuda", 256) == "gather"  # beyond the kernel's head size
     assert bench.mixer_path("fsat-compiled", "cpu", 64) == "gather" and bench.mixer_path("fsat", "cpu", 64) == "csr"
     assert bench.mixer_path("cauchy", "cuda", 64) is None
-    results = bench.mixer_rows("cpu", [32], ["fsat", "fsat-torch", "hydra"], dim=16, heads=2, batch=1, repeats=1,
-                               max_quadratic_len=None, isolate=False)  # fmt: skip
+    # the kernels compiled: what auto runs (the kernels on CUDA, where the rows are timed)
+    assert bench.mixer_path("fsat-fused-compiled", "cuda", 64) == bench.mixer_path("hydra-fused-compiled", "cuda", 64)
+    assert bench.mixer_path("hydra-fused-compiled", "cuda", 64) == "triton"
+    results = bench.mixer_rows("cpu", [32], ["fsat", "fsat-torch", "fsat-fused-compiled", "hydra"], dim=16, heads=2,
+                               batch=1, repeats=1, max_quadratic_len=None, isolate=False)  # fmt: skip
     by = {r["mixer"]: r for r in results}
     assert by["fsat"]["path"] == "csr" and by["hydra"]["path"] == "torch" and "path" not in by["attention-sdpa"]
     assert by["fsat-torch"]["error"] == "skipped: the fsat row runs this path (csr) on cpu"
+    assert by["fsat-fused-compiled"]["error"] == "skipped: no fused kernel runs on cpu (fsat takes csr)"
     headers, rows = bench.mixer_table(results)
-    assert [r[1] for r in rows] == ["attention-matmul", "attention-sdpa", "fsat (csr)", "fsat-torch", "hydra (torch)"]
+    assert [r[1] for r in rows] == ["attention-matmul", "attention-sdpa", "fsat (csr)", "fsat-torch",
+                                    "fsat-fused-compiled", "hydra (torch)"]  # fmt: skip
 
 
 @pytest.mark.slow

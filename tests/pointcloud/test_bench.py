@@ -131,7 +131,7 @@ def test_chunk_budget_sets_every_default_within_and_restores_them(monkeypatch: p
         ({"models": ["no_such_model"]}, "unknown models ['no_such_model']"),
         ({"batch": 1}, "--batch must be >= 2"),
         ({"chunk_mb": [0]}, "--chunk-mb budgets must be >= 1 MiB"),
-        ({"compile_forms": ["triton"]}, "--compile takes the forms torch.compile traces"),
+        ({"compile_forms": ["csr"]}, "--compile takes the forms torch.compile traces"),
     ],
 )
 def test_bad_settings(settings: dict, message: str) -> None:
