@@ -60,12 +60,14 @@ def is_tracing() -> bool:
 def is_compiling() -> bool:
     """True while ``torch.compile`` traces the caller, and neither ``torch.export``, FX nor ``torch.jit.trace`` does:
     the one tracer whose graph may hold the package's kernel operators (:mod:`attention.kernels.ops`)."""
-    return (
-        torch.compiler.is_compiling()
-        and not torch.compiler.is_exporting()
-        and not _is_fx_tracing()
-        and not torch.jit.is_tracing()
-    )
+    return torch.compiler.is_compiling() and not _exporting() and not _is_fx_tracing() and not torch.jit.is_tracing()
+
+
+def _exporting() -> bool:
+    # the flag torch.compiler.is_exporting() returns: dynamo reads it as it traces, where torch 2.11 folds the call
+    # itself to True under torch.compile too
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    return torch.compiler.is_exporting() if flag is None else flag
 
 
 def checks_active() -> bool:

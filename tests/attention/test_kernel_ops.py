@@ -36,7 +36,8 @@ def test_every_triton_backend_is_traceable_and_its_operators_are_declared_withou
 
 def test_auto_under_torch_compile_walks_the_order_over_traceable_backends() -> None:
     """Inside a function torch.compile traces, "auto" skips what dynamo cannot follow (FSAT's csr products on CPU:
-    gather instead) and keeps the rest of the device's order; in eager mode and under FX it is unchanged."""
+    gather instead) and keeps the rest of the device's order; in eager mode, under FX and under torch.export (which
+    torch 2.11's dynamo cannot tell from torch.compile by ``torch.compiler.is_exporting()``) it is unchanged."""
     import torch.fx
 
     seen: list[str] = []
@@ -46,11 +47,16 @@ def test_auto_under_torch_compile_walks_the_order_over_traceable_backends() -> N
         seen.append(backends.resolve("knn_attention", "auto", x.device, {"D": 8}, x.dtype))
         return x + 1
 
+    class Choose(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return choose(x)
+
     x = torch.zeros(3)
     choose(x)
     torch.compile(choose, backend="eager", fullgraph=True)(x)
     torch.fx.symbolic_trace(choose)
-    assert seen == ["csr", "gather", "gather", "gather", "csr", "gather"]
+    torch.export.export(Choose(), (x,))  # dynamo too, but the exported graph must hold plain aten ops
+    assert seen == ["csr", "gather", "gather", "gather", "csr", "gather", "csr", "gather"]
 
 
 def test_auto_under_torch_compile_keeps_the_cuda_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
