@@ -623,14 +623,15 @@ class FourierSparseAttention(nn.Module):
         random_only = self.edge_set == "random"
         if random_only or (self.training and self.num_random > 0):
             rand = torch.randint(0, L, (B, H, L, self.num_random), device=c.device)
-            pair = torch.arange(self.num_random, device=c.device) % M  # the prediction each random edge is scored by
+            # random edge r is scored by prediction r mod M (no index op in the default num_random == M)
+            paired = i_bar if self.num_random == M else i_bar[..., torch.arange(self.num_random, device=c.device) % M]
             if random_only:
-                idx, mean = rand, i_bar[..., pair]  # (B, H, L, num_random)
+                idx, mean = rand, paired  # (B, H, L, num_random)
             else:
-                idx, mean = torch.cat([idx, rand], -1), torch.cat([i_bar, i_bar[..., pair]], -1)  # (B, H, L, E)
+                idx, mean = torch.cat([idx, rand], -1), torch.cat([i_bar, paired], -1)  # (B, H, L, E)
         var = float(L_max)
         conf = torch.exp(-((idx.to(acc) - mean) ** 2) / (2 * var)) / math.sqrt(2 * math.pi * var)
-        idx = torch.where(idx < L, idx, torch.full_like(idx, -1))  # past the sequence: dropped
+        idx = idx.masked_fill(idx >= L, -1)  # past the sequence: dropped
         return idx, (TruncateGrad.apply(conf) if self.truncate_grad else conf)
 
     def __prepare_scriptable__(self) -> nn.Module:
