@@ -383,9 +383,10 @@ def numba_first_call_ms() -> tuple[float, float]:
 # One attention step from M = N / 4 centroids to N inputs, forward + backward, per path: the dense score matrix
 # materialized, SDPA, the KNN forms of attention.CentroidAttention ("knn" = gather), and torch.compile of the KNN path
 # as "auto" chose it before the fused kernel existed (masked while N / K <= MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR, else
-# gather): what the compiler alone gives.
-CENTROID_PATHS = ("dense-matmul", "dense-sdpa", "knn", "knn-masked", "knn-triton", "knn-compiled")
-_KNN_FORMS = {"knn": "gather", "knn-masked": "masked", "knn-triton": "triton"}
+# gather): what the compiler alone gives; and of the fused kernel's path (the kernel an opaque op in the graph).
+CENTROID_PATHS = ("dense-matmul", "dense-sdpa", "knn", "knn-masked", "knn-triton", "knn-compiled",
+                  "knn-triton-compiled")  # fmt: skip
+_KNN_FORMS = {"knn": "gather", "knn-masked": "masked", "knn-triton": "triton", "knn-triton-compiled": "triton"}
 CENTROID_TARGET_POINTS = (1024, 16384)  # the fused KNN step must beat SDPA in time and peak memory at every N here
 CENTROID_HEADERS = ["N", "M", "path", "ms", "peak MB", "speedup vs matmul", "memory vs matmul", "speedup vs sdpa",
                     "memory vs sdpa"]  # fmt: skip
@@ -399,12 +400,12 @@ def _compiled_form(N: int, K: int) -> str:
 def centroid_path_skipped(path: str, device: str, compiled: bool) -> str | None:
     """Why ``tools/bench_centroid.py`` does not time ``path`` on ``device``, or None: the Triton kernel needs CUDA (and
     triton); the compiled row is left out unless asked for (compiling on a CPU takes minutes per shape)."""
-    if path == "knn-triton":
+    if path.startswith("knn-triton"):
         if torch.device(device).type != "cuda":
             return "needs CUDA (the fused Triton kernel)"
         if not backends.HAS_TRITON:
             return f"needs {backends.INSTALL_HINTS['triton']}"
-    if path == "knn-compiled" and not compiled:
+    if path.endswith("-compiled") and not compiled:
         return "torch.compile row not requested (--compiled yes; default on CUDA only)"
     return None
 
@@ -415,7 +416,7 @@ def measure_centroid(cfg: dict) -> dict:
 
     Peak memory is ``torch.cuda.max_memory_allocated`` beyond what the inputs and the layer hold on CUDA, and the
     growth of the peak resident set on CPU (clean only in a fresh process: ``tools/bench_centroid.py --isolate``).
-    ``"knn-compiled"`` compiles the layer (static shapes) in its warm-up step and reports the form it compiled.
+    The ``-compiled`` paths compile the layer (static shapes) in their warm-up step and report the form they compiled.
     """
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
@@ -428,7 +429,7 @@ def measure_centroid(cfg: dict) -> dict:
     forward: Callable[[Tensor, Tensor], Tensor] = layer
     if path == "dense-matmul":
         forward = partial(attention_step_reference, layer)
-    elif path == "knn-compiled":
+    elif path.endswith("-compiled"):
         forward = torch.compile(layer, dynamic=False)
 
     def step() -> None:
@@ -451,7 +452,7 @@ def measure_centroid(cfg: dict) -> dict:
         peak = max(peak_rss_bytes() - base, 0) if peak_rss_bytes() > before else None
     ms = time_fn(step, device, repeats=cfg["repeats"], warmup=0)
     out = {"ms": ms, "peak_mb": None if peak is None else peak / 2**20}
-    return out | ({"form": form} if path == "knn-compiled" else {})
+    return out | ({"form": form} if path.endswith("-compiled") else {})
 
 
 def centroid_results(

@@ -14,7 +14,9 @@ Implementations of one attention step from M centroids to N inputs, with the sam
 * ``knn-masked``:   the same neighbours, attention as dense products under the (B, M, N) neighbour mask;
 * ``knn-triton``:   the same neighbours, the fused Triton kernel (``attn_backend="triton"``; CUDA only);
 * ``knn-compiled``: ``torch.compile`` of the KNN path in the form ``"auto"`` took before the fused kernel (masked
-  while N / K <= 128, else gather): what the compiler alone gives (``--compiled``, default on CUDA only).
+  while N / K <= 128, else gather): what the compiler alone gives (``--compiled``, default on CUDA only);
+* ``knn-triton-compiled``: ``torch.compile`` of the layer with the fused kernel, which stays one opaque operator in
+  the compiled graph (:mod:`attention.kernels.ops`): what a compiled model runs (``--compiled``; CUDA only).
 
 Peak memory is the growth of the peak resident set of a fresh process during forward + backward on CPU (a process
 per configuration), and ``torch.cuda.max_memory_allocated`` on CUDA (all in this process; ``--isolate`` says).
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--paths", nargs="+", default=list(CENTROID_PATHS), choices=CENTROID_PATHS,
                         help="rows to time (default: all)")  # fmt: skip
     parser.add_argument("--compiled", choices=["auto", "yes", "no"], default="auto",
-                        help="time the knn-compiled row (auto: on CUDA only; a CPU compiles for minutes)")  # fmt: skip
+                        help="time the compiled rows (auto: on CUDA only; a CPU compiles for minutes)")  # fmt: skip
     add_isolate_option(parser)
     parser.add_argument("--json", default=None, help="also write the rows and targets to this JSON file")
     args = parser.parse_args(argv)

@@ -45,6 +45,11 @@ def test_paths_skipped_on_cpu_and_why() -> None:
     assert "not requested" in bench.centroid_path_skipped("knn-compiled", "cuda", compiled=False)
     assert bench.centroid_path_skipped("knn-compiled", "cpu", compiled=True) is None
     assert bench.centroid_path_skipped("knn-masked", "cpu", compiled=False) is None
+    assert (
+        bench.centroid_path_skipped("knn-triton-compiled", "cpu", compiled=True)
+        == "needs CUDA (the fused Triton kernel)"
+    )
+    assert "not requested" in bench.centroid_path_skipped("knn-triton-compiled", "cuda", compiled=False)
 
 
 def test_cli_on_cpu_times_the_torch_rows_each_in_a_fresh_process_and_names_the_skipped_ones(tmp_path: Path) -> None:
