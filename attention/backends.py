@@ -521,7 +521,11 @@ def resolve(
             if b.exact and b.installed() and b.preferred(shape, dtype) and b.supports(device, shape, dtype):
                 return name
         if compiling and not choices[reference].compiles():  # FSAT's csr: the first traceable entry that can run
-            runnable = (n for n, b in choices.items() if b.compiles() and b.exact and b.supports(device, shape, dtype))
+            runnable = (
+                n
+                for n, b in choices.items()
+                if b.compiles() and b.exact and b.installed() and b.supports(device, shape, dtype)
+            )
             return next(runnable, reference)
         return reference
     if backend not in choices:

@@ -35,7 +35,8 @@ afterwards, ``docs/benchmarks.md`` has the cost).
 ``fpsample_bucket`` is a documented approximation for large single clouds: fpsample's bucket FPS (kd-tree buckets,
 ``h`` = :data:`FPSAMPLE_BUCKET_HEIGHT`) returns a well-spread subset but not the exact FPS indices; its coverage
 (largest distance from a point to its nearest sample) against exact FPS is measured in ``docs/benchmarks.md``; its
-first sample is not ``start``. Under FX, dynamo or ``torch.export``, ``"auto"`` runs the reference (traceable).
+first sample is not ``start``. Under FX or ``torch.export``, ``"auto"`` runs the reference (traceable); under
+``torch.compile`` the reference or the Triton kernels, which the compiled graph calls as operators.
 
 Conventions: points and features are ``(B, N, C)``; indices are int64 ``(B, M)`` or ``(B, M, K)`` into the N axis of
 their batch element; distances are squared L2. Ragged batches are padded to a common N and described by a boolean
@@ -290,7 +291,7 @@ def farthest_point_sample(
     if mask is not None and checks_active() and not bool(mask.gather(1, start[:, None]).all()):
         raise ValueError("start points at a padded point (mask is False there)")
     shape = {"B": B, "N": N, "C": x.shape[-1], "M": num_samples, "masked": mask is not None}
-    name = resolve("fps", backend, x.device, shape)  # the reference while tracing (attention.backends)
+    name = resolve("fps", backend, x.device, shape)  # traceable choices while tracing (attention.backends)
     return BACKENDS["fps"][name].load()(x, num_samples, start, mask)
 
 
@@ -475,7 +476,7 @@ def knn(
     # the real points of the smallest cloud, counted (a host sync on CUDA) only by a backend that must know them
     fewest = None if mask is None else (lambda: int(mask.sum(1).min()))
     shape = {"N": N, "C": ref.shape[-1], "k": k, "min_real": fewest}
-    name = resolve("knn", backend, query.device, shape)  # the reference while tracing (attention.backends)
+    name = resolve("knn", backend, query.device, shape)  # traceable choices while tracing (attention.backends)
     return BACKENDS["knn"][name].load()(query, ref, k, mask, chunk_bytes)
 
 

@@ -25,9 +25,9 @@ clouds, 40 classes.
 * ``ops_per_step``: aten ops one train step dispatches (forward and backward, not the optimizer; one extra untimed
   step) and ``kernel_ops_per_step`` those that are not views, i.e. launch kernels on a GPU
   (:func:`engine.bench.count_aten_ops`). A GPU runs small-kernel models at the speed the host issues them, a few
-  microseconds per op, so this column predicts that cost on any device. Each launch of a fused kernel is one
-  operator (:mod:`attention.kernels.ops`) and counts as one op; compiled rows count nothing (``-``: their work runs as
-  generated kernels).
+  microseconds per op, so this column predicts that cost on any device. A fused kernel's operator
+  (:mod:`attention.kernels.ops`: one launch, or two or three for a pass of a multi-kernel scan) counts as one op;
+  compiled rows count nothing (``-``: their work runs as generated kernels).
 
 Targets (:func:`targets`): the centroid model (T = 1) trains at >= 0.5x the random twin's samples/s (the paper:
 60 / 312 = 0.19x, FPS being their bottleneck); on CUDA, the centroid model (T = 1) trains at >= 1.3x PointNet++'s

@@ -48,6 +48,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ._triton_compat import loop_bound
 from .limits import FSAT_TRITON_MAX_HEAD_DIM as MAX_HEAD_DIM
@@ -271,6 +272,7 @@ class EdgeAttentionTriton(torch.autograd.Function):
         return out.view(B, H, L, D)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, ...]:
         q2, k2, v2, idx, conf2, out, lse = ctx.saved_tensors
         B, H, L, D, E = ctx.shape

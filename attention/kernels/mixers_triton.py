@@ -42,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ._triton_compat import loop_bound
 from .limits import MIX_TRITON_MAX_HEAD_DIM as MAX_HEAD_DIM
@@ -333,6 +334,7 @@ class CauchyMixTriton(torch.autograd.Function):
         return torch.ops.attention.structured_mix_fwd(a, b, v, 0.0, _CAUCHY.value, block_m, block_n)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, gy: Tensor) -> tuple[Tensor | None, ...]:
         a, b, v = ctx.saved_tensors
         return (*torch.ops.attention.structured_mix_bwd(a, b, v, gy, 0.0, _CAUCHY.value, *ctx.blocks), None, None)
@@ -351,6 +353,7 @@ class VandermondeMixTriton(torch.autograd.Function):
         return torch.ops.attention.structured_mix_fwd(q, k, v, ctx.freq, _VANDERMONDE.value, block_m, block_n)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, gy: Tensor) -> tuple[Tensor | None, ...]:
         q, k, v = ctx.saved_tensors
         grads = torch.ops.attention.structured_mix_bwd(q, k, v, gy, ctx.freq, _VANDERMONDE.value, *ctx.blocks)

@@ -127,12 +127,17 @@ _declare(
 
 @_fake("fsat_edges_fwd")
 def _fsat_fwd_fake(q, k, v, conf, crow, order, block) -> tuple[Tensor, Tensor]:
-    return torch.empty_like(v), q.new_empty(q.shape[0], dtype=torch.float32)
+    return v.new_empty(v.shape), q.new_empty(q.shape[0], dtype=torch.float32)
 
 
 @_fake("fsat_edges_bwd")
 def _fsat_bwd_fake(q, k, v, idx, conf, lse, delta, do, truncate, block) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return q.new_empty(q.shape, dtype=torch.float32), torch.empty_like(k), torch.empty_like(v), torch.empty_like(conf)
+    return (
+        q.new_empty(q.shape, dtype=torch.float32),
+        torch.empty_like(k),
+        torch.empty_like(v),
+        conf.new_empty(conf.shape),
+    )
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -167,7 +172,7 @@ def _ssd_fwd_fake(c, b, v, log_a, chunk) -> tuple[Tensor, Tensor, Tensor]:
 
 @_fake("ssd_scan_bwd")
 def _ssd_bwd_fake(c, b, v, log_a, states, tot, dy, chunk) -> tuple[Tensor, Tensor, Tensor]:
-    return torch.empty_like(c), torch.empty_like(b), v.new_empty(2, *v.shape, dtype=torch.float32)
+    return c.new_empty(c.shape), b.new_empty(b.shape), v.new_empty(2, *v.shape, dtype=torch.float32)
 
 
 # -------------------------------------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ._triton_compat import loop_bound
 from .limits import SSD_TRITON_CHUNK
@@ -312,6 +313,7 @@ class QuasiseparableScanTriton(torch.autograd.Function):
         return z[0] + z[1]
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy: Tensor) -> tuple[Tensor | None, ...]:
         c, b, v, log_a, states, tot, z = ctx.saved_tensors
         dc, db, dv = torch.ops.attention.ssd_scan_bwd(c, b, v, log_a, states, tot, dy, ctx.chunk)

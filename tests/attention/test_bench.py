@@ -143,6 +143,11 @@ def test_kernel_targets_read_the_compiled_kernels_where_they_ran_faster() -> Non
     assert time4k["detail"] == "fsat-fused-compiled at L = 4096 ran triton compiled"
     rows[1] = {**rows[1], "ms": 2.0, "speedup vs attention-matmul": 1.5}
     assert bench.mixer_kernel_targets(rows, "cuda")[0]["detail"] == "fsat at L = 4096 ran triton"
+    # Hydra's growth 8K -> 16K within one row: a compiled row at 16K only does not mix with the eager one at 8K
+    hydra = [_mixer_row(8192, "hydra", 2.0, 9.0, 3.0), _mixer_row(16384, "hydra", 4.2, 9.0, 4.0),
+             _mixer_row(16384, "hydra-fused-compiled", 1.0, 9.0, 8.0)]  # fmt: skip
+    growth = bench.mixer_kernel_targets(hydra, "cuda")[-1]
+    assert growth["measured"] == pytest.approx(2.1) and growth["detail"] == "hydra at L = 8192 and 16384 ran triton"
 
 
 def test_kernel_mixer_rows_name_their_path_and_skip_a_torch_row_that_repeats_auto(monkeypatch) -> None:
