@@ -171,10 +171,16 @@ def fps_cluster_target(fps_rows: Sequence[dict], device: str) -> dict:
                   detail=detail)  # fmt: skip
 
 
-def fsat_target(results: Sequence[dict], device: str) -> dict:
+def _at_batch(batch: int | None) -> str:
+    """A target name's batch, for runs at several batch sizes (``tools/bench_mixers.py --batch 1 8``)."""
+    return "" if batch is None else f", B = {batch}"
+
+
+def fsat_target(results: Sequence[dict], device: str, batch: int | None = None) -> dict:
     """FSAT's time as a fraction of SDPA's at the longest measured L >= :data:`FSAT_MIN_LEN`, from
-    ``tools/bench_mixers.py``'s rows (``{"L", "mixer", "speedup vs attention-sdpa", ...}``): < 1 is faster."""
-    name = f"FSAT time vs SDPA at L >= {FSAT_MIN_LEN // 1024}K (fraction)"
+    ``tools/bench_mixers.py``'s rows (``{"L", "mixer", "speedup vs attention-sdpa", ...}``): < 1 is faster.
+    ``batch``, where given, goes into the name."""
+    name = f"FSAT time vs SDPA at L >= {FSAT_MIN_LEN // 1024}K (fraction{_at_batch(batch)})"
     rows = [r for r in results if r["mixer"] == "fsat" and r["L"] >= FSAT_MIN_LEN]
     if not rows:
         return target(name, None, "<", 1, device=device, on="cuda", unit="", detail=f"L = {FSAT_MIN_LEN} not measured")
@@ -194,13 +200,15 @@ HYDRA_BEATS_SDPA_FROM = 4096
 HYDRA_MAX_GROWTH_8K_TO_16K = 2.2  # time 16K / 8K: linear in L, up to noise
 
 
-def mixer_kernel_targets(results: Sequence[dict], device: str) -> list[dict]:
+def mixer_kernel_targets(results: Sequence[dict], device: str, batch: int | None = None) -> list[dict]:
     """The targets of the fused FSAT and Hydra kernels, from ``tools/bench_mixers.py``'s rows of ``fsat`` and
     ``hydra`` (what "auto" runs; each row's ``path`` names the backend), or of ``fsat-fused-compiled`` and
     ``hydra-fused-compiled`` where those ran faster (the detail names the row): FSAT's time and peak memory as
     fractions of vanilla attention's at 4K, FSAT's and Hydra's time as fractions of SDPA's from 8K / 4K on (the
-    largest), and Hydra's time growth from 8K to 16K. No verdict for a row not measured (the detail says which)."""
+    largest), and Hydra's time growth from 8K to 16K. No verdict for a row not measured (the detail says which).
+    ``batch``, where given, goes into the names."""
     by = {(r["L"], r["mixer"]): r for r in results}
+    b = _at_batch(batch)
 
     def ratio(mixer: str, L: int, key: str) -> tuple[float | None, str]:
         # the kernels eager or compiled, whichever row ran faster (a compiled model runs the second)
@@ -214,13 +222,13 @@ def mixer_kernel_targets(results: Sequence[dict], device: str) -> list[dict]:
 
     out = []
     t, detail = ratio("fsat", 4096, "speedup vs attention-matmul")
-    out.append(target("FSAT time vs attention (matmul) at L = 4K (fraction)", t and 1 / t, "<=",
+    out.append(target(f"FSAT time vs attention (matmul) at L = 4K (fraction{b})", t and 1 / t, "<=",
                       FSAT_MAX_TIME_VS_MATMUL_4K, device=device, on="cuda", unit="", detail=detail))  # fmt: skip
     mem, detail = ratio("fsat", 4096, "memory vs attention-matmul")
-    out.append(target("FSAT peak memory vs attention (matmul) at L = 4K (fraction)", mem, "<=",
+    out.append(target(f"FSAT peak memory vs attention (matmul) at L = 4K (fraction{b})", mem, "<=",
                       FSAT_MAX_MEMORY_VS_MATMUL_4K, device=device, on="cuda", unit="", detail=detail))  # fmt: skip
     for mixer, label, start in (("fsat", "FSAT", FSAT_BEATS_SDPA_FROM), ("hydra", "Hydra", HYDRA_BEATS_SDPA_FROM)):
-        name = f"{label} time vs SDPA at every L >= {start // 1024}K (the largest fraction)"
+        name = f"{label} time vs SDPA at every L >= {start // 1024}K (the largest fraction{b})"
         measured = [
             (*ratio(mixer, L, "speedup vs attention-sdpa"), L) for L, m in sorted(by) if m == mixer and L >= start
         ]
@@ -241,8 +249,8 @@ def mixer_kernel_targets(results: Sequence[dict], device: str) -> list[dict]:
     if not growths:
         gaps = [d for t, d in (ratio("hydra", L, "ms") for L in (8192, 16384)) if not t]
         detail = "; ".join(gaps) or "no hydra row measured at both L = 8192 and 16384"
-    out.append(target("Hydra time at L = 16K / at 8K", growth, "<=", HYDRA_MAX_GROWTH_8K_TO_16K, device=device,
-                      on="cuda", detail=detail))  # fmt: skip
+    name = "Hydra time at L = 16K / at 8K" + ("" if batch is None else f" (B = {batch})")
+    out.append(target(name, growth, "<=", HYDRA_MAX_GROWTH_8K_TO_16K, device=device, on="cuda", detail=detail))
     return out
 
 

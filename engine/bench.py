@@ -235,13 +235,16 @@ def add_isolate_option(parser: object) -> None:
 
 
 def add_throughput_arguments(
-    parser: argparse.ArgumentParser, batch: int, points: int, repeats: int, warmup: int
+    parser: argparse.ArgumentParser, batch: int, points: int, repeats: int, warmup: int, batches: bool = False
 ) -> None:
     """The flags the point-model throughput benches share (``tools/bench_modelnet.py``, ``tools/bench_partseg.py``),
-    with that bench's defaults: device, batch, points per cloud, models (default: all), rounds, summary, AMP,
-    threads and the JSON report."""
+    with that bench's defaults: device, batch (with ``batches``, one or more: a list), points per cloud, models
+    (default: all), rounds, summary, AMP, threads and the JSON report."""
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--batch", type=int, default=batch)
+    if batches:
+        parser.add_argument("--batch", type=int, nargs="+", default=[batch], help="one table per batch size")
+    else:
+        parser.add_argument("--batch", type=int, default=batch)
     parser.add_argument("--points", type=int, default=points)
     parser.add_argument("--models", nargs="+", default=None, help="subset of registered names (default: all)")
     parser.add_argument("--repeats", type=int, default=repeats)

@@ -348,27 +348,30 @@ def bench_args(ctx: Ctx, name: str) -> list[str]:
             return [*d, "--batch", "2", "--points", "128", "--num-centroids", "32", "16", "--steps", "1",
                     "--repeats", "1", "--warmup", "0", "--models", *few[:2]]  # fmt: skip
         # the KNN attention forms: "auto" (the fused kernels on CUDA), gather, and masked (auto's choice before the
-        # fused kernel), which the full run also times compiled
-        forms = ["--attn-backends", "auto", "gather", "masked"]
+        # fused kernel); compiled: auto (the kernels inside the compiled graph) and, in the full run, masked; at both
+        # batch sizes of the PointNet++ target
+        forms = ["--attn-backends", "auto", "gather", "masked", "--batch", "32", "128"]
         if quick:
-            return [*d, "--amp", "--steps", "1", "--repeats", "3", *forms, "--models", *few]
-        return [*d, "--amp", *forms, "--compile", "masked"]
+            return [*d, "--amp", "--steps", "1", "--repeats", "3", *forms, "--compile", "auto", "--models", *few]
+        return [*d, "--amp", *forms, "--compile", "auto", "masked"]
     if name == "bench_vision":
         if not cuda:
             return [*d, "--batch", "2", "--repeats", "1", "--warmup", "0", "--models", DEIT_TINY, OURS_1]
         # throughput in DeiT's sense (a large batch): at small batches a fast GPU runs DeiT-tiny's eager forward in
         # the time its ~200 kernel launches take, so every model of that size would measure the same
         amp = [*d, "--amp", "--batch", "512"]
-        return [*amp, "--models", DEIT_TINY, OURS_1] if quick else amp
+        # the target's pair eager and compiled (its verdict takes the better mode); the full run: every model eager
+        return [*amp, "--compile", "both", "--models", DEIT_TINY, OURS_1] if quick else amp
     if name == "bench_mixers":
         if not cuda:  # a compiled row (tens of seconds to compile on CPU) and the skipped line of a torch row
             mixers = ["fsat", "fsat-torch", "fsat-compiled", "hydra", "cauchy"]
             return [*d, "--lengths", "128", "--dim", "32", "--heads", "2", "--mixers", *mixers]
-        if quick:  # the targets' rows only: FSAT and Hydra (eager and compiled kernels) against SDPA from 4K to 16K,
-            # Cauchy / Vandermonde at 4K
+        if quick:  # the targets' rows only: FSAT and Hydra (eager and compiled kernels) against SDPA from 4K to 16K
+            # at B = 1 and 8, Cauchy / Vandermonde at 4K
             mixers = ["fsat", "fsat-torch", "fsat-fused-compiled", "hydra", "hydra-torch", "hydra-fused-compiled",
                       "cauchy", "vandermonde"]  # fmt: skip
-            return [*d, "--lengths", "4096", "8192", "16384", "--mixers", *mixers, "--max-quadratic-len", "4096"]
+            lengths = ["--lengths", "4096", "8192", "16384", "--batch", "1", "8"]
+            return [*d, *lengths, "--mixers", *mixers, "--max-quadratic-len", "4096"]
         # every mixer but the compiled torch paths, whose compiles (one per mixer and length) would not fit the
         # section's time (`tools/bench_mixers.py --device cuda` alone runs them); the compiled kernels, which the
         # targets read, as in the quick run

@@ -37,10 +37,10 @@ Targets (on CUDA; printed under the table and written with every row to ``--json
 L >= 16K (:func:`attention.bench.fsat_target`), and those of the fused kernels, eager or compiled, whichever row
 ran faster (:func:`attention.bench.mixer_kernel_targets`, for B = 1 and B = 8): FSAT at most 0.4x vanilla
 attention's time and 0.16x its peak memory at 4K and faster than SDPA from 8K, Hydra faster than SDPA from 4K and at
-most 2.2x slower at 16K than at 8K::
+most 2.2x slower at 16K than at 8K. ``--batch`` takes several sizes, one table each, the batch named in each
+verdict::
 
-    python tools/bench_mixers.py --device cuda --lengths 1024 2048 4096 8192 16384 --batch 1
-    python tools/bench_mixers.py --device cuda --lengths 1024 2048 4096 8192 16384 --batch 8
+    python tools/bench_mixers.py --device cuda --lengths 1024 2048 4096 8192 16384 --batch 1 8
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--mixers", nargs="+", default=list(BENCH_MIXERS), help="baselines are always measured")
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1], help="one table per batch size")
     parser.add_argument("--repeats", type=int, default=1, help="timed steps (1: the peak-memory step is timed)")
     parser.add_argument("--max-quadratic-len", type=int, default=None, help="skip Cauchy/Vandermonde above this L")
     parser.add_argument("--json", default=None, help="also write the rows and the target to this JSON file")
@@ -67,14 +67,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="  %(message)s")  # each configuration's result, on stderr
     print(f"# bench_mixers on {args.device}: {describe_machine(args.device)}")
-    print(f"# B={args.batch}, C={args.dim}, H={args.heads}, one forward + backward, training mode; "
-          f"{args.repeats} timed step(s)\n")  # fmt: skip
+    print(f"# B={' and '.join(map(str, args.batch))}, C={args.dim}, H={args.heads}, one forward + backward, training "
+          f"mode; {args.repeats} timed step(s)\n")  # fmt: skip
     isolate = isolate_configs(args.isolate, args.device)
-    results = mixer_rows(args.device, args.lengths, args.mixers, dim=args.dim, heads=args.heads, batch=args.batch,
-                         repeats=args.repeats, max_quadratic_len=args.max_quadratic_len, isolate=isolate)  # fmt: skip
+    several = len(args.batch) > 1
+    results: list[dict] = []
     tables: list[dict] = []
-    print_table(*mixer_table(results), tables)
-    targets = [fsat_target(results, args.device), *mixer_kernel_targets(results, args.device)]
+    targets: list[dict] = []
+    for batch in args.batch:
+        rows = mixer_rows(args.device, args.lengths, args.mixers, dim=args.dim, heads=args.heads, batch=batch,
+                          repeats=args.repeats, max_quadratic_len=args.max_quadratic_len, isolate=isolate)  # fmt: skip
+        results += [{"B": batch, **r} for r in rows]
+        print_table(*mixer_table(rows), tables, title=f"B = {batch}" if several else None)
+        print()
+        named = batch if several else None
+        targets += [fsat_target(rows, args.device, named), *mixer_kernel_targets(rows, args.device, named)]
     finish("bench_mixers", args.device, args, targets, argv=argv, results=results, tables=tables)
     return results
 

@@ -26,7 +26,7 @@ from pointcloud.bench import COMPILE_FORMS, benchmark, check_settings, default_m
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_throughput_arguments(parser, batch=32, points=1024, repeats=5, warmup=2)
+    add_throughput_arguments(parser, batch=32, points=1024, repeats=5, warmup=2, batches=True)
     parser.add_argument("--num-centroids", type=int, nargs=2, default=None, metavar=("N1", "N2"),
                         help="centroids of the two CA blocks (default: the model's)")  # fmt: skip
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 3], help="T values of the centroid model")
@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     models = args.models or default_models()
     try:
-        check_settings(models, args.device, args.amp, args.batch, args.repeats, args.chunk_mb, args.compile)
+        for batch in args.batch:
+            check_settings(models, args.device, args.amp, batch, args.repeats, args.chunk_mb, args.compile)
     except ValueError as e:
         parser.error(str(e))
     if args.threads:
@@ -49,17 +50,23 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"# bench_modelnet on {args.device}: {describe_machine(args.device)}")
     nc = args.num_centroids or "model default"
-    print(f"# batch {args.batch}, {args.points} points (xyz), num_centroids {nc}, amp {args.amp}, "
-          f"{args.stat} of {args.repeats} rounds after {args.warmup} warm-up")  # fmt: skip
+    print(f"# batch {' and '.join(map(str, args.batch))}, {args.points} points (xyz), num_centroids {nc}, "
+          f"amp {args.amp}, {args.stat} of {args.repeats} rounds after {args.warmup} warm-up")  # fmt: skip
     planned = plan(models, args.steps, args.num_centroids, args.attn_backends, args.chunk_mb, args.compile)
     rows, skipped = runnable(planned, args.device)
     for label, why in skipped.items():
         print(f"# {label}: not measured: {why}")
     print()
-    results = benchmark(rows, args.device, args.batch, args.points, args.amp, args.repeats, args.warmup, args.stat)
+    results: list[dict] = []
     tables: list[dict] = []
-    print_table(*table(results), tables)
-    goals = targets(results, args.device, args.amp, args.points)
+    goals: list[dict] = []
+    several = len(args.batch) > 1
+    for batch in args.batch:
+        measured = benchmark(rows, args.device, batch, args.points, args.amp, args.repeats, args.warmup, args.stat)
+        results += [{"batch": batch, **r} for r in measured]
+        print_table(*table(measured), tables, title=f"batch {batch}" if several else None)
+        print()
+        goals += targets(measured, args.device, args.amp, args.points, batch=batch if several else None)
     finish("bench_modelnet", args.device, args, goals, argv=argv, results=results, tables=tables)
 
 

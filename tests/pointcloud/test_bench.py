@@ -63,6 +63,18 @@ def test_targets_against_pointnet2_are_cuda_ratios_of_the_same_run() -> None:
     on_cpu = bench.targets(results, "cpu")[1]  # CUDA targets: the ratio, but no verdict on CPU
     assert on_cpu["measured"] == pytest.approx(1.5) and on_cpu["met"] is None and "no verdict" in on_cpu["detail"]
 
+    # the fused kernels eager or compiled, whichever trained faster; the batch, when given, names the run
+    compiled = {**row(f"{CT} T=1 compiled", 240, None), "ops_per_step": None}
+    auto = bench.targets([*results, compiled], "cuda", amp=True, batch=128)[1]
+    assert auto["target"] == "centroid T=1 train samples/s vs PointNet++ (batch 128, AMP, 1024 points)"
+    assert auto["measured"] == pytest.approx(1.5) and auto["detail"] == "ops/step 1434 vs 511; compiled 240 samples/s"
+    compiled["train_sps"] = 320
+    auto = bench.targets([*results, compiled], "cuda", amp=True)[1]
+    assert auto["measured"] == pytest.approx(1.6) and auto["met"] is True
+    assert auto["detail"] == "compiled, 320 vs 200 samples/s (PointNet++ eager)"
+    vs_random = bench.targets(results, "cuda", batch=32)[0]
+    assert vs_random["target"] == "centroid T=1 train samples/s vs the random twin's at batch 32"
+
 
 def test_default_models_include_registered_peers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(pc_model.MODELS, TINY, TinyPeer)
@@ -94,8 +106,11 @@ def test_a_compiled_row_trains_and_infers_through_torch_compile(monkeypatch: pyt
 
     monkeypatch.setattr(torch, "compile", spy)
     kwargs = {"num_classes": 40, "num_centroids": (32, 16), "num_steps": 1, "attn_backend": "masked", "_compile": True}
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
     stats, train_step, infer = bench.prepare(CT, kwargs, "cpu", batch=2, num_points=64)
     assert calls == [{"dynamic": False}] and stats["ops_per_step"] is None and stats["gmacs"] > 0
+    # each (T, form, batch, mode) of a run is one more graph of the same forward: none may fall back to eager
+    assert torch._dynamo.config.recompile_limit == bench.RECOMPILE_LIMIT
     train_step()
     infer()
     assert calls[1:] == ["call", "call"]

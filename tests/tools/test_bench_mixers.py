@@ -50,3 +50,14 @@ def test_in_process_rows_equal_the_isolated_ones(tmp_path: Path) -> None:
     assert [r["mixer"] for r in inline] == [r["mixer"] for r in isolated]
     for a, b in zip(isolated, inline):
         assert b["peak_mb"] == a["peak_mb"] > 0 and b["ms"] > 0, (a, b)
+
+
+def test_several_batch_sizes_give_a_table_and_verdicts_each(tmp_path: Path) -> None:
+    """``--batch 1 2``: the issue's targets hold at B = 1 and at B = 8, so one run times both and names each."""
+    rows, payload, out = bench_mixers(*TINY, "--batch", "1", "2", "--isolate", "no", "--json", str(tmp_path / "b.json"))
+    assert [(r["B"], r["mixer"]) for r in rows] == [(b, m) for b in (1, 2) for m in (*BASELINES, "fsat", "cauchy")]
+    assert [t["title"] for t in payload["tables"]] == ["B = 1", "B = 2"] and "## B = 2" in out
+    names = [t["target"] for t in payload["targets"]]
+    assert len(names) == 12 and names[0] == "FSAT time vs SDPA at L >= 16K (fraction, B = 1)"
+    assert names[6] == "FSAT time vs SDPA at L >= 16K (fraction, B = 2)" and names[-1].endswith("(B = 2)")
+    assert len(set(names)) == 12  # no two verdicts share a name in gpu_check's summary

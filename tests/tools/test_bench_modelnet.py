@@ -30,3 +30,22 @@ def test_cli_prints_the_table_and_targets_and_writes_json(tmp_path: Path) -> Non
         "centroid T=1 train samples/s vs PointNet++",
         "centroid T=1, attn_backend=gather, train samples/s vs PointNet++",
     ]
+    assert "batch" not in payload["targets"][1]["target"]  # one batch size: the verdicts as before
+
+
+def test_cli_times_every_row_at_each_batch_size(tmp_path: Path) -> None:
+    """``--batch 2 3``: one table per batch size, each row with its batch in --json, each verdict naming it."""
+    path = tmp_path / "bench.json"
+    argv = ["--points", "64", "--batch", "2", "3", "--repeats", "1", "--warmup", "0", "--num-centroids", "32", "16",
+            "--steps", "1", "--models", CT, f"{CT}_random", "--json", str(path)]  # fmt: skip
+    run = run_tool("bench_modelnet", argv)
+    assert run.returncode == 0, run.stderr
+    assert "## batch 2" in run.stdout and "## batch 3" in run.stdout
+    payload = json.loads(path.read_text())
+    rows = [(r["batch"], r["label"]) for r in payload["results"]]
+    assert rows == [(b, label) for b in (2, 3) for label in (f"{CT} T=1", f"{CT}_random")]
+    assert [t["title"] for t in payload["tables"]] == ["batch 2", "batch 3"]
+    names = [t["target"] for t in payload["targets"]]
+    assert names[0] == "centroid T=1 train samples/s vs the random twin's at batch 2" and len(names) == 6
+    assert names[4] == "centroid T=1 train samples/s vs PointNet++ (batch 3, 64 points)"
+    assert run_tool("bench_modelnet", ["--batch", "2", "1"]).returncode == 2  # every batch size is checked
