@@ -348,11 +348,12 @@ def bench_args(ctx: Ctx, name: str) -> list[str]:
             return [*d, "--batch", "2", "--points", "128", "--num-centroids", "32", "16", "--steps", "1",
                     "--repeats", "1", "--warmup", "0", "--models", *few[:2]]  # fmt: skip
         # the KNN attention forms: "auto" (the fused kernels on CUDA), gather, and masked (auto's choice before the
-        # fused kernel); compiled: auto (the kernels inside the compiled graph) and, in the full run, masked; at both
-        # batch sizes of the PointNet++ target
+        # fused kernel), at both batch sizes of the PointNet++ target; compiled: auto (the kernels inside the
+        # compiled graph; quick: with CUDA graphs too, T = 1 only) and, in the full run, masked
         forms = ["--attn-backends", "auto", "gather", "masked", "--batch", "32", "128"]
         if quick:
-            return [*d, "--amp", "--steps", "1", "--repeats", "3", *forms, "--compile", "auto", "--models", *few]
+            compiled = ["--compile", "auto", "--compile-mode", "default", "reduce-overhead"]
+            return [*d, "--amp", "--steps", "1", "--repeats", "3", *forms, *compiled, "--models", *few]
         return [*d, "--amp", *forms, "--compile", "auto", "masked"]
     if name == "bench_vision":
         if not cuda:

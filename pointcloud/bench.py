@@ -39,6 +39,7 @@ batch sizes, one table each, and names the batch in each verdict.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -48,6 +49,7 @@ from attention import backends
 from attention.chunking import CHUNK_BUDGETS
 from engine.bench import count_aten_ops, target, time_train_and_infer, unit_sphere_clouds
 from engine.stats import count_gmacs, count_params
+from engine.trainer import COMPILE_MODES
 
 from .model import create_model, list_models
 
@@ -69,6 +71,8 @@ __all__ = [
     "table",
     "targets",
 ]
+
+_logger = logging.getLogger(__name__)
 
 CENTROID = "centroid_transformer_modelnet40"
 RANDOM = f"{CENTROID}_random"
@@ -103,10 +107,12 @@ def plan(
     attn_backends: Sequence[str] = ("auto",),
     chunk_mb: Sequence[int] = (),
     compile_forms: Sequence[str] = (),
+    compile_modes: Sequence[str] = ("default",),
 ) -> list[Row]:
     """One row per model; the centroid model gets one row per T and attention backend (and per chunk budget of its
-    gather form, ``chunk_mb``, kwarg ``_chunk_mb``; and per form in ``compile_forms``, compiled: kwarg ``_compile``),
-    the twins T = 0, peers None."""
+    gather form, ``chunk_mb``, kwarg ``_chunk_mb``; and per form in ``compile_forms`` and ``torch.compile`` mode in
+    ``compile_modes``, compiled: kwarg ``_compile``, the mode; labelled ``compiled``, or ``compiled <mode>`` for a
+    mode other than ``"default"``), the twins T = 0, peers None."""
     rows = []
     for name in models:
         kwargs: dict = {"num_classes": NUM_CLASSES}
@@ -121,8 +127,10 @@ def plan(
                     label = f"{name} T={t} chunks {mb} MiB"
                     rows.append((label, name, t, {**kwargs, "num_steps": t, "attn_backend": "gather", "_chunk_mb": mb}))
                 for b in compile_forms:
-                    label = f"{name} T={t}" + ("" if b == "auto" else f" {b}") + " compiled"
-                    rows.append((label, name, t, {**kwargs, "num_steps": t, "attn_backend": b, "_compile": True}))
+                    for mode in compile_modes:
+                        label = f"{name} T={t}" + ("" if b == "auto" else f" {b}") + " compiled"
+                        label += "" if mode == "default" else f" {mode}"
+                        rows.append((label, name, t, {**kwargs, "num_steps": t, "attn_backend": b, "_compile": mode}))
         else:
             rows.append((name, name, 0 if name in TWINS else None, kwargs))
     return rows
@@ -167,7 +175,7 @@ def prepare(
     torch.manual_seed(0)
     kwargs = dict(kwargs)
     chunk_mb = kwargs.pop("_chunk_mb", None)
-    compiled = kwargs.pop("_compile", False)
+    compiled = kwargs.pop("_compile", None)  # a torch.compile mode, or None: eager
     model = create_model(name, **kwargs)
     model.to(device)
     # on the run's device: "auto" forms are chosen per device (the KNN attention is masked on CUDA, gather on CPU)
@@ -179,7 +187,8 @@ def prepare(
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp)
     # static shapes: every call has the bench's batch; compiled in the first (untimed) call
-    run = torch.compile(model, dynamic=False) if compiled else model
+    mode = {} if compiled in (None, "default") else {"mode": compiled}  # reduce-overhead: CUDA graphs as well
+    run = torch.compile(model, dynamic=False, **mode) if compiled else model
     if compiled:
         # one graph per (T, form, batch, train or eval) shares the model's forward: past dynamo's recompile limit
         # (8) a compiled row would run eager without an error
@@ -219,6 +228,7 @@ def check_settings(
     repeats: int,
     chunk_mb: Sequence[int] = (),
     compile_forms: Sequence[str] = (),
+    compile_modes: Sequence[str] = ("default",),
 ) -> None:
     """Raises ``ValueError`` for settings :func:`benchmark` cannot run, naming the fix."""
     check_throughput_settings(models, list_models(), device, amp, batch, repeats)
@@ -228,6 +238,10 @@ def check_settings(
         raise ValueError(
             f"--compile takes the forms torch.compile traces, {list(COMPILE_FORMS)}; got {list(compile_forms)}"
         )
+    if set(compile_modes) - set(COMPILE_MODES):
+        raise ValueError(f"--compile-mode takes torch.compile's modes {list(COMPILE_MODES)}; got {list(compile_modes)}")
+    if list(compile_modes) != ["default"] and not compile_forms:
+        raise ValueError("--compile-mode applies to the compiled rows: name their forms with --compile FORM")
 
 
 def check_throughput_settings(
@@ -259,15 +273,30 @@ def benchmark(
     stat: str = "median",
 ) -> list[dict]:
     """Measures every row of :func:`plan`: one dict per row with its stats, ``{train,infer}_ms`` (and each round's
-    ``_ms_rounds``), ``{train,infer}_sps`` and the ratios to the random twin and the paper's."""
-    prepared = []
+    ``_ms_rounds``), ``{train,infer}_sps`` and the ratios to the random twin and the paper's.
+
+    Each row is built and called once (train step and inference; a compiled row compiles there) before any is timed:
+    a row that raises (a compile that fails, memory that runs out) gets ``error`` instead of figures, and the other
+    rows are timed as usual."""
+    prepared, failed = [], {}
     for label, name, steps, kwargs in rows:
-        stats, train_step, infer = prepare(name, kwargs, device, batch, num_points, amp)
-        prepared.append(({"label": label, "model": name, "num_steps": steps, **stats}, train_step, infer))
-    results = time_train_and_infer(prepared, device, batch, repeats, warmup, stat)
-    base = next((r for r in results if r["model"] == RANDOM), None)
+        row = {"label": label, "model": name, "num_steps": steps}
+        try:
+            stats, train_step, infer = prepare(name, kwargs, device, batch, num_points, amp)
+            train_step()
+            infer()
+        except Exception as e:  # the row reports its error; the other rows still run
+            failed[label] = {**row, "error": f"{type(e).__name__}: {e}"[:300]}
+            _logger.warning("%s failed: %s", label, failed[label]["error"])
+            continue
+        prepared.append(({**row, **stats}, train_step, infer))
+    timed = {r["label"]: r for r in time_train_and_infer(prepared, device, batch, repeats, warmup, stat)}
+    results = [timed.get(label) or failed[label] for label, *_ in rows]
+    base = next((r for r in results if r["model"] == RANDOM and "error" not in r), None)
     paper_base = PAPER_TRAIN[RANDOM]
     for r in results:
+        if "error" in r:
+            continue
         r["train_vs_random"] = r["train_sps"] / base["train_sps"] if base else None
         r["infer_vs_random"] = r["infer_sps"] / base["infer_sps"] if base else None
         r["paper_train_sps"] = PAPER_TRAIN.get(r["label"])
@@ -286,6 +315,7 @@ def table(results: Sequence[dict]) -> tuple[list[str], list[list]]:
     rows = [[r["label"], cell(r["num_steps"]), r["params_m"], r["gmacs"], cell(r["ops_per_step"]),
              cell(r["kernel_ops_per_step"]), r["train_sps"], cell(r["train_vs_random"]), cell(r["paper_train_sps"]),
              cell(r["paper_train_vs_random"]), r["infer_sps"], cell(r["infer_vs_random"])]
+            if "error" not in r else [r["label"], cell(r["num_steps"]), r["error"][:80], *["-"] * (len(headers) - 3)]
             for r in results]  # fmt: skip
     return headers, rows
 
@@ -297,7 +327,7 @@ def targets(
     (>= 1.3x in the ``auto`` form, the fused kernels, eager or compiled: the faster of the ``T=1`` and ``T=1
     compiled`` rows, which the detail names; >= 1x in the gather form): train samples/s of the same run. ``batch``
     (the run's) goes into the names, so that runs at two batch sizes keep their verdicts apart."""
-    by = {r["label"]: r for r in results}
+    by = {r["label"]: r for r in results if "error" not in r}
     t1, base, pn = by.get(f"{CENTROID} T=1"), by.get(RANDOM), by.get(POINTNET2)
     at = "" if batch is None else f" at batch {batch}"
     name = f"centroid T=1 train samples/s vs the random twin's{at}"
@@ -309,20 +339,22 @@ def targets(
         out = [target(name, t1["train_vs_random"], ">=", RANDOM_TARGET, device=device, detail=detail)]
     setting = ", ".join([*([f"batch {batch}"] if batch is not None else []), *(["AMP"] if amp else []),
                          f"{num_points} points"])  # fmt: skip
-    for labels, what, want in (
-        ((f"{CENTROID} T=1", f"{CENTROID} T=1 compiled"), "centroid T=1", POINTNET2_TARGET),
-        ((f"{CENTROID} T=1 gather",), "centroid T=1, attn_backend=gather,", POINTNET2_GATHER_TARGET),
+    eager_t1 = f"{CENTROID} T=1"
+    for pick, what, want in (
+        (lambda label: label == eager_t1 or label.startswith(f"{eager_t1} compiled"), "centroid T=1", POINTNET2_TARGET),
+        (lambda label: label == f"{eager_t1} gather", "centroid T=1, attn_backend=gather,", POINTNET2_GATHER_TARGET),
     ):
         name = f"{what} train samples/s vs PointNet++ ({setting})"
-        rows = [by[label] for label in labels if label in by]
+        rows = [r for label, r in by.items() if pick(label)]
         if not rows or pn is None:
             out.append(target(name, None, ">=", want, device=device, on="cuda", detail="rows not measured"))
             continue
         ct = max(rows, key=lambda r: r["train_sps"])
-        if ct["label"].endswith(" compiled"):  # its work runs as generated kernels: no ops/step
-            detail = f"compiled, {ct['train_sps']:.0f} vs {pn['train_sps']:.0f} samples/s (PointNet++ eager)"
+        how = lambda r: r["label"].removeprefix(f"{eager_t1} ")  # noqa: E731  (compiled, compiled reduce-overhead)
+        if ct["ops_per_step"] is None:  # compiled: its work runs as generated kernels, no ops/step
+            detail = f"{how(ct)}, {ct['train_sps']:.0f} vs {pn['train_sps']:.0f} samples/s (PointNet++ eager)"
         else:
             detail = f"ops/step {ct['ops_per_step']} vs {pn['ops_per_step']}"
-            detail += "".join(f"; compiled {r['train_sps']:.0f} samples/s" for r in rows if r is not ct)
+            detail += "".join(f"; {how(r)} {r['train_sps']:.0f} samples/s" for r in rows if r is not ct)
         out.append(target(name, ct["train_sps"] / pn["train_sps"], ">=", want, device=device, on="cuda", detail=detail))
     return out

@@ -21,6 +21,7 @@ import torch
 
 from attention import backend_names
 from engine.bench import add_throughput_arguments, describe_machine, finish, print_table
+from engine.trainer import COMPILE_MODES
 from pointcloud.bench import COMPILE_FORMS, benchmark, check_settings, default_models, plan, runnable, table, targets
 
 
@@ -38,11 +39,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile", nargs="+", default=[], choices=COMPILE_FORMS, metavar="FORM",
                         help="extra centroid rows: torch.compile of the model in these forms (masked is what auto "
                         "took on CUDA before the fused kernel; auto and triton keep the kernels on CUDA)")  # fmt: skip
+    parser.add_argument("--compile-mode", nargs="+", default=["default"], choices=COMPILE_MODES, metavar="MODE",
+                        help="torch.compile modes of the compiled rows, a row each (reduce-overhead: CUDA graphs "
+                        "too)")  # fmt: skip
     args = parser.parse_args(argv)
     models = args.models or default_models()
     try:
         for batch in args.batch:
-            check_settings(models, args.device, args.amp, batch, args.repeats, args.chunk_mb, args.compile)
+            check_settings(models, args.device, args.amp, batch, args.repeats, args.chunk_mb, args.compile,
+                           args.compile_mode)  # fmt: skip
     except ValueError as e:
         parser.error(str(e))
     if args.threads:
@@ -52,7 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     nc = args.num_centroids or "model default"
     print(f"# batch {' and '.join(map(str, args.batch))}, {args.points} points (xyz), num_centroids {nc}, "
           f"amp {args.amp}, {args.stat} of {args.repeats} rounds after {args.warmup} warm-up")  # fmt: skip
-    planned = plan(models, args.steps, args.num_centroids, args.attn_backends, args.chunk_mb, args.compile)
+    planned = plan(models, args.steps, args.num_centroids, args.attn_backends, args.chunk_mb, args.compile,
+                   args.compile_mode)  # fmt: skip
     rows, skipped = runnable(planned, args.device)
     for label, why in skipped.items():
         print(f"# {label}: not measured: {why}")

@@ -37,7 +37,7 @@ import logging
 import torch
 
 from engine.bench import describe_machine, finish, print_table
-from vision.bench import COMPILE_MODES, benchmark, model_names, ours_target, table
+from vision.bench import COMPILE_CHOICES, benchmark, model_names, ours_target, table
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--stat", choices=("median", "min"), default="median")
     parser.add_argument("--amp", action="store_true", help="bf16 autocast (CUDA)")
-    parser.add_argument("--compile", nargs="?", const="yes", default="no", choices=sorted(COMPILE_MODES),
+    parser.add_argument("--compile", nargs="?", const="yes", default="no", choices=sorted(COMPILE_CHOICES),
                         help="torch.compile every model; 'both': each model eager and compiled, two rows")  # fmt: skip
     parser.add_argument("--no-train", action="store_true", help="inference only")
     parser.add_argument("--threads", type=int, default=None)

@@ -17,7 +17,7 @@ from engine.stats import count_gmacs, count_params
 
 __all__ = [
     "BASELINES",
-    "COMPILE_MODES",
+    "COMPILE_CHOICES",
     "OURS_1",
     "TARGETS",
     "benchmark",
@@ -36,7 +36,7 @@ OURS_1 = "centroid_deit_tiny_c6_patch16_224"
 # GMACs = 1.58x; Token Merging's best DeiT-Ti result is 1.56x)
 TARGETS = {"cpu": 1.4, "cuda": 1.5}
 # --compile: every model eager, every model compiled, or each both ways (two rows)
-COMPILE_MODES = {"no": (False,), "yes": (True,), "both": (False, True)}
+COMPILE_CHOICES = {"no": (False,), "yes": (True,), "both": (False, True)}
 
 
 def registered() -> list[str]:
@@ -116,7 +116,7 @@ def benchmark(
     """Images/s of every model of ``names`` (1000 classes, random images), all rows timed round-robin after
     ``warmup`` untimed calls each (:func:`engine.bench.time_round_robin`), images/s = batch / the median (or
     ``stat="min"``: fastest) round. The settings are ``tools/bench_vision.py``'s flags (its defaults); ``amp`` is
-    bf16 autocast; ``compile_models`` (a key of :data:`COMPILE_MODES`, or a bool) runs every model eager
+    bf16 autocast; ``compile_models`` (a key of :data:`COMPILE_CHOICES`, or a bool) runs every model eager
     (``"no"``), wrapped in ``torch.compile`` (``"yes"``), or both ways, as two rows (``"both"``).
 
     Returns:
@@ -125,7 +125,7 @@ def benchmark(
         same-width DeiT's run the same way, which ``names`` must hold: :func:`model_names`), and with ``train`` the
         same for the train step.
     """
-    modes = COMPILE_MODES[{False: "no", True: "yes"}.get(compile_models, compile_models)]
+    modes = COMPILE_CHOICES[{False: "no", True: "yes"}.get(compile_models, compile_models)]
     device = torch.device(device)
     gen = torch.Generator().manual_seed(0)
     images = torch.randn(batch, 3, img_size, img_size, generator=gen).to(device)

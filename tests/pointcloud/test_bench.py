@@ -72,6 +72,12 @@ def test_targets_against_pointnet2_are_cuda_ratios_of_the_same_run() -> None:
     auto = bench.targets([*results, compiled], "cuda", amp=True)[1]
     assert auto["measured"] == pytest.approx(1.6) and auto["met"] is True
     assert auto["detail"] == "compiled, 320 vs 200 samples/s (PointNet++ eager)"
+    graphs = {**row(f"{CT} T=1 compiled reduce-overhead", 400, None), "ops_per_step": None}
+    auto = bench.targets([*results, compiled, graphs], "cuda", amp=True)[1]
+    assert auto["measured"] == pytest.approx(2.0)
+    assert auto["detail"] == "compiled reduce-overhead, 400 vs 200 samples/s (PointNet++ eager)"
+    errored = {"label": f"{CT} T=1 compiled", "model": CT, "num_steps": 1, "error": "OutOfMemoryError"}
+    assert bench.targets([*results, errored], "cuda", amp=True)[1]["measured"] == pytest.approx(1.5)
     vs_random = bench.targets(results, "cuda", batch=32)[0]
     assert vs_random["target"] == "centroid T=1 train samples/s vs the random twin's at batch 32"
 
@@ -93,7 +99,10 @@ def test_default_models_include_registered_peers(monkeypatch: pytest.MonkeyPatch
     compiled = bench.plan([CT], [1], None, ["auto", "triton"], compile_forms=["masked", "auto"])
     assert [r[0] for r in compiled] == [f"{CT} T=1", f"{CT} T=1 triton", f"{CT} T=1 masked compiled",
                                         f"{CT} T=1 compiled"]  # fmt: skip
-    assert compiled[2][3]["_compile"] is True and compiled[2][3]["attn_backend"] == "masked"
+    assert compiled[2][3]["_compile"] == "default" and compiled[2][3]["attn_backend"] == "masked"
+    modes = bench.plan([CT], [1], None, ["auto"], compile_forms=["auto"], compile_modes=["default", "reduce-overhead"])
+    assert [r[0] for r in modes] == [f"{CT} T=1", f"{CT} T=1 compiled", f"{CT} T=1 compiled reduce-overhead"]
+    assert modes[2][3]["_compile"] == "reduce-overhead"
 
 
 def test_a_compiled_row_trains_and_infers_through_torch_compile(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -105,15 +114,43 @@ def test_a_compiled_row_trains_and_infers_through_torch_compile(monkeypatch: pyt
         return lambda x: calls.append("call") or model(x)
 
     monkeypatch.setattr(torch, "compile", spy)
-    kwargs = {"num_classes": 40, "num_centroids": (32, 16), "num_steps": 1, "attn_backend": "masked", "_compile": True}
+    kwargs = {"num_classes": 40, "num_centroids": (32, 16), "num_steps": 1, "attn_backend": "masked"}
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    stats, train_step, infer = bench.prepare(CT, kwargs, "cpu", batch=2, num_points=64)
+    stats, train_step, infer = bench.prepare(CT, {**kwargs, "_compile": "default"}, "cpu", batch=2, num_points=64)
     assert calls == [{"dynamic": False}] and stats["ops_per_step"] is None and stats["gmacs"] > 0
     # each (T, form, batch, mode) of a run is one more graph of the same forward: none may fall back to eager
     assert torch._dynamo.config.recompile_limit == bench.RECOMPILE_LIMIT
     train_step()
     infer()
     assert calls[1:] == ["call", "call"]
+    bench.prepare(CT, {**kwargs, "_compile": "reduce-overhead"}, "cpu", batch=2, num_points=64)
+    assert calls[3:] == [{"dynamic": False, "mode": "reduce-overhead"}]  # CUDA graphs too, on a GPU
+
+
+class _Broken(torch.nn.Module):
+    """A model whose forward fails, as a compile or an out-of-memory error would in one row of a GPU run."""
+
+    def __init__(self, num_classes: int = 40) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, num_classes)
+
+    def forward(self, points: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("this row cannot run")
+
+
+def test_a_row_that_fails_reports_its_error_and_the_others_are_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(pc_model.MODELS, TINY, TinyPeer)
+    monkeypatch.setitem(pc_model.MODELS, "broken_modelnet40", _Broken)
+    rows = bench.plan([CT, "broken_modelnet40", f"{CT}_random"], [1], [32, 16])
+    results = bench.benchmark(rows, "cpu", batch=2, num_points=64, repeats=1, warmup=0)
+    assert [r["label"] for r in results] == [f"{CT} T=1", "broken_modelnet40", f"{CT}_random"]
+    broken = results[1]
+    assert broken["error"] == "RuntimeError: this row cannot run" and "train_sps" not in broken
+    assert results[0]["train_sps"] > 0 and results[0]["train_vs_random"] > 0
+    printed = bench.table(results)[1]
+    assert printed[1][:3] == ["broken_modelnet40", "-", "RuntimeError: this row cannot run"]
+    assert len(printed[1]) == len(printed[0])
+    assert bench.targets(results, "cpu")[0]["met"] is not None  # the verdicts read the rows that ran
 
 
 def test_chunk_budget_sets_every_default_within_and_restores_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -147,6 +184,8 @@ def test_chunk_budget_sets_every_default_within_and_restores_them(monkeypatch: p
         ({"batch": 1}, "--batch must be >= 2"),
         ({"chunk_mb": [0]}, "--chunk-mb budgets must be >= 1 MiB"),
         ({"compile_forms": ["csr"]}, "--compile takes the forms torch.compile traces"),
+        ({"compile_forms": ["auto"], "compile_modes": ["fast"]}, "--compile-mode takes torch.compile's modes"),
+        ({"compile_modes": ["reduce-overhead"]}, "--compile-mode applies to the compiled rows"),
     ],
 )
 def test_bad_settings(settings: dict, message: str) -> None:
