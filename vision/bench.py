@@ -54,10 +54,11 @@ def ours_target(results: Sequence[dict], device: torch.device | str) -> dict:
     :data:`TARGETS` of the device type: the better of the modes measured, which the detail names."""
     kind = torch.device(device).type
     want = TARGETS["cuda" if kind == "cuda" else "cpu"]
-    rows = [r for r in results if r["model"] == OURS_1]
+    rows = [r for r in results if r["model"] == OURS_1 and r.get("infer_vs_deit") is not None]
     name = f"Ours-1 inference images/s vs DeiT-tiny on {kind.upper()}"
     if not rows:
-        return target(name, None, ">=", want, device=device, detail=f"{OURS_1} not in --models")
+        why = "; ".join(f"{r.get('label', r['model'])}: {r['error']}" for r in results if "error" in r)
+        return target(name, None, ">=", want, device=device, detail=why or f"{OURS_1} not in --models")
     best = max(rows, key=lambda r: r["infer_vs_deit"])
     detail = ""
     if len(rows) > 1:  # --compile both: both models eager, and both compiled
@@ -133,47 +134,59 @@ def benchmark(
     rows = {}
     for name in names:
         for compiled in modes:
-            torch.manual_seed(0)
-            model = timm.create_model(name, img_size=img_size)
-            stats = {
-                "params_m": count_params(model) / 1e6,
-                "gmacs": count_gmacs(model, torch.randn(1, 3, img_size, img_size)),
-            }
-            model.to(device)
-            fns = _closures(model, torch.compile(model) if compiled else model, images, labels, amp, train)
-            for fn in fns.values():
-                for _ in range(warmup):
-                    fn()
             label = f"{name} compiled" if compiled and len(modes) > 1 else name
-            rows[label] = {"label": label, "model": name, "compiled": compiled, **stats, "fns": fns}
+            row = {"label": label, "model": name, "compiled": compiled}
+            try:
+                torch.manual_seed(0)
+                model = timm.create_model(name, img_size=img_size)
+                row |= {
+                    "params_m": count_params(model) / 1e6,
+                    "gmacs": count_gmacs(model, torch.randn(1, 3, img_size, img_size)),
+                }
+                model.to(device)
+                fns = _closures(model, torch.compile(model) if compiled else model, images, labels, amp, train)
+                for fn in fns.values():
+                    for _ in range(max(warmup, int(compiled))):  # a compiled row compiles here, never in a round
+                        fn()
+            except Exception as e:  # the row reports its error (a compile that fails, memory); the others still run
+                rows[label] = {**row, "error": f"{type(e).__name__}: {e}"[:300]}
+                _logger.warning("%s failed: %s", label, rows[label]["error"])
+                continue
+            rows[label] = {**row, "fns": fns}
             _logger.info("built %s", label)
-    fns = [fn for row in rows.values() for fn in row["fns"].values()]
+    fns = [fn for row in rows.values() for fn in row.get("fns", {}).values()]
     rounds = iter(time_round_robin(fns, device, repeats))  # (each fn was warmed up as it was built)
     reduce = min if stat == "min" else statistics.median
     results = []
     for row in rows.values():
         res = {k: v for k, v in row.items() if k != "fns"}
-        for kind in row["fns"]:
+        for kind in row.get("fns", {}):
             res[f"{kind}_ips"] = batch / (reduce(next(rounds)) / 1e3)
         results.append(res)
-    by_mode = {(r["model"], r["compiled"]): r for r in results}
+    by_mode = {(r["model"], r["compiled"]): r for r in results if "error" not in r}
     for r in results:
-        base = by_mode[BASELINES[width_of(r["model"])], r["compiled"]]
-        r["infer_vs_deit"] = r["infer_ips"] / base["infer_ips"]
+        base = by_mode.get((BASELINES[width_of(r["model"])], r["compiled"]))
+        if "error" in r:
+            continue
+        r["infer_vs_deit"] = r["infer_ips"] / base["infer_ips"] if base else None
         if train:
-            r["train_vs_deit"] = r["train_ips"] / base["train_ips"]
+            r["train_vs_deit"] = r["train_ips"] / base["train_ips"] if base else None
     return results
 
 
 def table(results: Sequence[dict], train: bool = True) -> tuple[list[str], list[list]]:
-    """The printed table's headers and rows."""
+    """The printed table's headers and rows (a failed row: its error)."""
     headers = ["model", "params (M)", "GMACs", "infer img/s", "infer vs DeiT"]
     if train:
         headers += ["train img/s", "train vs DeiT"]
     rows = []
     for r in results:
-        line = [r.get("label", r["model"]), r["params_m"], r["gmacs"], r["infer_ips"], r["infer_vs_deit"]]
+        if "error" in r:
+            rows.append([r.get("label", r["model"]), r["error"][:80], *["-"] * (len(headers) - 2)])
+            continue
+        ratio = lambda v: "-" if v is None else v  # noqa: E731  (no baseline: its row failed)
+        line = [r.get("label", r["model"]), r["params_m"], r["gmacs"], r["infer_ips"], ratio(r["infer_vs_deit"])]
         if train:
-            line += [r["train_ips"], r["train_vs_deit"]]
+            line += [r["train_ips"], ratio(r["train_vs_deit"])]
         rows.append(line)
     return headers, rows

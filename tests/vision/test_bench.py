@@ -72,3 +72,23 @@ def test_compile_both_times_each_model_both_ways_against_deit_run_the_same_way(m
     assert by[f"{OURS_1} compiled"]["infer_vs_deit"] == pytest.approx(ratio)
     assert [row[0] for row in table(results, train=False)[1]] == [r["label"] for r in results]
     assert len(ours_target(results, "cpu")["detail"].split(", ")) == 2  # both modes named
+
+
+def test_a_model_that_fails_to_compile_reports_its_error_and_the_others_are_timed(monkeypatch) -> None:
+    import torch
+
+    def spy(model):
+        if type(model).__name__ == "CentroidViT":
+            return lambda x: (_ for _ in ()).throw(RuntimeError("inductor failed"))
+        return lambda x: model(x)
+
+    monkeypatch.setattr(torch, "compile", spy)
+    settings = dict(batch=2, img_size=32, repeats=1, warmup=0, stat="median", amp=False, compile_models="both")
+    results = benchmark(model_names([OURS_1]), "cpu", **settings, train=True)
+    by = {r["label"]: r for r in results}
+    assert by[f"{OURS_1} compiled"]["error"] == "RuntimeError: inductor failed"
+    assert by[OURS_1]["infer_vs_deit"] > 0 and by[f"{BASELINES['tiny']} compiled"]["train_ips"] > 0
+    printed = {row[0]: row for row in table(results)[1]}
+    assert printed[f"{OURS_1} compiled"][1] == "RuntimeError: inductor failed"
+    verdict = ours_target(results, "cpu")
+    assert verdict["measured"] == by[OURS_1]["infer_vs_deit"] and verdict["detail"] == ""  # the row that ran
