@@ -31,8 +31,8 @@ clouds, 40 classes.
 
 Targets (:func:`targets`): the centroid model (T = 1) trains at >= 0.5x the random twin's samples/s (the paper:
 60 / 312 = 0.19x, FPS being their bottleneck); on CUDA, the centroid model (T = 1) trains at >= 1.3x PointNet++'s
-samples/s in the ``auto`` form (the fused kernels, eager or compiled: the faster of the ``T=1`` and ``T=1 compiled``
-rows) and at least as fast in the gather form. ``tools/bench_modelnet.py --batch 32 128`` times every row at both
+samples/s in the ``auto`` form (the fused kernels, eager or compiled: the fastest of the ``T=1`` row and its compiled
+rows, ``T=1 compiled`` and e.g. ``T=1 compiled reduce-overhead``) and at least as fast in the gather form. ``tools/bench_modelnet.py --batch 32 128`` times every row at both
 batch sizes, one table each, and names the batch in each verdict.
 """
 
@@ -324,8 +324,8 @@ def targets(
     results: Sequence[dict], device: str, amp: bool = False, num_points: int = 1024, batch: int | None = None
 ) -> list[dict]:
     """The centroid model (T = 1) against the random twin (>= 0.5x, any device) and, on CUDA, against PointNet++
-    (>= 1.3x in the ``auto`` form, the fused kernels, eager or compiled: the faster of the ``T=1`` and ``T=1
-    compiled`` rows, which the detail names; >= 1x in the gather form): train samples/s of the same run. ``batch``
+    (>= 1.3x in the ``auto`` form, the fused kernels, eager or compiled: the fastest of the ``T=1`` row and its
+    compiled rows, which the detail names; >= 1x in the gather form): train samples/s of the same run. ``batch``
     (the run's) goes into the names, so that runs at two batch sizes keep their verdicts apart."""
     by = {r["label"]: r for r in results if "error" not in r}
     t1, base, pn = by.get(f"{CENTROID} T=1"), by.get(RANDOM), by.get(POINTNET2)

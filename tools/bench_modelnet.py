@@ -2,12 +2,15 @@
 
     python tools/bench_modelnet.py                                  # CPU, batch 32, 1024 points
     python tools/bench_modelnet.py --device cuda --amp              # GPU, bf16 autocast
+    python tools/bench_modelnet.py --device cuda --amp --batch 32 128 --steps 1 --compile auto \\
+        --compile-mode default reduce-overhead                      # the PointNet++ target's settings
     python tools/bench_modelnet.py --batch 16 --repeats 2 --models centroid_transformer_modelnet40 \\
         centroid_transformer_modelnet40_random
 
 Rows, columns and targets are described in :mod:`pointcloud.bench`: the centroid transformer for each T
 (``--steps``), KNN attention form (``--attn-backends``), chunk budget (``--chunk-mb``) and compiled form
-(``--compile``), its downsampling-only twins and every registered peer, all on the same batch; ``--repeats`` rounds
+(``--compile``, in each ``torch.compile`` mode of ``--compile-mode``), its downsampling-only twins and every
+registered peer, all on the same batch (one table per size of ``--batch``); ``--repeats`` rounds
 timed round-robin after ``--warmup`` untimed calls (``--stat min``: the fastest round, the least disturbed by other
 jobs on a shared machine). The verdicts print under the table; ``--json`` writes every row (each round's time
 included) and the targets.

@@ -25,7 +25,7 @@ Merging's best DeiT-Ti result is 1.56x), both models run the same way: ``--compi
 compiled and the verdict takes the better mode (naming it). The verdict prints under the table; ``--json`` writes it
 with every row::
 
-    python tools/bench_vision.py --device cuda --amp --batch 512 --compile both \
+    python tools/bench_vision.py --device cuda --amp --batch 512 --compile both \\
         --models deit_tiny_patch16_224 centroid_deit_tiny_c6_patch16_224
 """
 
