@@ -32,8 +32,9 @@ clouds, 40 classes.
 Targets (:func:`targets`): the centroid model (T = 1) trains at >= 0.5x the random twin's samples/s (the paper:
 60 / 312 = 0.19x, FPS being their bottleneck); on CUDA, the centroid model (T = 1) trains at >= 1.3x PointNet++'s
 samples/s in the ``auto`` form (the fused kernels, eager or compiled: the fastest of the ``T=1`` row and its compiled
-rows, ``T=1 compiled`` and e.g. ``T=1 compiled reduce-overhead``) and at least as fast in the gather form. ``tools/bench_modelnet.py --batch 32 128`` times every row at both
-batch sizes, one table each, and names the batch in each verdict.
+rows, ``T=1 compiled`` and e.g. ``T=1 compiled reduce-overhead``) and at least as fast in the gather form.
+``tools/bench_modelnet.py --batch 32 128`` times every row at both batch sizes, one table each, and names the batch
+in each verdict.
 """
 
 from __future__ import annotations
