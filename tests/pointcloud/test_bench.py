@@ -115,11 +115,12 @@ def test_a_compiled_row_trains_and_infers_through_torch_compile(monkeypatch: pyt
 
     monkeypatch.setattr(torch, "compile", spy)
     kwargs = {"num_classes": 40, "num_centroids": (32, 16), "num_steps": 1, "attn_backend": "masked"}
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    stats, train_step, infer = bench.prepare(CT, {**kwargs, "_compile": "default"}, "cpu", batch=2, num_points=64)
+    # (config.patch restores the limit; monkeypatch's undo would delete the entry from dynamo's config module)
+    with torch._dynamo.config.patch(recompile_limit=8):
+        stats, train_step, infer = bench.prepare(CT, {**kwargs, "_compile": "default"}, "cpu", batch=2, num_points=64)
+        # each (T, form, batch, mode) of a run is one more graph of the same forward: none may fall back to eager
+        assert torch._dynamo.config.recompile_limit == bench.RECOMPILE_LIMIT
     assert calls == [{"dynamic": False}] and stats["ops_per_step"] is None and stats["gmacs"] > 0
-    # each (T, form, batch, mode) of a run is one more graph of the same forward: none may fall back to eager
-    assert torch._dynamo.config.recompile_limit == bench.RECOMPILE_LIMIT
     train_step()
     infer()
     assert calls[1:] == ["call", "call"]
