@@ -99,6 +99,23 @@ def test_bench_arguments_name_real_options() -> None:
                         assert re.search(rf"(?<![\w-]){re.escape(arg)}(?![\w-])", helps[name]), f"{name} has no {arg}"
 
 
+@pytest.mark.slow
+def test_bench_arguments_parse() -> None:
+    """The values too: each bench's parser takes the whole argument list gpu_check gives it (choices, counts; argparse
+    reads every argument before the trailing ``--help`` ends the run), for each device and mode."""
+    seen = set()
+    for device in ("cpu", "cuda"):
+        for quick in (True, False):
+            ctx = gpu_check.Ctx(device, quick, Path("."), {}, Path("."), gpu_mem_gib=80.0)
+            for name in (s for s in gpu_check.SECTIONS if s.startswith("bench_")):
+                args = (name, *gpu_check.bench_args(ctx, name))
+                if args in seen:
+                    continue
+                seen.add(args)
+                done = run_tool(name, [*args[1:], "--json", "report.json", "--help"], timeout=120)
+                assert done.returncode == 0, (args, done.stderr[-500:])
+
+
 def test_the_two_parts_cover_every_section_once_but_env() -> None:
     one, two = gpu_check.PARTS[1], gpu_check.PARTS[2]
     assert set(one) | set(two) == set(gpu_check.SECTIONS)
