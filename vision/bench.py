@@ -165,9 +165,9 @@ def benchmark(
         results.append(res)
     by_mode = {(r["model"], r["compiled"]): r for r in results if "error" not in r}
     for r in results:
-        base = by_mode.get((BASELINES[width_of(r["model"])], r["compiled"]))
         if "error" in r:
             continue
+        base = by_mode.get((BASELINES[width_of(r["model"])], r["compiled"]))
         r["infer_vs_deit"] = r["infer_ips"] / base["infer_ips"] if base else None
         if train:
             r["train_vs_deit"] = r["train_ips"] / base["train_ips"] if base else None
@@ -179,12 +179,12 @@ def table(results: Sequence[dict], train: bool = True) -> tuple[list[str], list[
     headers = ["model", "params (M)", "GMACs", "infer img/s", "infer vs DeiT"]
     if train:
         headers += ["train img/s", "train vs DeiT"]
+    ratio = lambda v: "-" if v is None else v  # noqa: E731  (no baseline: its row failed)
     rows = []
     for r in results:
         if "error" in r:
             rows.append([r.get("label", r["model"]), r["error"][:80], *["-"] * (len(headers) - 2)])
             continue
-        ratio = lambda v: "-" if v is None else v  # noqa: E731  (no baseline: its row failed)
         line = [r.get("label", r["model"]), r["params_m"], r["gmacs"], r["infer_ips"], ratio(r["infer_vs_deit"])]
         if train:
             line += [r["train_ips"], ratio(r["train_vs_deit"])]
