@@ -18,6 +18,11 @@ padded points, as the reference (:func:`attention.knn`, ``backend="torch"``) ret
 the reference's up to the order of exactly equal distances (their float32 sums over channels may round differently
 in the last bit, so near-ties too may resolve differently).
 
+Where the query blocks alone would leave the GPU idle (one cloud, a few hundred queries), the N reference points are
+split into S parts: program ``(block, b, s)`` keeps the list of its part's nearest points, and a second kernel merges
+the S sorted lists of each query the same way, tile by tile. The keys carry the indices, so the merged list is the
+one a single program would have kept.
+
 Limits (:mod:`attention.kernels.limits`): k <= 64. Tests: ``tests/attention/test_knn_triton.py`` (under Triton's
 interpreter on CPU against the reference, compiled on CUDA, and an ahead-of-time compile for sm_90).
 """
@@ -25,6 +30,7 @@ interpreter on CPU against the reference, compiled on CUDA, and an ahead-of-time
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import triton
@@ -34,7 +40,7 @@ from torch import Tensor
 from ._triton_compat import loop_bound
 from .limits import KNN_TRITON_MAX_NEIGHBORS as MAX_NEIGHBORS
 
-__all__ = ["MAX_NEIGHBORS", "knn_triton"]
+__all__ = ["MAX_NEIGHBORS", "auto_splits", "knn_triton"]
 
 # a key above every real one: the float32 bits of a NaN above +inf's 0x7f800000, and the largest index
 _PAST_END: tl.constexpr = tl.constexpr(0x7FFFFFFF_FFFFFFFF)
@@ -42,27 +48,52 @@ _LOW32: tl.constexpr = tl.constexpr(0xFFFFFFFF)
 
 
 @triton.jit
+def _merge(best, key):
+    """``best`` with the ``(BLOCK_M, BLOCK_K)`` candidate keys merged in, sorted; unchanged where no query's list can
+    change (no key below its current last, largest, entry)."""
+    if tl.sum((tl.min(key, axis=1) < tl.max(best, axis=1)).to(tl.int32), axis=0) > 0:
+        best = tl.sort(tl.minimum(best, tl.sort(key, dim=1, descending=True)), dim=1)
+    return best
+
+
+@triton.jit
+def _store(best, dist_ptr, idx_ptr, b, offs_m, offs_t, in_m, M, k):
+    """The first k slots of each query's sorted list as squared distances and indices, ``(B, M, k)``."""
+    dist = (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    idx = best & _LOW32
+    out = (b * M + offs_m[:, None]) * k + offs_t[None, :]
+    keep = in_m[:, None] & (offs_t[None, :] < k)
+    tl.store(dist_ptr + out, dist, mask=keep)
+    tl.store(idx_ptr + out, idx, mask=keep)
+
+
+@triton.jit
 def _knn_kernel(
     q_ptr,  # (B, M, C) float32, contiguous
     r_ptr,  # (B, N, C) float32, contiguous
     mask_ptr,  # (B, N) uint8 (unused without HAS_MASK)
-    dist_ptr,  # (B, M, k) float32
-    idx_ptr,  # (B, M, k) int64
+    dist_ptr,  # (B, M, k) float32 (unused with SPLIT)
+    idx_ptr,  # (B, M, k) int64 (unused with SPLIT)
+    part_ptr,  # (B, M, S, BLOCK_K) int64: each split's sorted keys (unused without SPLIT)
     M, N, C, k,
+    S,  # splits of the N reference points, program_id(2)
+    tiles,  # tiles of BLOCK_K columns a split walks
     HAS_MASK: tl.constexpr,
+    SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(1).to(tl.int64)
+    s = tl.program_id(2)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_t = tl.arange(0, BLOCK_K)  # column within a tile, and slot of the running list
     offs_c = tl.arange(0, BLOCK_C)
     in_m = offs_m < M
     q_base, r_base = q_ptr + b * M * C, r_ptr + b * N * C
     best = tl.full([BLOCK_M, BLOCK_K], _PAST_END, tl.int64)
-    for n0 in range(0, loop_bound(N), BLOCK_K):
-        offs_n = n0 + offs_t
+    for t in range(0, loop_bound(tiles)):
+        offs_n = (s * tiles + t) * BLOCK_K + offs_t
         in_n = offs_n < N
         d = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
         for c0 in range(0, loop_bound(C), BLOCK_C):
@@ -78,15 +109,32 @@ def _knn_kernel(
             d = tl.where(real[None, :], d, float("inf"))
         bits = d.to(tl.int32, bitcast=True).to(tl.int64)
         key = tl.where(in_n[None, :], (bits << 32) | offs_n[None, :].to(tl.int64), _PAST_END)
-        # merge only when some query's list can change: a key below its current last (largest) entry
-        if tl.sum((tl.min(key, axis=1) < tl.max(best, axis=1)).to(tl.int32), axis=0) > 0:
-            best = tl.sort(tl.minimum(best, tl.sort(key, dim=1, descending=True)), dim=1)
-    dist = (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-    idx = best & _LOW32
-    out = (b * M + offs_m[:, None]) * k + offs_t[None, :]
-    keep = in_m[:, None] & (offs_t[None, :] < k)
-    tl.store(dist_ptr + out, dist, mask=keep)
-    tl.store(idx_ptr + out, idx, mask=keep)
+        best = _merge(best, key)
+    if SPLIT:
+        part = ((b * M + offs_m[:, None]) * S + s) * BLOCK_K + offs_t[None, :]
+        tl.store(part_ptr + part, best, mask=in_m[:, None])
+    else:
+        _store(best, dist_ptr, idx_ptr, b, offs_m, offs_t, in_m, M, k)
+
+
+@triton.jit
+def _knn_merge_kernel(
+    part_ptr,  # (B, M, S, BLOCK_K) int64, each split's sorted keys
+    dist_ptr,  # (B, M, k) float32
+    idx_ptr,  # (B, M, k) int64
+    M, k, S,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(1).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_t = tl.arange(0, BLOCK_K)
+    in_m = offs_m < M
+    best = tl.full([BLOCK_M, BLOCK_K], _PAST_END, tl.int64)
+    for s in range(0, loop_bound(S)):
+        part = ((b * M + offs_m[:, None]) * S + s) * BLOCK_K + offs_t[None, :]
+        best = _merge(best, tl.load(part_ptr + part, mask=in_m[:, None], other=_PAST_END))
+    _store(best, dist_ptr, idx_ptr, b, offs_m, offs_t, in_m, M, k)
 
 
 def _blocks(k: int, C: int) -> tuple[int, int, int, int]:
@@ -98,12 +146,43 @@ def _blocks(k: int, C: int) -> tuple[int, int, int, int]:
     return bm, bk, bc, 8 if bk >= 64 else 4  # 8 warps at k = 64: with 4, twice the registers a thread (sm_90)
 
 
+# Splitting the N reference points among programs (each keeps its own list, a second kernel merges the lists) fills a
+# GPU that one program per BLOCK_M queries would leave idle, e.g. the 8 programs of a single cloud's M = 256 queries.
+# A split walks at least _MIN_TILES tiles, so the merge (one list a split) stays small beside the search, and the
+# splits stop once the grid has _PROGRAMS_PER_SM programs for every SM. Both are starting points, not tuned figures:
+# tools/bench_points.py --device cuda --batch 1 times the split search against one split (rows "triton-1split").
+_MIN_TILES = 4
+_PROGRAMS_PER_SM = 4
+
+
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def auto_splits(programs: int, N: int, block_k: int, multiprocessors: int) -> int:
+    """How many parts the N reference points are split into for a grid of ``programs`` query blocks (1: no split)."""
+    wanted = triton.cdiv(_PROGRAMS_PER_SM * multiprocessors, programs)
+    return max(1, min(wanted, N // (_MIN_TILES * block_k)))
+
+
+def _plan(N: int, block_k: int, splits: int) -> tuple[int, int]:
+    """``(S, tiles)``: the splits that get columns when each walks ``tiles`` whole tiles (S <= ``splits``)."""
+    tiles = triton.cdiv(triton.cdiv(N, block_k), splits)
+    return triton.cdiv(N, tiles * block_k), tiles
+
+
 def _device(t: Tensor) -> contextlib.AbstractContextManager:
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()  # launch on the tensors' GPU
 
 
 def knn_triton(
-    query: Tensor, ref: Tensor, k: int, mask: Tensor | None = None, chunk_bytes: int | None = None
+    query: Tensor,
+    ref: Tensor,
+    k: int,
+    mask: Tensor | None = None,
+    chunk_bytes: int | None = None,
+    splits: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The k nearest reference points of every query, :func:`attention.knn`'s contract (``backend="triton"``).
 
@@ -113,6 +192,8 @@ def knn_triton(
         k: neighbours per query, ``k <= MAX_NEIGHBORS``.
         mask: ``(B, N)`` bool, True for real reference points, or None.
         chunk_bytes: unused (the kernel holds no distance matrix); the backends share one signature.
+        splits: parts the reference points are split into, each searched by its own programs and the lists merged
+            by a second kernel; None: :func:`auto_splits` on CUDA (enough programs for the GPU), 1 elsewhere.
 
     Returns:
         ``(dist, idx)``: ``(B, M, k)`` float32 squared distances in ascending order and int64 indices.
@@ -121,16 +202,25 @@ def knn_triton(
     N = ref.shape[1]
     if k > MAX_NEIGHBORS:  # attention.backends refuses these before they get here
         raise ValueError(f"knn_triton supports k <= {MAX_NEIGHBORS}, got k={k}")
+    if splits is not None and splits < 1:
+        raise ValueError(f"knn_triton: splits must be >= 1, got {splits}")
     q = query.detach().float().contiguous()
     r = ref.detach().float().contiguous()
     m8 = mask.contiguous().view(torch.uint8) if mask is not None else q  # any pointer when unused
     dist = torch.empty(B, M, k, dtype=torch.float32, device=q.device)
     idx = torch.empty(B, M, k, dtype=torch.int64, device=q.device)
     bm, bk, bc, warps = _blocks(k, C)
+    blocks = triton.cdiv(M, bm)
+    if splits is None:
+        splits = auto_splits(blocks * B, N, bk, _multiprocessors(q.device.index)) if q.is_cuda else 1
+    S, tiles = _plan(N, bk, splits)
+    part = torch.empty(B, M, S, bk, dtype=torch.int64, device=q.device) if S > 1 else idx  # unused without a split
     with _device(q):
-        _knn_kernel[(triton.cdiv(M, bm), B)](
-            q, r, m8, dist, idx, M, N, C, k,
-            HAS_MASK=mask is not None, BLOCK_M=bm, BLOCK_K=bk, BLOCK_C=bc, num_warps=warps,
+        _knn_kernel[(blocks, B, S)](
+            q, r, m8, dist, idx, part, M, N, C, k, S, tiles,
+            HAS_MASK=mask is not None, SPLIT=S > 1, BLOCK_M=bm, BLOCK_K=bk, BLOCK_C=bc, num_warps=warps,
             enable_fp_fusion=False,  # square, then add: the reference's rounding of each term
         )  # fmt: skip
+        if S > 1:
+            _knn_merge_kernel[(blocks, B)](part, dist, idx, M, k, S, BLOCK_M=bm, BLOCK_K=bk, num_warps=warps)
     return dist, idx

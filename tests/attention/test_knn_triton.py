@@ -55,7 +55,7 @@ _INTERPRETED = """
 import torch
 from test_knn_triton import _clouds, assert_same_neighbours
 from attention import knn
-from attention.kernels.knn_triton import knn_triton
+from attention.kernels.knn_triton import _blocks, _plan, knn_triton
 
 # odd sizes; C = 3 (coordinates) and feature widths that are not powers of two; k from 1 to 64 (several tiles, a
 # ragged last one); a last cloud with fewer real points than k (inf padding)
@@ -66,6 +66,17 @@ for B, M, N, C, k, real in [(2, 7, 37, 3, 5, None), (2, 9, 70, 19, 20, 40), (1, 
     ref = knn(q, r, k, mask=mask, backend="torch")
     assert_same_neighbours(knn_triton(q, r, k, mask), ref, q, r, mask, what)
     assert_same_neighbours(knn(q, r, k, mask=mask, backend="triton"), ref, q, r, mask, what + " backend='triton'")
+
+# the reference points split among programs, the lists merged by the second kernel: 2 and 3 parts of several tiles,
+# more splits than tiles (fewer parts get columns), a ragged last part, a masked cloud with fewer real points than k
+for B, M, N, C, k, real, splits in [(2, 9, 100, 5, 7, None, 3), (1, 6, 130, 3, 16, None, 2), (2, 5, 70, 19, 20, 12, 8),
+                                    (1, 4, 200, 3, 40, None, 3), (2, 3, 45, 4, 1, 30, 4)]:
+    q, r, mask = _clouds(B, M, N, C, real, seed=1)
+    S, tiles = _plan(N, _blocks(k, C)[1], splits)
+    assert 1 < S <= splits and (S - 1) * tiles * _blocks(k, C)[1] < N, (S, tiles)
+    what = f"B={{B}} M={{M}} N={{N}} C={{C}} k={{k}} real={{real}} split in {{S}}"
+    assert_same_neighbours(knn_triton(q, r, k, mask, splits=splits), knn(q, r, k, mask=mask, backend="torch"), q, r,
+                           mask, what)
 print("ok")
 """
 
@@ -74,6 +85,21 @@ print("ok")
 @pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
 def test_triton_knn_under_interpreter_equals_reference() -> None:
     assert_interpreted(_INTERPRETED.format(), __file__)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
+def test_split_search_fills_the_gpu_only_where_the_query_blocks_do_not() -> None:
+    """One cloud's few query blocks are split up to the programs a GPU keeps busy, never below a few tiles a part;
+    a grid that already fills the GPU, or a cloud of a few tiles, is searched in one part."""
+    from attention.kernels.knn_triton import _MIN_TILES, _PROGRAMS_PER_SM, auto_splits, knn_triton
+
+    sms = 132
+    assert auto_splits(8, 1024, 32, sms) == 1024 // (_MIN_TILES * 32)  # B = 1, M = 256: as many as the tiles allow
+    assert auto_splits(128, 16384, 32, sms) == -(-_PROGRAMS_PER_SM * sms // 128)  # B = 1, M = 4096
+    assert auto_splits(_PROGRAMS_PER_SM * sms, 16384, 32, sms) == 1  # the query blocks fill the GPU
+    assert auto_splits(1, 3 * 32, 32, sms) == 1  # fewer tiles than a part's minimum
+    with pytest.raises(ValueError, match="splits must be >= 1, got 0"):
+        knn_triton(*_clouds(1, 3, 40, 3, None)[:2], 4, splits=0)
 
 
 def test_triton_knn_limits_are_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -91,25 +117,37 @@ def test_triton_knn_limits_are_refused_by_name(monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
 @pytest.mark.parametrize("k", [1, 16, 24, 64])
 def test_triton_knn_on_cuda_equals_reference(k: int) -> None:
-    """The point model's searches: coordinates (C = 3) and features (C = 64, 128), a ragged batch."""
-    for B, M, N, C, real in [(4, 513, 1031, 3, None), (3, 257, 1024, 64, 500), (2, 128, 4097, 128, None)]:
+    """The point model's searches: coordinates (C = 3) and features (C = 64, 128), a ragged batch; the KNN centroid
+    step's single clouds (searched in parts, the lists merged), and each shape in one part and in three."""
+    from attention.kernels.knn_triton import knn_triton
+
+    for B, M, N, C, real in [(4, 513, 1031, 3, None), (3, 257, 1024, 64, 500), (2, 128, 4097, 128, None),
+                             (1, 256, 1024, 128, None), (1, 1024, 4096, 128, 3000)]:  # fmt: skip
         q, r, mask = _clouds(B, M, N, C, real, device="cuda")
         ref = knn(q, r, k, mask=mask, backend="torch")
         got = knn(q, r, k, mask=mask, backend="triton")
-        assert_same_neighbours(got, ref, q, r, mask, f"cuda B={B} M={M} N={N} C={C} k={k} real={real}")
+        what = f"cuda B={B} M={M} N={N} C={C} k={k} real={real}"
+        assert_same_neighbours(got, ref, q, r, mask, what)
         assert knn(q, r, k, mask=mask)[1].equal(got[1])  # auto takes the kernel
+        for splits in (1, 3):
+            assert_same_neighbours(knn_triton(q, r, k, mask, splits=splits), ref, q, r, mask, f"{what} {splits=}")
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
 def test_triton_knn_kernel_compiles_for_an_h100() -> None:
-    """The sorts of int64 keys, the 3-d difference tiles: compiled for sm_90 ahead of time at k = 16, 32, 64."""
+    """The sorts of int64 keys, the 3-d difference tiles, the split search and its merge: compiled for sm_90 ahead of
+    time at k = 16, 32, 64."""
     from attention.kernels import knn_triton as kt
 
     skip_if_interpreted(kt._knn_kernel)
     ptrs = {"q_ptr": "*fp32", "r_ptr": "*fp32", "mask_ptr": "*u8", "dist_ptr": "*fp32", "idx_ptr": "*i64"}
+    sizes = {"M": "i32", "N": "i32", "C": "i32", "k": "i32", "S": "i32", "tiles": "i32"}
     for k, C in ((16, 3), (32, 128), (64, 64)):
         bm, bk, bc, warps = kt._blocks(k, C)
-        consts = {"HAS_MASK": True, "BLOCK_M": bm, "BLOCK_K": bk, "BLOCK_C": bc}
-        sig = {**ptrs, "M": "i32", "N": "i32", "C": "i32", "k": "i32"}
-        compile_for_sm90(kt._knn_kernel, sig, consts, warps, enable_fp_fusion=False)
+        for split in (False, True):
+            consts = {"HAS_MASK": True, "SPLIT": split, "BLOCK_M": bm, "BLOCK_K": bk, "BLOCK_C": bc}
+            sig = {**ptrs, "part_ptr": "*i64", **sizes}
+            compile_for_sm90(kt._knn_kernel, sig, consts, warps, enable_fp_fusion=False)
+        sig = {"part_ptr": "*i64", "dist_ptr": "*fp32", "idx_ptr": "*i64", "M": "i32", "k": "i32", "S": "i32"}
+        compile_for_sm90(kt._knn_merge_kernel, sig, {"BLOCK_M": bm, "BLOCK_K": bk}, warps)
