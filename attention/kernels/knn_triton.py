@@ -149,8 +149,10 @@ def _blocks(k: int, C: int) -> tuple[int, int, int, int]:
 # Splitting the N reference points among programs (each keeps its own list, a second kernel merges the lists) fills a
 # GPU that one program per BLOCK_M queries would leave idle, e.g. the 8 programs of a single cloud's M = 256 queries.
 # A split walks at least _MIN_TILES tiles, so the merge (one list a split) stays small beside the search, and the
-# splits stop once the grid has _PROGRAMS_PER_SM programs for every SM. Both are starting points, not tuned figures:
-# tools/bench_points.py --device cuda --batch 1 times the split search against one split (rows "triton-1split").
+# splits stop once the grid has _PROGRAMS_PER_SM programs for every SM: at k = 32 a program's 4 warps take 96
+# registers a thread (the sm_90 cubin, tests/attention/test_knn_triton.py), room for 5 resident programs an SM.
+# Neither is tuned: tools/bench_points.py --device cuda --batch 1 times the split search against one split (rows
+# "triton-1split").
 _MIN_TILES = 4
 _PROGRAMS_PER_SM = 4
 

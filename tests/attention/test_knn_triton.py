@@ -137,7 +137,8 @@ def test_triton_knn_on_cuda_equals_reference(k: int) -> None:
 @pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
 def test_triton_knn_kernel_compiles_for_an_h100() -> None:
     """The sorts of int64 keys, the 3-d difference tiles, the split search and its merge: compiled for sm_90 ahead of
-    time at k = 16, 32, 64."""
+    time at k = 16, 32, 64. The split search takes the registers of the search in one part, the merge spills none,
+    and at k = 32 an SM holds the programs the split counts on."""
     from attention.kernels import knn_triton as kt
 
     skip_if_interpreted(kt._knn_kernel)
@@ -145,9 +146,19 @@ def test_triton_knn_kernel_compiles_for_an_h100() -> None:
     sizes = {"M": "i32", "N": "i32", "C": "i32", "k": "i32", "S": "i32", "tiles": "i32"}
     for k, C in ((16, 3), (32, 128), (64, 64)):
         bm, bk, bc, warps = kt._blocks(k, C)
+        usage = {}
         for split in (False, True):
             consts = {"HAS_MASK": True, "SPLIT": split, "BLOCK_M": bm, "BLOCK_K": bk, "BLOCK_C": bc}
             sig = {**ptrs, "part_ptr": "*i64", **sizes}
-            compile_for_sm90(kt._knn_kernel, sig, consts, warps, enable_fp_fusion=False)
+            usage[split] = compile_for_sm90(kt._knn_kernel, sig, consts, warps, enable_fp_fusion=False)
         sig = {"part_ptr": "*i64", "dist_ptr": "*fp32", "idx_ptr": "*i64", "M": "i32", "k": "i32", "S": "i32"}
-        compile_for_sm90(kt._knn_merge_kernel, sig, {"BLOCK_M": bm, "BLOCK_K": bk}, warps)
+        merge = compile_for_sm90(kt._knn_merge_kernel, sig, {"BLOCK_M": bm, "BLOCK_K": bk}, warps)
+        if merge is None:  # no cuobjdump in this triton
+            continue
+        # the split changes only where the list goes: the search loop takes the registers it took in one part
+        assert usage[True] == usage[False], (k, C, usage)
+        assert merge["spill_bytes"] == 0, (k, "merge", merge)
+        if k <= 32:
+            assert usage[True]["spill_bytes"] == 0, (k, C, usage)
+        if k == 32:  # the resident programs _PROGRAMS_PER_SM counts on (65536 registers an SM)
+            assert 65536 // (usage[True]["registers"] * 32 * warps) >= kt._PROGRAMS_PER_SM, usage
