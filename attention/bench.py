@@ -281,7 +281,8 @@ def point_op_rows(
     """The FPS and KNN grid (rows of :data:`FPS_HEADERS` and :data:`KNN_HEADERS`): for every B, N and M in
     {N/2, N/4}, each FPS backend's time, its speedup over torch-cluster's and whether its indices equal the
     reference's; then for each of ``channels`` the k nearest of the N points for the M sampled ones, per KNN
-    backend, and on CUDA the Triton search in one part beside its automatic split (``triton-1split``)."""
+    backend; on CUDA also the Triton kernel called directly (without :func:`attention.knn`'s checks), split among
+    programs as ``auto_splits`` decides (``triton-split``) and in one part (``triton-1split``)."""
     device = torch.device(device)
     names = fps_backends(device)
     fps_rows, knn_rows = [], []
@@ -304,11 +305,12 @@ def point_op_rows(
                 ktimes = {}
                 for b in [b for b in backends.backend_names("knn") if backends.available("knn", b, device)]:
                     ktimes[b] = time_fn(partial(points.knn, q, feats, k, backend=b), device, repeats=repeats)
-                if "triton" in ktimes and device.type == "cuda":  # the kernel without its split of the N points
+                if "triton" in ktimes and device.type == "cuda":  # the kernel alone, split as auto splits, and not
                     from attention.kernels.knn_triton import knn_triton
 
-                    fn = partial(knn_triton, q, feats, k, splits=1)
-                    ktimes["triton-1split"] = time_fn(fn, device, repeats=repeats)
+                    for name, splits in (("triton-split", None), ("triton-1split", 1)):
+                        fn = partial(knn_triton, q, feats, k, splits=splits)
+                        ktimes[name] = time_fn(fn, device, repeats=repeats)
                 kbase = ktimes.get("cluster", float("nan"))
                 for b, ms in ktimes.items():
                     knn_rows.append([B, N, M, C, k, b, ms, kbase / ms])

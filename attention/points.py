@@ -68,6 +68,7 @@ __all__ = [
     "interpolate_neighbors",
     "knn",
     "knn_chunked",
+    "knn_search",
     "lengths_to_mask",
     "nearest_upsample",
 ]
@@ -467,12 +468,22 @@ def knn(
     """
     check_points(ref, "ref")
     check_points(query, "query", like=ref, like_name="ref")
+    mask = _point_mask(ref, mask, None, "ref", nonempty="cloud of ref")
+    return knn_search(query, ref, k, mask, backend, chunk_bytes)
+
+
+def knn_search(
+    query: Tensor, ref: Tensor, k: int, mask: Tensor | None, backend: str = "auto", chunk_bytes: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """:func:`knn` for tensors its caller has validated: the backend's search without the tensor checks, whose NaN/Inf
+    scans are a host sync each on CUDA (:class:`attention.CentroidAttention` checks its inputs once, then searches
+    here). ``k`` is checked (``1 <= k <= N``); shapes, devices and a ``(B, N)`` bool ``mask`` (or None) with a real
+    point in every cloud are the caller's to ensure."""
     N = ref.shape[1]
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     if k > N:
         raise ValueError(f"k={k} neighbours requested but ref has only N={N} points: need k <= N")
-    mask = _point_mask(ref, mask, None, "ref", nonempty="cloud of ref")
     # the real points of the smallest cloud, counted (a host sync on CUDA) only by a backend that must know them
     fewest = None if mask is None else (lambda: int(mask.sum(1).min()))
     shape = {"N": N, "C": ref.shape[-1], "k": k, "min_real": fewest}

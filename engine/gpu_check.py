@@ -335,7 +335,7 @@ def bench_args(ctx: Ctx, name: str) -> list[str]:
             small = ["--batch", "2", "--points", "256", "--channels", "3", "--repeats", "1", "--threads", "1"]
             return [*d, *small, "--large", "8192", "512", "--clouds", "uniform"]  # one small "large" cloud
         # quick: the target's shape, and one large cloud in the Triton kernel's range (100K runs the torch loop)
-        # batch 1 too: a single cloud's search is split among programs (triton against triton-1split)
+        # batch 1 too: a single cloud's search is split among programs (triton-split against triton-1split)
         fast = [*d, "--batch", "1", "32", "--points", "1024", "--channels", "3", "64", "--large", "50000", "4096"]
         return fast if quick else [*d, "--batch", "1", "8", "32", "--repeats", "5"]
     if name == "bench_centroid":

@@ -5,9 +5,10 @@
     python tools/bench_points.py --batch 2 --points 256 --channels 3 --repeats 1   # seconds: small grid only
 
 Grid: B in {8, 32}, N in {1024, 4096}, M in {N/2, N/4}. FPS samples M of N points; KNN finds the k nearest of the
-N points for each of the M sampled points, in xyz (C = 3) and in a 64-d feature space; on CUDA the ``triton-1split``
-row is the Triton search without splitting the N points among programs, beside ``triton`` (split where the query
-blocks alone would leave the GPU idle, e.g. ``--batch 1``). ``speedup vs cluster`` =
+N points for each of the M sampled points, in xyz (C = 3) and in a 64-d feature space. On CUDA two more rows time the
+Triton kernel itself (``attention.knn``'s NaN/Inf checks, a host sync each, are in the ``triton`` row only):
+``triton-split`` splits the N points among programs where the query blocks alone would leave the GPU idle (e.g.
+``--batch 1``), ``triton-1split`` searches them in one part. ``speedup vs cluster`` =
 torch_cluster's time / the backend's time (> 1: faster than torch_cluster). Every backend's FPS indices are checked
 against the reference in the same run.
 

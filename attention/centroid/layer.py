@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from ..backends import backend_names, resolve
 from ..checks import check_heads, check_mask, check_points, checks_active
 from ..layers import DropPath
-from ..points import knn
+from ..points import knn, knn_search
 from .functional import (
     NORMALIZATIONS,
     _knn_attention_shape,
@@ -31,11 +31,18 @@ from .functional import (
 __all__ = ["CentroidAttention", "feature_neighbors"]
 
 
-def feature_neighbors(u: Tensor, x: Tensor, k: int, mask: Tensor | None, backend: str) -> Tensor:
-    """``(B, M, K)`` indices of the K inputs nearest each centroid in feature space (no gradient)."""
+def feature_neighbors(
+    u: Tensor, x: Tensor, k: int, mask: Tensor | None, backend: str, validate: bool = True
+) -> Tensor:  # fmt: skip
+    """``(B, M, K)`` indices of the K inputs nearest each centroid in feature space (no gradient).
+
+    ``validate=False`` searches without :func:`attention.knn`'s input checks (:func:`attention.points.knn_search`), for
+    inputs the caller has validated: :class:`CentroidAttention` checks its inputs once per forward, and a second
+    NaN/Inf scan of the same tensors would add two host syncs to every step on CUDA."""
     with torch.no_grad():
-        _, idx = knn(u.detach(), x.detach(), k, mask=mask, backend=backend)
-    return idx
+        if validate:
+            return knn(u.detach(), x.detach(), k, mask=mask, backend=backend)[1]
+        return knn_search(u.detach(), x.detach(), k, mask, backend)[1]
 
 
 # FX keeps these as single calls: a no-grad search with backend dispatch, chunked custom autograd Functions, and a
@@ -177,7 +184,8 @@ class CentroidAttention(nn.Module):
 
     @torch.jit.unused
     def _feature_neighbors(self, u: Tensor, x: Tensor, mask: Tensor | None) -> Tensor:
-        return feature_neighbors(u, x, self.num_neighbors, mask, self.knn_backend)
+        # forward checked the inputs (or was told they need no check), K <= N and the mask included
+        return feature_neighbors(u, x, self.num_neighbors, mask, self.knn_backend, validate=False)
 
     @torch.jit.unused
     def _knn_attention(

@@ -18,10 +18,11 @@ padded points, as the reference (:func:`attention.knn`, ``backend="torch"``) ret
 the reference's up to the order of exactly equal distances (their float32 sums over channels may round differently
 in the last bit, so near-ties too may resolve differently).
 
-Where the query blocks alone would leave the GPU idle (one cloud, a few hundred queries), the N reference points are
-split into S parts: program ``(block, b, s)`` keeps the list of its part's nearest points, and a second kernel merges
-the S sorted lists of each query the same way, tile by tile. The keys carry the indices, so the merged list is the
-one a single program would have kept.
+Where the query blocks alone give fewer programs than a GPU keeps busy (a single cloud of a few hundred queries, or
+a batch of small clouds: :func:`auto_splits`), the N reference points are split into S parts: program
+``(block, b, s)`` keeps the list of its part's nearest points, and a second kernel merges the S sorted lists of each
+query the same way, tile by tile. The keys carry the indices, so the merged list is the one a single program would
+have kept, ties included.
 
 Limits (:mod:`attention.kernels.limits`): k <= 64. Tests: ``tests/attention/test_knn_triton.py`` (under Triton's
 interpreter on CPU against the reference, compiled on CUDA, and an ahead-of-time compile for sm_90).
@@ -98,10 +99,11 @@ def _knn_kernel(
         d = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
         for c0 in range(0, loop_bound(C), BLOCK_C):
             in_c = c0 + offs_c < C
-            qc = tl.load(q_base + offs_m[:, None] * C + (c0 + offs_c)[None, :], mask=in_m[:, None] & in_c[None, :],
-                         other=0.0)  # fmt: skip
-            rc = tl.load(r_base + offs_n[:, None] * C + (c0 + offs_c)[None, :], mask=in_n[:, None] & in_c[None, :],
-                         other=0.0)  # fmt: skip
+            # int64 rows: N C may pass 2^31 in a large cloud
+            qc = tl.load(q_base + offs_m[:, None].to(tl.int64) * C + (c0 + offs_c)[None, :],
+                         mask=in_m[:, None] & in_c[None, :], other=0.0)  # fmt: skip
+            rc = tl.load(r_base + offs_n[:, None].to(tl.int64) * C + (c0 + offs_c)[None, :],
+                         mask=in_n[:, None] & in_c[None, :], other=0.0)  # fmt: skip
             diff = qc[:, None, :] - rc[None, :, :]  # (BLOCK_M, BLOCK_K, BLOCK_C)
             d += tl.sum(diff * diff, axis=2)
         if HAS_MASK:
@@ -147,14 +149,16 @@ def _blocks(k: int, C: int) -> tuple[int, int, int, int]:
 
 
 # Splitting the N reference points among programs (each keeps its own list, a second kernel merges the lists) fills a
-# GPU that one program per BLOCK_M queries would leave idle, e.g. the 8 programs of a single cloud's M = 256 queries.
+# GPU that one program per BLOCK_M queries would leave idle, e.g. the 8 programs of a single cloud's M = 256 queries
+# (or the 256 of 32 such clouds, on a GPU of 132 SMs).
 # A split walks at least _MIN_TILES tiles, so the merge (one list a split) stays small beside the search, and the
 # splits stop once the grid has _PROGRAMS_PER_SM programs for every SM: at k = 32 a program's 4 warps take 96
 # registers a thread (the sm_90 cubin, tests/attention/test_knn_triton.py), room for 5 resident programs an SM.
-# Neither is tuned: tools/bench_points.py --device cuda --batch 1 times the split search against one split (rows
-# "triton-1split").
+# Neither is tuned: tools/bench_points.py --device cuda --batch 1 32 times the search split this way against one part
+# (rows "triton-split" and "triton-1split").
 _MIN_TILES = 4
 _PROGRAMS_PER_SM = 4
+_MAX_SPLITS = 65535  # the splits are the grid's third axis, which CUDA caps at 65535 programs
 
 
 @functools.cache
@@ -194,8 +198,9 @@ def knn_triton(
         k: neighbours per query, ``k <= MAX_NEIGHBORS``.
         mask: ``(B, N)`` bool, True for real reference points, or None.
         chunk_bytes: unused (the kernel holds no distance matrix); the backends share one signature.
-        splits: parts the reference points are split into, each searched by its own programs and the lists merged
-            by a second kernel; None: :func:`auto_splits` on CUDA (enough programs for the GPU), 1 elsewhere.
+        splits: at most this many parts of the reference points (fewer where some would get no whole tile, and at
+            most 65535), each searched by its own programs, the lists merged by a second kernel; None:
+            :func:`auto_splits` on CUDA (enough programs for the GPU), 1 elsewhere.
 
     Returns:
         ``(dist, idx)``: ``(B, M, k)`` float32 squared distances in ascending order and int64 indices.
@@ -215,6 +220,7 @@ def knn_triton(
     blocks = triton.cdiv(M, bm)
     if splits is None:
         splits = auto_splits(blocks * B, N, bk, _multiprocessors(q.device.index)) if q.is_cuda else 1
+    splits = min(splits, _MAX_SPLITS)
     S, tiles = _plan(N, bk, splits)
     part = torch.empty(B, M, S, bk, dtype=torch.int64, device=q.device) if S > 1 else idx  # unused without a split
     with _device(q):

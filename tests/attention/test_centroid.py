@@ -20,6 +20,7 @@ from attention import (
     build_centroid_init,
     centroid_attention,
     edge_projection,
+    feature_neighbors,
     gather,
 )
 
@@ -615,6 +616,28 @@ def test_one_forward_traces_without_checks_or_host_syncs(num_neighbors: int | No
         assert_close(torch.jit.script(layer)(x, u), layer(x, u))
     with pytest.raises(ValueError, match="M <= N"):  # eager still validates
         layer(x, torch.randn(2, 11, 16))
+
+
+@pytest.mark.parametrize("validate", [True, False])
+def test_a_knn_forward_scans_its_inputs_for_nan_once(monkeypatch: pytest.MonkeyPatch, validate: bool) -> None:
+    """The layer checks x and the centroids once per forward (each NaN/Inf scan is a host sync on CUDA), and its
+    neighbour search (every step) does not scan them again; with ``validate_inputs=False`` nothing is scanned. The
+    public feature_neighbors still checks."""
+    scanned = []
+    isfinite = torch.isfinite
+    monkeypatch.setattr(torch, "isfinite", lambda t: scanned.append(tuple(t.shape)) or isfinite(t))
+    torch.manual_seed(0)
+    layer = CentroidAttention(16, num_heads=4, num_neighbors=4, num_steps=3, validate_inputs=validate)
+    x, u = torch.randn(2, 10, 16), torch.randn(2, 5, 16)
+    layer(x, u)
+    assert scanned == ([(2, 10, 16), (2, 5, 16)] if validate else [])
+    scanned.clear()
+    feature_neighbors(u, x, 4, None, "auto")
+    assert sorted(scanned) == [(2, 5, 16), (2, 10, 16)]
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        feature_neighbors(u, x.index_fill(1, torch.tensor([3]), float("nan")), 4, None, "auto")
+    with pytest.raises(ValueError, match="k=11 neighbours requested but ref has only N=10"):
+        feature_neighbors(u, x, 11, None, "auto", validate=False)  # the cheap k check stays
 
 
 # CUDA cases of the equivalence tests (run by tools/gpu_check.py; skipped without a GPU).

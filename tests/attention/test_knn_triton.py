@@ -55,7 +55,8 @@ _INTERPRETED = """
 import torch
 from test_knn_triton import _clouds, assert_same_neighbours
 from attention import knn
-from attention.kernels.knn_triton import _blocks, _plan, knn_triton
+from attention.kernels import knn_triton as kt
+from attention.kernels.knn_triton import knn_triton
 
 # odd sizes; C = 3 (coordinates) and feature widths that are not powers of two; k from 1 to 64 (several tiles, a
 # ragged last one); a last cloud with fewer real points than k (inf padding)
@@ -68,15 +69,20 @@ for B, M, N, C, k, real in [(2, 7, 37, 3, 5, None), (2, 9, 70, 19, 20, 40), (1, 
     assert_same_neighbours(knn(q, r, k, mask=mask, backend="triton"), ref, q, r, mask, what + " backend='triton'")
 
 # the reference points split among programs, the lists merged by the second kernel: 2 and 3 parts of several tiles,
-# more splits than tiles (fewer parts get columns), a ragged last part, a masked cloud with fewer real points than k
+# more splits than tiles (fewer parts get columns), a ragged last part, a masked cloud with fewer real points than k,
+# two and three blocks of queries (M > BLOCK_M); exactly the one-part search's lists, ties included
 for B, M, N, C, k, real, splits in [(2, 9, 100, 5, 7, None, 3), (1, 6, 130, 3, 16, None, 2), (2, 5, 70, 19, 20, 12, 8),
-                                    (1, 4, 200, 3, 40, None, 3), (2, 3, 45, 4, 1, 30, 4)]:
+                                    (1, 4, 200, 3, 40, None, 3), (2, 3, 45, 4, 1, 30, 4), (2, 40, 100, 3, 5, None, 3),
+                                    (1, 70, 96, 6, 12, 50, 2)]:
     q, r, mask = _clouds(B, M, N, C, real, seed=1)
-    S, tiles = _plan(N, _blocks(k, C)[1], splits)
-    assert 1 < S <= splits and (S - 1) * tiles * _blocks(k, C)[1] < N, (S, tiles)
+    bk = kt._blocks(k, C)[1]
+    S, tiles = kt._plan(N, bk, splits)
+    assert 1 < S <= splits and S * tiles * bk >= N, (S, tiles)  # several parts, and together they cover N
     what = f"B={{B}} M={{M}} N={{N}} C={{C}} k={{k}} real={{real}} split in {{S}}"
-    assert_same_neighbours(knn_triton(q, r, k, mask, splits=splits), knn(q, r, k, mask=mask, backend="torch"), q, r,
-                           mask, what)
+    got = knn_triton(q, r, k, mask, splits=splits)
+    assert_same_neighbours(got, knn(q, r, k, mask=mask, backend="torch"), q, r, mask, what)
+    one = knn_triton(q, r, k, mask, splits=1)
+    assert torch.equal(got[0], one[0]) and torch.equal(got[1], one[1]), what + ": not the one-part search's lists"
 print("ok")
 """
 
@@ -91,15 +97,15 @@ def test_triton_knn_under_interpreter_equals_reference() -> None:
 def test_split_search_fills_the_gpu_only_where_the_query_blocks_do_not() -> None:
     """One cloud's few query blocks are split up to the programs a GPU keeps busy, never below a few tiles a part;
     a grid that already fills the GPU, or a cloud of a few tiles, is searched in one part."""
-    from attention.kernels.knn_triton import _MIN_TILES, _PROGRAMS_PER_SM, auto_splits, knn_triton
+    from attention.kernels import knn_triton as kt
 
     sms = 132
-    assert auto_splits(8, 1024, 32, sms) == 1024 // (_MIN_TILES * 32)  # B = 1, M = 256: as many as the tiles allow
-    assert auto_splits(128, 16384, 32, sms) == -(-_PROGRAMS_PER_SM * sms // 128)  # B = 1, M = 4096
-    assert auto_splits(_PROGRAMS_PER_SM * sms, 16384, 32, sms) == 1  # the query blocks fill the GPU
-    assert auto_splits(1, 3 * 32, 32, sms) == 1  # fewer tiles than a part's minimum
+    assert kt.auto_splits(8, 1024, 32, sms) == 1024 // (kt._MIN_TILES * 32)  # B = 1, M = 256: the most tiles allow
+    assert kt.auto_splits(128, 16384, 32, sms) == -(-kt._PROGRAMS_PER_SM * sms // 128)  # B = 1, M = 4096
+    assert kt.auto_splits(kt._PROGRAMS_PER_SM * sms, 16384, 32, sms) == 1  # the query blocks fill the GPU
+    assert kt.auto_splits(1, 3 * 32, 32, sms) == 1  # fewer tiles than a part's minimum
     with pytest.raises(ValueError, match="splits must be >= 1, got 0"):
-        knn_triton(*_clouds(1, 3, 40, 3, None)[:2], 4, splits=0)
+        kt.knn_triton(*_clouds(1, 3, 40, 3, None)[:2], 4, splits=0)
 
 
 def test_triton_knn_limits_are_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,8 +135,11 @@ def test_triton_knn_on_cuda_equals_reference(k: int) -> None:
         what = f"cuda B={B} M={M} N={N} C={C} k={k} real={real}"
         assert_same_neighbours(got, ref, q, r, mask, what)
         assert knn(q, r, k, mask=mask)[1].equal(got[1])  # auto takes the kernel
-        for splits in (1, 3):
-            assert_same_neighbours(knn_triton(q, r, k, mask, splits=splits), ref, q, r, mask, f"{what} {splits=}")
+        one = knn_triton(q, r, k, mask, splits=1)
+        assert_same_neighbours(one, ref, q, r, mask, f"{what} splits=1")
+        for splits in (None, 3):  # auto splits the single clouds; the lists are the one-part search's, ties included
+            got = knn_triton(q, r, k, mask, splits=splits)
+            assert torch.equal(got[0], one[0]) and torch.equal(got[1], one[1]), f"{what} {splits=}"
 
 
 @pytest.mark.slow
