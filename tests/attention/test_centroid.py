@@ -486,8 +486,8 @@ def test_knn_path_never_builds_the_dense_score_matrix(monkeypatch: pytest.Monkey
     monkeypatch.setattr(layer, "knn_backend", "torch")
     import attention.points as P
 
-    real_knn = P.knn
-    monkeypatch.setattr("attention.centroid.layer.knn", lambda *a, **k: real_knn(*a, **k, chunk_bytes=4 * 16 * N))
+    real_search = P.knn_search  # the layer's search (its inputs checked once by the layer)
+    monkeypatch.setattr("attention.centroid.layer.knn_search", lambda *a: real_search(*a, chunk_bytes=4 * 16 * N))
     with Spy():
         layer(x, u).sum().backward()
     assert max(biggest) < dense_numel, f"largest tensor {max(biggest)} >= dense scores {dense_numel}"
