@@ -23,7 +23,15 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from engine.bench import current_rss_bytes, peak_rss_bytes, peak_tensor_bytes, run_config, target, time_fn
+from engine.bench import (
+    allow_recompiles,
+    current_rss_bytes,
+    peak_rss_bytes,
+    peak_tensor_bytes,
+    run_config,
+    target,
+    time_fn,
+)
 
 from . import backends, points
 from .centroid import CentroidAttention, attention_step_reference
@@ -202,8 +210,8 @@ HYDRA_MAX_GROWTH_8K_TO_16K = 2.2  # time 16K / 8K: linear in L, up to noise
 
 def mixer_kernel_targets(results: Sequence[dict], device: str, batch: int | None = None) -> list[dict]:
     """The targets of the fused FSAT and Hydra kernels, from ``tools/bench_mixers.py``'s rows of ``fsat`` and
-    ``hydra`` (what "auto" runs; each row's ``path`` names the backend), or of ``fsat-fused-compiled`` and
-    ``hydra-fused-compiled`` where those ran faster (the detail names the row): FSAT's time and peak memory as
+    ``hydra`` (what "auto" runs; each row's ``path`` names the backend), or of their ``-fused-compiled`` and
+    ``-fused-graphs`` rows where those ran faster (the detail names the row): FSAT's time and peak memory as
     fractions of vanilla attention's at 4K, FSAT's and Hydra's time as fractions of SDPA's from 8K / 4K on (the
     largest), and Hydra's time growth from 8K to 16K. No verdict for a row not measured (the detail says which).
     ``batch``, where given, goes into the names."""
@@ -211,8 +219,8 @@ def mixer_kernel_targets(results: Sequence[dict], device: str, batch: int | None
     b = _at_batch(batch)
 
     def ratio(mixer: str, L: int, key: str) -> tuple[float | None, str]:
-        # the kernels eager or compiled, whichever row ran faster (a compiled model runs the second)
-        rows = [by[L, m] for m in (mixer, f"{mixer}-fused-compiled") if "ms" in by.get((L, m), {})]
+        # the kernels eager, compiled or in CUDA graphs, whichever row ran fastest (what a user can choose)
+        rows = [by[L, m] for m in (mixer, *(f"{mixer}-{v}" for v in _FUSED_VARIANTS)) if "ms" in by.get((L, m), {})]
         r = min(rows, key=lambda row: row["ms"]) if rows else by.get((L, mixer))
         if r is None or "ms" not in r:
             return None, f"{mixer} at L = {L}: " + (r.get("error", "failed") if r else "not measured")
@@ -241,7 +249,7 @@ def mixer_kernel_targets(results: Sequence[dict], device: str, batch: int | None
         out.append(target(name, 1 / speedup, "<", 1, device=device, on="cuda", unit="", detail=detail))
     # the growth within one row (eager or compiled kernels), the smaller of the two
     growths = []
-    for mixer in ("hydra", "hydra-fused-compiled"):
+    for mixer in ("hydra", *(f"hydra-{v}" for v in _FUSED_VARIANTS)):
         t8, t16 = (by.get((L, mixer), {}).get("ms") for L in (8192, 16384))
         if t8 and t16:
             growths.append((t16 / t8, f"{mixer} at L = 8192 and 16384 ran {by[16384, mixer].get('path', mixer)}"))
@@ -452,6 +460,7 @@ def measure_centroid(cfg: dict) -> dict:
     if path == "dense-matmul":
         forward = partial(attention_step_reference, layer)
     elif path.endswith("-compiled"):
+        allow_recompiles()  # a layer per (N, path): each one more graph of the layer's forward
         forward = torch.compile(layer, dynamic=False)
 
     def step() -> None:
@@ -575,11 +584,13 @@ MIXER_BASELINES = ("attention-matmul", "attention-sdpa")
 # The mixers with fused kernels: "fsat" and "hydra" run what "auto" picks (the Triton kernels on CUDA), "<name>-torch"
 # the plain PyTorch path auto picks without them, "<name>-compiled" that path under torch.compile (what the compiler
 # alone gives), "<name>-fused-compiled" the kernels under torch.compile (inductor fuses the ops around them: what
-# "auto" runs in a compiled model).
+# "auto" runs in a compiled model), "<name>-fused-graphs" the same compiled with mode="reduce-overhead" (CUDA graphs
+# replay the whole step: no CPU cost a launch, which bounds a small batch).
 KERNEL_MIXERS = {"fsat": ("fsat_edges", "edge_backend"), "hydra": ("quasiseparable_mix", "backend")}
-BENCH_MIXERS = (*MIXER_BASELINES, "fsat", "fsat-torch", "fsat-compiled", "fsat-fused-compiled", "fat", "linear",
-                "lowrank", "toeplitz", "hydra", "hydra-torch", "hydra-compiled", "hydra-fused-compiled", "cauchy",
-                "vandermonde")  # fmt: skip
+BENCH_MIXERS = (*MIXER_BASELINES, "fsat", "fsat-torch", "fsat-compiled", "fsat-fused-compiled", "fsat-fused-graphs",
+                "fat", "linear", "lowrank", "toeplitz", "hydra", "hydra-torch", "hydra-compiled",
+                "hydra-fused-compiled", "hydra-fused-graphs", "cauchy", "vandermonde")  # fmt: skip
+_FUSED_VARIANTS = ("fused-compiled", "fused-graphs")  # the kernels, compiled (KERNEL_MIXERS' rows)
 QUADRATIC_MIXERS = ("cauchy", "vandermonde", "cauchy_static", "vandermonde_static")  # O(L^2 D) operations
 _COMPILED_PATHS = {"fsat": "gather"}  # dynamo does not trace the csr products' sparse tensors
 
@@ -592,7 +603,7 @@ def mixer_path(name: str, device: torch.device | str, head_dim: int) -> str | No
     op = KERNEL_MIXERS[base][0]
     if variant == "compiled" and base in _COMPILED_PATHS:
         return _COMPILED_PATHS[base]
-    if variant and variant != "fused-compiled":  # the first plain PyTorch backend of the auto order
+    if variant and variant not in _FUSED_VARIANTS:  # the first plain PyTorch backend of the auto order
         order = backends.AUTO_ORDER.get((op, torch.device(device).type), ())
         return next(n for n in (*order, *backends.backend_names(op)) if backends.BACKENDS[op][n].package is None)
     shape = {"D": head_dim, "N": head_dim, "Dv": head_dim, "separate_dt": True}  # Hydra's state size is D
@@ -608,8 +619,10 @@ def _bench_mixer(name: str, dim: int, heads: int, max_len: int, device: torch.de
     if base in KERNEL_MIXERS and variant:
         path = {KERNEL_MIXERS[base][1]: mixer_path(name, device, dim // heads)}
         layer = build_mixer(base, dim, heads, max_len=max_len, **path).to(device)
-        if variant.endswith("compiled"):
-            layer.compile()  # in place (torch.compile's wrapper would run the memory tracker's module hooks twice)
+        if variant.endswith(("compiled", "graphs")):
+            allow_recompiles()  # a layer per row, each one more graph of the mixer's forward
+            # in place (torch.compile's wrapper would run the memory tracker's module hooks twice)
+            layer.compile(**({"mode": "reduce-overhead"} if variant.endswith("graphs") else {}))
         return layer
     return build_mixer(name, dim, heads, max_len=max_len)
 
@@ -629,11 +642,17 @@ def measure_mixer(cfg: dict) -> dict:
         x.grad = None
         layer.zero_grad(set_to_none=True)
 
-    step()  # warm-up
-    # Peak memory of one step: exact tensor accounting on CPU (tensors the step creates: activations, gradients,
-    # temporaries), the allocator's peak above what was allocated before on CUDA.
-    base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-    peak = peak_tensor_bytes(step, device) - base
+    if cfg["mixer"].endswith("-graphs") and device.type == "cuda":
+        # CUDA graphs allocate a step's tensors in their pool while they are captured (the warm-up steps), and a
+        # replay allocates nothing: the step's peak is that of the warm-up and the capture, above what was there
+        base = torch.cuda.memory_allocated(device)
+        peak = peak_tensor_bytes(lambda: [step() for _ in range(3)], device) - base
+    else:
+        step()  # warm-up
+        # Peak memory of one step: exact tensor accounting on CPU (tensors the step creates: activations, gradients,
+        # temporaries), the allocator's peak above what was allocated before on CUDA.
+        base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        peak = peak_tensor_bytes(step, device) - base
     ms = time_fn(step, device, repeats=cfg["repeats"], warmup=0)
     return {"ms": ms, "peak_mb": peak / 2**20}
 
@@ -677,7 +696,7 @@ def mixer_rows(
             if name.endswith("-torch") and paths[name] == mixer_path(base, device, C // H):
                 res[name] = {"error": f"skipped: the {base} row runs this path ({paths[name]}) on {device}"}
                 continue
-            if name.endswith("-fused-compiled") and paths[name] != "triton":
+            if name.endswith(("-fused-compiled", "-fused-graphs")) and paths[name] != "triton":
                 res[name] = {"error": f"skipped: no fused kernel runs on {device} ({base} takes {paths[name]})"}
                 continue
             cfg = dict(mixer=name, device=device, B=B, L=L, C=C, H=H, repeats=repeats)
@@ -686,7 +705,8 @@ def mixer_rows(
         for name, r in res.items():
             row = {"L": L, "mixer": name, **r}
             if paths[name] is not None:
-                row["path"] = paths[name] + (" compiled" if name.endswith("-compiled") else "")
+                mode = name.rpartition("-")[2]
+                row["path"] = paths[name] + {"compiled": " compiled", "graphs": " CUDA graphs"}.get(mode, "")
             if "ms" in r:
                 for base in MIXER_BASELINES:
                     row[f"speedup vs {base}"] = _ratio(res[base].get("ms"), r["ms"])

@@ -32,6 +32,17 @@ def sync(device: torch.device | str) -> None:
         torch.cuda.synchronize()
 
 
+# Graphs of one forward a bench run may compile: a bench builds a model per configuration (form, T, batch size,
+# length, compile mode), and dynamo counts each instance's graph against the forward's code.
+RECOMPILE_LIMIT = 64
+
+
+def allow_recompiles(limit: int = RECOMPILE_LIMIT) -> None:
+    """Raises dynamo's recompile limit to ``limit``: past it (8 by default) a compiled row of a bench would run eager
+    with only a warning."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+
+
 def time_fn(fn: Callable[[], object], device: torch.device | str, repeats: int = 5, warmup: int = 1) -> float:
     """Median wall time of ``fn`` in milliseconds, after ``warmup`` untimed calls."""
     for _ in range(warmup):

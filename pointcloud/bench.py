@@ -48,7 +48,13 @@ import torch.nn.functional as F
 
 from attention import backends
 from attention.chunking import CHUNK_BUDGETS
-from engine.bench import count_aten_ops, target, time_train_and_infer, unit_sphere_clouds
+from engine.bench import (
+    allow_recompiles,
+    count_aten_ops,
+    target,
+    time_train_and_infer,
+    unit_sphere_clouds,
+)
 from engine.stats import count_gmacs, count_params
 from engine.trainer import COMPILE_MODES
 
@@ -84,7 +90,6 @@ RANDOM_TARGET = 0.5  # centroid (T = 1) train samples/s over the random twin's
 POINTNET2_TARGET = 1.3  # centroid (T = 1, "auto": the fused kernels) train samples/s over PointNet++'s, on CUDA
 POINTNET2_GATHER_TARGET = 1.0  # the same in the gather form
 COMPILE_FORMS = ("auto", "gather", "masked", "triton")  # the fused kernel: an opaque operator in the compiled graph
-RECOMPILE_LIMIT = 64  # graphs of one forward a run may compile: 4 forms x 3 T x 2 modes x a few batch sizes
 
 # Paper training throughput, samples/s (section 3.2), by row label.
 PAPER_TRAIN = {f"{CENTROID} T=1": 60, f"{CENTROID} T=2": 55, f"{CENTROID} T=3": 52, RANDOM: 312}
@@ -190,10 +195,8 @@ def prepare(
     # static shapes: every call has the bench's batch; compiled in the first (untimed) call
     mode = {} if compiled in (None, "default") else {"mode": compiled}  # reduce-overhead: CUDA graphs as well
     run = torch.compile(model, dynamic=False, **mode) if compiled else model
-    if compiled:
-        # one graph per (T, form, batch, train or eval) shares the model's forward: past dynamo's recompile limit
-        # (8) a compiled row would run eager without an error
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    if compiled:  # one graph per (T, form, batch, mode, train or eval) of the model's forward
+        allow_recompiles()
 
     def forward_backward() -> None:
         model.train()

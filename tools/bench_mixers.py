@@ -25,7 +25,10 @@ the chunked scan; a CPU run skips these rows, the same paths as ``fsat`` / ``hyd
 tensors), compiled in the warm-up step: what the compiler alone gives. ``fsat-fused-compiled`` /
 ``hydra-fused-compiled`` compile the layer with the kernels, which stay opaque operators in the compiled graph
 (:mod:`attention.kernels.ops`) while inductor fuses the small ops around them: what ``"auto"`` runs in a compiled
-model (CUDA only; a CPU run skips them). The table names each of these rows' path.
+model. ``fsat-fused-graphs`` / ``hydra-fused-graphs`` compile them with ``mode="reduce-overhead"``: CUDA graphs replay
+the whole step without a CPU cost per launch, which bounds small batches (their peak memory is that of the warm-up
+and capture steps, whose tensors the graphs' pool keeps). The fused rows run on CUDA only (a CPU run skips them). The
+table names each of these rows' path.
 
 Cauchy and Vandermonde cost O(L^2 D) operations (their matrices are sums over D): on CPU they run up to
 ``--max-quadratic-len``; their ``dense BHLLD MB`` column is what materializing the ``(B, H, L, L, D)`` tensor of the
@@ -34,8 +37,8 @@ the default ``backend="auto"``: the chunked PyTorch path on CPU, the Triton kern
 ``attention/kernels/mixers_triton.py`` with ``--device cuda``.
 
 Targets (on CUDA; printed under the table and written with every row to ``--json``): FSAT faster than SDPA at
-L >= 16K (:func:`attention.bench.fsat_target`), and those of the fused kernels, eager or compiled, whichever row
-ran faster (:func:`attention.bench.mixer_kernel_targets`, for B = 1 and B = 8): FSAT at most 0.4x vanilla
+L >= 16K (:func:`attention.bench.fsat_target`), and those of the fused kernels, eager, compiled or in CUDA graphs,
+whichever row ran fastest (:func:`attention.bench.mixer_kernel_targets`, for B = 1 and B = 8): FSAT at most 0.4x vanilla
 attention's time and 0.16x its peak memory at 4K and faster than SDPA from 8K, Hydra faster than SDPA from 4K and at
 most 2.2x slower at 16K than at 8K. ``--batch`` takes several sizes, one table each, the batch named in each
 verdict::

@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from attention import backends, bench
+from engine.bench import RECOMPILE_LIMIT
 
 
 def _fps_row(backend: str, speedup: float, B: int = 32, N: int = 1024, M: int = 512) -> dict:
@@ -143,6 +145,11 @@ def test_kernel_targets_read_the_compiled_kernels_where_they_ran_faster() -> Non
     assert time4k["detail"] == "fsat-fused-compiled at L = 4096 ran triton compiled"
     rows[1] = {**rows[1], "ms": 2.0, "speedup vs attention-matmul": 1.5}
     assert bench.mixer_kernel_targets(rows, "cuda")[0]["detail"] == "fsat at L = 4096 ran triton"
+    # CUDA graphs: the fastest of the three rows, its time and its memory (the pool the graphs keep)
+    graphs = _mixer_row(4096, "fsat-fused-graphs", 0.4, vs_matmul=7.5, vs_sdpa=2.0, memory=0.2)
+    time4k, memory4k, *_ = bench.mixer_kernel_targets([*rows, {**graphs, "path": "triton CUDA graphs"}], "cuda")
+    assert time4k["measured"] == pytest.approx(1 / 7.5) and memory4k["measured"] == 0.2
+    assert time4k["detail"] == "fsat-fused-graphs at L = 4096 ran triton CUDA graphs"
     # Hydra's growth 8K -> 16K within one row: a compiled row at 16K only does not mix with the eager one at 8K
     hydra = [_mixer_row(8192, "hydra", 2.0, 9.0, 3.0), _mixer_row(16384, "hydra", 4.2, 9.0, 4.0),
              _mixer_row(16384, "hydra-fused-compiled", 1.0, 9.0, 8.0)]  # fmt: skip
@@ -162,15 +169,39 @@ def test_kernel_mixer_rows_name_their_path_and_skip_a_torch_row_that_repeats_aut
     # the kernels compiled: what auto runs (the kernels on CUDA, where the rows are timed)
     assert bench.mixer_path("fsat-fused-compiled", "cuda", 64) == bench.mixer_path("hydra-fused-compiled", "cuda", 64)
     assert bench.mixer_path("hydra-fused-compiled", "cuda", 64) == "triton"
-    results = bench.mixer_rows("cpu", [32], ["fsat", "fsat-torch", "fsat-fused-compiled", "hydra"], dim=16, heads=2,
-                               batch=1, repeats=1, max_quadratic_len=None, isolate=False)  # fmt: skip
+    assert bench.mixer_path("fsat-fused-graphs", "cuda", 64) == bench.mixer_path("hydra-fused-graphs", "cuda", 64)
+    assert bench.mixer_path("hydra-fused-graphs", "cuda", 64) == "triton"
+    mixers = ["fsat", "fsat-torch", "fsat-fused-compiled", "hydra", "hydra-fused-graphs"]
+    results = bench.mixer_rows("cpu", [32], mixers, dim=16, heads=2, batch=1, repeats=1, max_quadratic_len=None,
+                               isolate=False)  # fmt: skip
     by = {r["mixer"]: r for r in results}
     assert by["fsat"]["path"] == "csr" and by["hydra"]["path"] == "torch" and "path" not in by["attention-sdpa"]
     assert by["fsat-torch"]["error"] == "skipped: the fsat row runs this path (csr) on cpu"
     assert by["fsat-fused-compiled"]["error"] == "skipped: no fused kernel runs on cpu (fsat takes csr)"
+    assert by["hydra-fused-graphs"]["error"] == "skipped: no fused kernel runs on cpu (hydra takes torch)"
     headers, rows = bench.mixer_table(results)
     assert [r[1] for r in rows] == ["attention-matmul", "attention-sdpa", "fsat (csr)", "fsat-torch",
-                                    "fsat-fused-compiled", "hydra (torch)"]  # fmt: skip
+                                    "fsat-fused-compiled", "hydra (torch)", "hydra-fused-graphs"]  # fmt: skip
+
+
+def test_compiled_mixer_rows_compile_in_their_mode_and_stay_compiled(monkeypatch) -> None:
+    """-fused-graphs compiles with mode="reduce-overhead" (CUDA graphs), -fused-compiled and -compiled with the
+    default; each raises dynamo's recompile limit, since every row is one more graph of the mixer's forward."""
+    modes = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: modes.append(kw))
+    with torch._dynamo.config.patch(recompile_limit=8):  # (patch restores it; monkeypatch's undo would delete it)
+        for name in ("hydra-fused-graphs", "hydra-fused-compiled", "fsat-compiled", "fsat"):
+            bench._bench_mixer(name, 16, 2, 32, torch.device("cpu"))
+        assert torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT
+    assert modes == [{"mode": "reduce-overhead"}, {}, {}]
+
+
+@pytest.mark.gpu
+def test_cuda_graph_rows_time_the_step_and_count_the_graphs_pool() -> None:
+    for mixer in ("fsat-fused-graphs", "hydra-fused-graphs"):
+        r = bench.measure_mixer(dict(mixer=mixer, device="cuda", B=1, L=256, C=64, H=2, repeats=2))
+        eager = bench.measure_mixer(dict(mixer=mixer.split("-")[0], device="cuda", B=1, L=256, C=64, H=2, repeats=2))
+        assert r["ms"] > 0 and r["peak_mb"] >= 0.5 * eager["peak_mb"], (mixer, r, eager)
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.bench import markdown_table
+from engine.bench import RECOMPILE_LIMIT, markdown_table
 from pointcloud import bench
 from pointcloud import model as pc_model
 from pointcloud.testing import TinyPeer
@@ -119,7 +119,7 @@ def test_a_compiled_row_trains_and_infers_through_torch_compile(monkeypatch: pyt
     with torch._dynamo.config.patch(recompile_limit=8):
         stats, train_step, infer = bench.prepare(CT, {**kwargs, "_compile": "default"}, "cpu", batch=2, num_points=64)
         # each (T, form, batch, mode) of a run is one more graph of the same forward: none may fall back to eager
-        assert torch._dynamo.config.recompile_limit == bench.RECOMPILE_LIMIT
+        assert torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT
     assert calls == [{"dynamic": False}] and stats["ops_per_step"] is None and stats["gmacs"] > 0
     train_step()
     infer()
