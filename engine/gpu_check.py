@@ -98,6 +98,9 @@ PARTS = {
     1: ("env", "tests", "kernels", "bench_points", "bench_centroid", "bench_modelnet"),
     2: ("env", "bench_vision", "bench_mixers", "bench_capsules", "train_modelnet", "train_capsules", "train_deit"),
 }
+# Seconds a bench section may take (quick, full), beyond the default (240, 600): the benches whose compiled rows
+# compile in untimed warm-ups, one graph per model, batch size, length and mode (tens of graphs in a quick run).
+BENCH_TIMEOUTS = {"bench_mixers": (480, 900), "bench_modelnet": (480, 900), "bench_vision": (360, 600)}
 MARKER = ".gpu_check"  # the output folder's mark: a later run may clear only a folder that has it
 POINTNET2 = "pointnet2_ssg_modelnet40"
 OURS_1, DEIT_TINY = "centroid_deit_tiny_c6_patch16_224", "deit_tiny_patch16_224"
@@ -266,7 +269,7 @@ def section_tests(ctx: Ctx, res: Result) -> None:
     for label, args in runs:
         xml = ctx.out / f"tests-{label}.xml"
         argv = ctx.py("-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", f"--junitxml={xml}", *args)
-        out = run_command(res, argv, ctx.env, ctx.timeout(240, 480), ctx.out / "tests.log")
+        out = run_command(res, argv, ctx.env, ctx.timeout(420, 600), ctx.out / "tests.log")
         if res.status == "failed" and out is not None and out.returncode == 1:
             res.reason = f"{label}: test failures (see tests.log)"
         if xml.is_file():
@@ -395,7 +398,7 @@ def section_bench(ctx: Ctx, res: Result) -> None:
     """A ``tools/bench_*.py`` script: its printed tables go to ``<section>.md``, its ``--json`` report (rows and
     targets) to ``<section>.tool.json`` and the summary."""
     argv = ctx.py(str(TOOLS / f"{res.name}.py"), *bench_args(ctx, res.name))
-    if read_report(ctx, res, argv, ctx.timeout(240, 600)):
+    if read_report(ctx, res, argv, ctx.timeout(*BENCH_TIMEOUTS.get(res.name, (240, 600)))):
         res.data = {"tool_json": f"{res.name}.tool.json", "machine": res.data.get("machine")}
 
 
