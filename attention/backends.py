@@ -184,18 +184,33 @@ class Backend:
             raise TypeError(f"backend {self.name!r} of {self.op} is run by its caller, not through load()")
         if callable(self.impl):
             return self.impl
+        module, name = self.impl.split(":")
+        if is_compiling():  # no cache lookup to guard on: the compiled code holds the callable
+            return getattr(_import(module), name)
         fn = _LOADED.get(self.impl)
         if fn is None:
-            module, name = self.impl.split(":")
-            # an imported module from sys.modules: dynamo follows that lookup, while importlib is a graph break
-            loaded = sys.modules.get(module)
-            if loaded is None:
-                loaded = importlib.import_module(module)
-            fn = _LOADED[self.impl] = getattr(loaded, name)
+            fn = _LOADED[self.impl] = getattr(_import(module), name)
         return fn
 
 
 _LOADED: dict[str, Callable] = {}
+
+
+def _import(module: str) -> object:
+    """The module ``module``, imported if it was not. The kernel modules import triton, so they load on a backend's
+    first call, which may be a compiled model's first call: there dynamo runs an import statement while it traces, but
+    ``importlib`` is a graph break, and one inside a loop (a centroid layer's T steps) runs the whole frame eagerly."""
+    if module == "attention.kernels.knn_attention_triton":
+        from .kernels import knn_attention_triton as loaded
+    elif module == "attention.kernels.fsat_triton":
+        from .kernels import fsat_triton as loaded
+    elif module == "attention.kernels.ssd_triton":
+        from .kernels import ssd_triton as loaded
+    elif module == "attention.kernels.mixers_triton":
+        from .kernels import mixers_triton as loaded
+    else:  # the package's own modules (imported with it, found in sys.modules by dynamo) and optional packages
+        loaded = sys.modules.get(module) or importlib.import_module(module)
+    return loaded
 
 
 # --------------------------------------------------------------------------------------------------------------------

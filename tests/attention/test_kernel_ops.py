@@ -83,6 +83,39 @@ def test_auto_under_torch_compile_keeps_the_cuda_kernels(monkeypatch: pytest.Mon
     }
 
 
+_FIRST_CALL_COMPILED = """
+import sys
+
+import torch
+
+from attention import CentroidAttention
+from attention.mixers import FourierSparseAttention, MatrixMixer
+
+kernels = ("knn_attention_triton", "fsat_triton", "ssd_triton", "mixers_triton")
+assert not any(f"attention.kernels.{m}" in sys.modules for m in kernels), "a kernel module was imported before"
+torch.manual_seed(0)
+x, u, xs = torch.randn(1, 64, 16), torch.randn(1, 16, 16), torch.randn(1, 24, 16)
+layers = {
+    "knn_attention_triton": (CentroidAttention(16, 2, num_neighbors=4, num_steps=2, attn_backend="triton"), (x, u)),
+    "fsat_triton": (FourierSparseAttention(16, num_heads=2, max_len=24, num_edges=3, edge_backend="triton"), (xs,)),
+    "ssd_triton": (MatrixMixer(16, num_heads=2, matrix="hydra", backend="triton"), (xs,)),
+    "mixers_triton": (MatrixMixer(16, num_heads=2, matrix="cauchy", backend="triton"), (xs,)),
+}
+for module, (layer, inputs) in layers.items():
+    # fullgraph: a graph break raises (importlib inside the T-step loop skipped the whole frame: eager in disguise)
+    torch.compile(layer, backend="eager", fullgraph=True)(*inputs).sum().backward()
+    assert f"attention.kernels.{module}" in sys.modules, module
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not backends.HAS_TRITON, reason="triton missing")
+def test_a_compiled_first_call_imports_the_kernels_in_one_graph() -> None:
+    """A compiled model's first call loads the kernel modules while dynamo traces (an import statement, not
+    importlib) and stays one graph: the KNN centroid layer over two steps, FSAT, Hydra and the Cauchy mixer."""
+    assert_interpreted(_FIRST_CALL_COMPILED, __file__, timeout=600)
+
+
 _INTERPRETED = """
 import torch
 from torch.library import opcheck
