@@ -413,10 +413,13 @@ def numba_first_call_ms() -> tuple[float, float]:
 # One attention step from M = N / 4 centroids to N inputs, forward + backward, per path: the dense score matrix
 # materialized, SDPA, the KNN forms of attention.CentroidAttention ("knn" = gather), and torch.compile of the KNN path
 # as "auto" chose it before the fused kernel existed (masked while N / K <= MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR, else
-# gather): what the compiler alone gives; and of the fused kernel's path (the kernel an opaque op in the graph).
+# gather): what the compiler alone gives; and of the fused kernel's path (the kernel an opaque op in the graph); the
+# "-graphs" rows compile with mode="reduce-overhead" (CUDA graphs: one replay a step), the fused step and SDPA's.
 CENTROID_PATHS = ("dense-matmul", "dense-sdpa", "knn", "knn-masked", "knn-triton", "knn-compiled",
-                  "knn-triton-compiled")  # fmt: skip
-_KNN_FORMS = {"knn": "gather", "knn-masked": "masked", "knn-triton": "triton", "knn-triton-compiled": "triton"}
+                  "knn-triton-compiled", "knn-triton-graphs", "dense-sdpa-graphs")  # fmt: skip
+_KNN_FORMS = {"knn": "gather", "knn-masked": "masked", "knn-triton": "triton", "knn-triton-compiled": "triton",
+              "knn-triton-graphs": "triton"}  # fmt: skip
+_FUSED_STEPS = ("knn-triton", "knn-triton-compiled", "knn-triton-graphs")  # the fused step eager, compiled, graphed
 CENTROID_TARGET_POINTS = (1024, 16384)  # the fused KNN step must beat SDPA in time and peak memory at every N here
 CENTROID_HEADERS = ["N", "M", "path", "ms", "peak MB", "speedup vs matmul", "memory vs matmul", "speedup vs sdpa",
                     "memory vs sdpa"]  # fmt: skip
@@ -429,13 +432,17 @@ def _compiled_form(N: int, K: int) -> str:
 
 def centroid_path_skipped(path: str, device: str, compiled: bool) -> str | None:
     """Why ``tools/bench_centroid.py`` does not time ``path`` on ``device``, or None: the Triton kernel needs CUDA (and
-    triton); the compiled row is left out unless asked for (compiling on a CPU takes minutes per shape)."""
+    triton), and the CUDA-graph rows CUDA; the compiled rows are left out unless asked for (compiling on a CPU takes
+    minutes per shape)."""
+    cuda = torch.device(device).type == "cuda"
     if path.startswith("knn-triton"):
-        if torch.device(device).type != "cuda":
+        if not cuda:
             return "needs CUDA (the fused Triton kernel)"
         if not backends.HAS_TRITON:
             return f"needs {backends.INSTALL_HINTS['triton']}"
-    if path.endswith("-compiled") and not compiled:
+    if path.endswith("-graphs") and not cuda:
+        return "needs CUDA (CUDA graphs)"
+    if path.endswith(("-compiled", "-graphs")) and not compiled:
         return "torch.compile row not requested (--compiled yes; default on CUDA only)"
     return None
 
@@ -446,7 +453,9 @@ def measure_centroid(cfg: dict) -> dict:
 
     Peak memory is ``torch.cuda.max_memory_allocated`` beyond what the inputs and the layer hold on CUDA, and the
     growth of the peak resident set on CPU (clean only in a fresh process: ``tools/bench_centroid.py --isolate``).
-    The ``-compiled`` paths compile the layer (static shapes) in their warm-up step and report the form they compiled.
+    The ``-compiled`` paths compile the layer (static shapes) in their warm-up step and report the form they compiled;
+    the ``-graphs`` paths compile it with ``mode="reduce-overhead"``, and their peak is that of the warm-up and capture
+    steps (a replay allocates nothing: its tensors live in the graphs' pool).
     """
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
@@ -459,21 +468,25 @@ def measure_centroid(cfg: dict) -> dict:
     forward: Callable[[Tensor, Tensor], Tensor] = layer
     if path == "dense-matmul":
         forward = partial(attention_step_reference, layer)
-    elif path.endswith("-compiled"):
+    elif path.endswith(("-compiled", "-graphs")):
         allow_recompiles()  # a layer per (N, path): each one more graph of the layer's forward
-        forward = torch.compile(layer, dynamic=False)
+        mode = "reduce-overhead" if path.endswith("-graphs") else None
+        forward = torch.compile(layer, dynamic=False, mode=mode)
 
     def step() -> None:
         forward(x, u).sum().backward()
         x.grad = u.grad = None
         layer.zero_grad(set_to_none=True)
 
-    step()  # warm-up (Triton and torch.compile compile here); then measure the peak of one clean step
+    graphs = path.endswith("-graphs") and device.type == "cuda"
+    if not graphs:
+        step()  # warm-up (Triton and torch.compile compile here); then measure the peak of one clean step
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        step()
+        for _ in range(3 if graphs else 1):  # CUDA graphs: warm-up, capture, first replay
+            step()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
     else:
@@ -483,7 +496,7 @@ def measure_centroid(cfg: dict) -> dict:
         peak = max(peak_rss_bytes() - base, 0) if peak_rss_bytes() > before else None
     ms = time_fn(step, device, repeats=cfg["repeats"], warmup=0)
     out = {"ms": ms, "peak_mb": None if peak is None else peak / 2**20}
-    return out | ({"form": form} if path.endswith("-compiled") else {})
+    return out | ({"form": form} if path.endswith(("-compiled", "-graphs")) and knn else {})
 
 
 def centroid_results(
@@ -542,37 +555,48 @@ def centroid_rows(results: Sequence[dict]) -> list[list]:
 
 def centroid_targets(rows: Sequence[dict], device: str) -> list[dict]:
     """The fused KNN step against SDPA's dense attention at every measured N in :data:`CENTROID_TARGET_POINTS`' range,
-    from ``tools/bench_centroid.py``'s rows (``{"N", "path", "ms", "peak_mb"}``): its slowest speedup (> 1 wanted) and
-    its largest peak-memory ratio (< 1 wanted), each a ratio of two rows of the run."""
+    from ``tools/bench_centroid.py``'s rows (``{"N", "path", "ms", "peak_mb"}``), each a ratio of two rows of the run:
+
+    * its slowest speedup over eager SDPA (> 1 wanted), the fused step as it ran fastest (eager, compiled or in CUDA
+      graphs: what a user can choose; the detail names the row);
+    * the same with both in CUDA graphs (``knn-triton-graphs`` over ``dense-sdpa-graphs``): both run the same way;
+    * its largest peak-memory ratio over SDPA, both eager (< 1 wanted).
+    """
     lo, hi = CENTROID_TARGET_POINTS
     by = {(r["N"], r["path"]): r for r in rows}
     sizes = sorted({r["N"] for r in rows if lo <= r["N"] <= hi})
-    speed, memory, notes = [], [], {}
-    for n in sizes:
-        pair = {p: by.get((n, p), {"note": f"no {p} row (--paths)"}) for p in ("knn-triton", "dense-sdpa")}
-        fused, sdpa = pair["knn-triton"], pair["dense-sdpa"]
-        if fused.get("ms") is None or sdpa.get("ms") is None:
-            for r in pair.values():
-                if r.get("ms") is None:
-                    notes.setdefault(r.get("note") or r.get("error", "failed")[:80], []).append(str(n))
-            continue
-        speed.append((sdpa["ms"] / fused["ms"], n))
-        if fused.get("peak_mb") and sdpa.get("peak_mb"):
-            memory.append((fused["peak_mb"] / sdpa["peak_mb"], n))
     span = f"N = {lo // 1024}K-{hi // 1024}K"
-    detail = "; ".join(f"{why} (N={', '.join(ns)})" for why, ns in notes.items())
-    detail = detail or ("no N in range measured" if not sizes else "")
 
-    def worst(pairs: list, pick) -> tuple[float | None, str]:
-        if not pairs or notes:
-            return None, detail or "not measured"
-        value, n = pick(pairs)
-        return value, f"worst at N={n} of {', '.join(str(m) for _, m in sorted(pairs, key=lambda p: p[1]))}"
+    def worst(fused_paths: Sequence[str], base_path: str, key: str, pick) -> tuple[float | None, str]:
+        """The worst ratio over the sizes (``pick``: min of speedups, max of memory ratios) of the best fused row."""
+        pairs, notes = [], {}
+        for n in sizes:
+            base = by.get((n, base_path), {"note": f"no {base_path} row (--paths)"})
+            runs = [by.get((n, p), {"note": f"no {p} row (--paths)"}) | {"path": p} for p in fused_paths]
+            ran = [r for r in runs if r.get(key)]
+            if not ran or not base.get(key):
+                for r in (base, *runs[:1]) if not ran else (base,):
+                    if not r.get(key):
+                        notes.setdefault(r.get("note") or r.get("error", "failed")[:80], []).append(str(n))
+                continue
+            best = min(ran, key=lambda r: r[key])
+            ratio = base[key] / best[key] if key == "ms" else best[key] / base[key]
+            pairs.append((ratio, n, best["path"]))
+        if notes:
+            return None, "; ".join(f"{why} (N={', '.join(ns)})" for why, ns in notes.items())
+        if not pairs:
+            return None, "no N in range measured"
+        value, n, path = pick(pairs, key=lambda p: p[0])
+        ns = ", ".join(str(p[1]) for p in sorted(pairs, key=lambda p: p[1]))
+        return value, f"worst at N={n} of {ns}" + (f" ({path})" if len(fused_paths) > 1 else "")
 
-    fastest, where = worst(speed, min)
-    out = [target(f"fused KNN step vs SDPA speedup at every {span}", fastest, ">", 1, device=device, on="cuda",
+    speed, where = worst(_FUSED_STEPS, "dense-sdpa", "ms", min)
+    out = [target(f"fused KNN step vs SDPA speedup at every {span}", speed, ">", 1, device=device, on="cuda",
                   detail=where)]  # fmt: skip
-    ratio, where = worst(memory, max)
+    speed, where = worst(("knn-triton-graphs",), "dense-sdpa-graphs", "ms", min)
+    out.append(target(f"fused KNN step vs SDPA speedup at every {span}, both in CUDA graphs", speed, ">", 1,
+                      device=device, on="cuda", detail=where))  # fmt: skip
+    ratio, where = worst(("knn-triton",), "dense-sdpa", "peak_mb", max)
     out.append(target(f"fused KNN step vs SDPA peak memory at every {span}", ratio, "<", 1, device=device, on="cuda",
                       unit="", detail=where))  # fmt: skip
     return out

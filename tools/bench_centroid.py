@@ -16,12 +16,15 @@ Implementations of one attention step from M centroids to N inputs, with the sam
 * ``knn-compiled``: ``torch.compile`` of the KNN path in the form ``"auto"`` took before the fused kernel (masked
   while N / K <= 128, else gather): what the compiler alone gives (``--compiled``, default on CUDA only);
 * ``knn-triton-compiled``: ``torch.compile`` of the layer with the fused kernel, which stays one opaque operator in
-  the compiled graph (:mod:`attention.kernels.ops`): what a compiled model runs (``--compiled``; CUDA only).
+  the compiled graph (:mod:`attention.kernels.ops`): what a compiled model runs (``--compiled``; CUDA only);
+* ``knn-triton-graphs``, ``dense-sdpa-graphs``: the fused step and SDPA's compiled with ``mode="reduce-overhead"``
+  (CUDA graphs: a step is one replay, no per-kernel launch cost; ``--compiled``; CUDA only).
 
 Peak memory is the growth of the peak resident set of a fresh process during forward + backward on CPU (a process
 per configuration), and ``torch.cuda.max_memory_allocated`` on CUDA (all in this process; ``--isolate`` says).
 Ratios are against ``dense-matmul`` and ``dense-sdpa`` of the same N. Targets (:func:`attention.bench.
-centroid_targets`, verdicts on CUDA): the fused step faster than SDPA at every N from 1K to 16K, with a lower peak.
+centroid_targets`, verdicts on CUDA): the fused step faster than SDPA at every N from 1K to 16K (its fastest row
+against eager SDPA, and both in CUDA graphs), with a lower peak (both eager).
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def test_centroid_rows_carry_ratios_against_both_dense_paths() -> None:
                                      batch=1, repeats=1, isolate=False)  # fmt: skip
     by = {r[2]: dict(zip(bench.CENTROID_HEADERS, r)) for r in bench.centroid_rows(results)}
     assert list(by) == list(bench.CENTROID_PATHS)
-    untimed = ("knn-triton", "knn-compiled", "knn-triton-compiled")  # CUDA / not asked
+    untimed = ("knn-triton", "knn-compiled", "knn-triton-compiled", "knn-triton-graphs", "dense-sdpa-graphs")
     assert {by[path]["ms"] for path in untimed} == {"not measured (see above)"}
     timed = {path: r for path, r in by.items() if path not in untimed}
     assert timed["dense-matmul"]["speedup vs matmul"] == 1.0 and timed["dense-sdpa"]["speedup vs sdpa"] == 1.0
@@ -202,6 +202,15 @@ def test_cuda_graph_rows_time_the_step_and_count_the_graphs_pool() -> None:
         r = bench.measure_mixer(dict(mixer=mixer, device="cuda", B=1, L=256, C=64, H=2, repeats=2))
         eager = bench.measure_mixer(dict(mixer=mixer.split("-")[0], device="cuda", B=1, L=256, C=64, H=2, repeats=2))
         assert r["ms"] > 0 and r["peak_mb"] >= 0.5 * eager["peak_mb"], (mixer, r, eager)
+
+
+@pytest.mark.gpu
+def test_centroid_graph_rows_time_a_replayed_step() -> None:
+    for path in ("knn-triton-graphs", "dense-sdpa-graphs"):
+        cfg = dict(mode=path, device="cuda", B=1, N=512, M=128, C=64, H=2, K=16, repeats=2)
+        r = bench.measure_centroid(cfg)
+        assert r["ms"] > 0 and r["peak_mb"] > 0, (path, r)
+        assert r.get("form") == ("triton" if path.startswith("knn") else None)
 
 
 @pytest.mark.slow

@@ -19,21 +19,49 @@ def _rows(ms: dict[str, tuple[float, float]], sizes=(1024, 4096, 16384)) -> list
 def test_targets_are_the_worst_ratio_over_every_n() -> None:
     rows = _rows({"dense-sdpa": (2.0, 10.0), "knn-triton": (1.0, 5.0)})
     rows[-1]["ms"] = 2.5  # slower than SDPA at N = 16384 only
-    speed, memory = bench.centroid_targets(rows, "cuda")
+    speed, graphs, memory = bench.centroid_targets(rows, "cuda")
     assert speed["target"] == "fused KNN step vs SDPA speedup at every N = 1K-16K" and speed["wanted"] == "> 1x"
-    assert speed["measured"] == pytest.approx(0.8) and speed["met"] is False and "worst at N=16384" in speed["detail"]
+    assert speed["measured"] == pytest.approx(0.8) and speed["met"] is False
+    assert speed["detail"] == "worst at N=16384 of 1024, 4096, 16384 (knn-triton)"
     assert memory["measured"] == pytest.approx(0.5) and memory["met"] is True
+    assert graphs["met"] is None and graphs["detail"] == (
+        "no dense-sdpa-graphs row (--paths) (N=1024, 4096, 16384); no knn-triton-graphs row (--paths) (N=1024, 4096, "
+        "16384)"
+    )
     on_cpu = bench.centroid_targets(rows, "cpu")
-    assert all(t["met"] is None and "no verdict" in t["detail"] for t in on_cpu)  # CUDA targets
+    assert all(t["met"] is None for t in on_cpu)  # CUDA targets: the ratios, no verdict
+    assert "no verdict" in on_cpu[0]["detail"] and "no verdict" in on_cpu[2]["detail"]
+
+
+def test_the_speed_target_reads_the_fastest_fused_row_and_the_graphs_target_both_in_graphs() -> None:
+    """What a user can choose (eager, compiled or CUDA graphs) against eager SDPA, named in the detail; and the
+    like-for-like check with both steps in CUDA graphs. Memory: both eager."""
+    rows = _rows({"dense-sdpa": (2.0, 10.0), "knn-triton": (4.0, 5.0), "knn-triton-compiled": (3.0, 50.0),
+                  "knn-triton-graphs": (1.0, 60.0), "dense-sdpa-graphs": (0.5, 70.0)})  # fmt: skip
+    graphed = rows[3]
+    rows[3] = {"N": 1024, "path": "knn-triton-graphs", "error": "RuntimeError: capture failed"}  # compiled is best
+    speed, graphs, memory = bench.centroid_targets(rows, "cuda")
+    assert speed["measured"] == pytest.approx(2 / 3) and speed["met"] is False
+    assert speed["detail"] == "worst at N=1024 of 1024, 4096, 16384 (knn-triton-compiled)"
+    assert graphs["met"] is None and graphs["detail"] == "RuntimeError: capture failed (N=1024)"
+    rows[3] = graphed
+    rows[8]["ms"] = 2.0  # knn-triton-graphs at N = 4096
+    speed, graphs, _ = bench.centroid_targets(rows, "cuda")
+    assert speed["measured"] == pytest.approx(1.0) and speed["met"] is False  # > 1 wanted
+    assert speed["detail"] == "worst at N=4096 of 1024, 4096, 16384 (knn-triton-graphs)"
+    assert graphs["measured"] == pytest.approx(0.25) and graphs["met"] is False
+    assert graphs["target"].endswith("both in CUDA graphs")
+    assert graphs["detail"] == "worst at N=4096 of 1024, 4096, 16384"
+    assert memory["measured"] == pytest.approx(0.5) and memory["met"] is True  # the eager rows, not the graphs' pool
 
 
 def test_targets_without_the_fused_rows_say_why() -> None:
     rows = _rows({"dense-sdpa": (2.0, 10.0)}) + [
         {"N": n, "path": "knn-triton", "note": "needs CUDA (the fused Triton kernel)"} for n in (1024, 4096, 16384)
     ]
-    speed, memory = bench.centroid_targets(rows, "cpu")
+    speed, _, memory = bench.centroid_targets(rows, "cpu")
     assert speed["measured"] is None and speed["detail"] == "needs CUDA (the fused Triton kernel) (N=1024, 4096, 16384)"
-    speed, _ = bench.centroid_targets(_rows({"dense-sdpa": (2.0, 10.0)}, sizes=(1024,)), "cuda")
+    speed, _, _ = bench.centroid_targets(_rows({"dense-sdpa": (2.0, 10.0)}, sizes=(1024,)), "cuda")
     assert speed["met"] is None and "no knn-triton row (--paths)" in speed["detail"]
     assert bench.centroid_targets(_rows({"dense-sdpa": (1.0, 1.0)}, sizes=(512,)), "cuda")[0]["detail"] == (
         "no N in range measured"
@@ -50,6 +78,8 @@ def test_paths_skipped_on_cpu_and_why() -> None:
         == "needs CUDA (the fused Triton kernel)"
     )
     assert "not requested" in bench.centroid_path_skipped("knn-triton-compiled", "cuda", compiled=False)
+    assert bench.centroid_path_skipped("dense-sdpa-graphs", "cpu", compiled=True) == "needs CUDA (CUDA graphs)"
+    assert "not requested" in bench.centroid_path_skipped("dense-sdpa-graphs", "cuda", compiled=False)
 
 
 def test_cli_on_cpu_times_the_torch_rows_each_in_a_fresh_process_and_names_the_skipped_ones(tmp_path: Path) -> None:
@@ -68,5 +98,5 @@ def test_cli_on_cpu_times_the_torch_rows_each_in_a_fresh_process_and_names_the_s
     assert [p for p, r in rows.items() if "ms" in r] == ["dense-matmul", "dense-sdpa", "knn", "knn-masked"]
     for r in rows.values():
         assert (r["N"], r["M"]) == (64, 16) and ("note" in r or r["ms"] > 0), r
-    assert [t["verdict"] for t in payload["targets"]] == ["no verdict", "no verdict"]
+    assert [t["verdict"] for t in payload["targets"]] == ["no verdict"] * 3
     assert "| N " in run.stdout and "knn-masked" in run.stdout
