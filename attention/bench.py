@@ -208,6 +208,11 @@ HYDRA_BEATS_SDPA_FROM = 4096
 HYDRA_MAX_GROWTH_8K_TO_16K = 2.2  # time 16K / 8K: linear in L, up to noise
 
 
+def _measured(row: dict, key: str) -> bool:
+    """Whether ``row`` measured ``key``: a time always, a memory ratio unless NaN (no peak, e.g. a CUDA-graph row)."""
+    return not key.startswith("memory") or row.get(key, float("nan")) == row.get(key, float("nan"))
+
+
 def mixer_kernel_targets(results: Sequence[dict], device: str, batch: int | None = None) -> list[dict]:
     """The targets of the fused FSAT and Hydra kernels, from ``tools/bench_mixers.py``'s rows of ``fsat`` and
     ``hydra`` (what "auto" runs; each row's ``path`` names the backend), or of their ``-fused-compiled`` and
@@ -220,7 +225,9 @@ def mixer_kernel_targets(results: Sequence[dict], device: str, batch: int | None
 
     def ratio(mixer: str, L: int, key: str) -> tuple[float | None, str]:
         # the kernels eager, compiled or in CUDA graphs, whichever row ran fastest (what a user can choose)
-        rows = [by[L, m] for m in (mixer, *(f"{mixer}-{v}" for v in _FUSED_VARIANTS)) if "ms" in by.get((L, m), {})]
+        # (a peak memory from the rows that measured one: not the CUDA-graph rows, GRAPHS_PEAK_NOTE)
+        names = (mixer, *(f"{mixer}-{v}" for v in _FUSED_VARIANTS))
+        rows = [by[L, m] for m in names if "ms" in by.get((L, m), {}) and _measured(by[L, m], key)]
         r = min(rows, key=lambda row: row["ms"]) if rows else by.get((L, mixer))
         if r is None or "ms" not in r:
             return None, f"{mixer} at L = {L}: " + (r.get("error", "failed") if r else "not measured")
@@ -410,6 +417,11 @@ def numba_first_call_ms() -> tuple[float, float]:
 
 # ------------------------------------------------------------------------- centroid attention (bench_centroid)
 
+# Why a CUDA-graph row has no peak memory: its tensors live in the graphs' private pool, whose allocator state
+# torch.compile's cudagraph trees checkpoint and restore, so the allocator's peak does not measure a step there (it
+# read 0 MB for one row and 10x the eager step for another in one run of tools/bench_centroid.py --device cuda).
+GRAPHS_PEAK_NOTE = "no peak: CUDA graphs allocate from their own pool"
+
 # One attention step from M = N / 4 centroids to N inputs, forward + backward, per path: the dense score matrix
 # materialized, SDPA, the KNN forms of attention.CentroidAttention ("knn" = gather), and torch.compile of the KNN path
 # as "auto" chose it before the fused kernel existed (masked while N / K <= MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR, else
@@ -454,8 +466,7 @@ def measure_centroid(cfg: dict) -> dict:
     Peak memory is ``torch.cuda.max_memory_allocated`` beyond what the inputs and the layer hold on CUDA, and the
     growth of the peak resident set on CPU (clean only in a fresh process: ``tools/bench_centroid.py --isolate``).
     The ``-compiled`` paths compile the layer (static shapes) in their warm-up step and report the form they compiled;
-    the ``-graphs`` paths compile it with ``mode="reduce-overhead"``, and their peak is that of the warm-up and capture
-    steps (a replay allocates nothing: its tensors live in the graphs' pool).
+    the ``-graphs`` paths compile it with ``mode="reduce-overhead"`` and report no peak (:data:`GRAPHS_PEAK_NOTE`).
     """
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
@@ -478,15 +489,15 @@ def measure_centroid(cfg: dict) -> dict:
         x.grad = u.grad = None
         layer.zero_grad(set_to_none=True)
 
-    graphs = path.endswith("-graphs") and device.type == "cuda"
-    if not graphs:
-        step()  # warm-up (Triton and torch.compile compile here); then measure the peak of one clean step
-    if device.type == "cuda":
+    step()  # warm-up (Triton and torch.compile compile here); then measure the peak of one clean step
+    if path.endswith("-graphs") and device.type == "cuda":
+        step(), step()  # cudagraph trees warm up, then record; the timed steps replay
+        peak = None
+    elif device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        for _ in range(3 if graphs else 1):  # CUDA graphs: warm-up, capture, first replay
-            step()
+        step()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
     else:
@@ -654,7 +665,8 @@ def _bench_mixer(name: str, dim: int, heads: int, max_len: int, device: torch.de
 def measure_mixer(cfg: dict) -> dict:
     """Time (ms) and peak memory (MB) of one training step ``mixer(x).sum().backward()`` of one configuration
     ``{"mixer", "device", "B", "L", "C", "H", "repeats"}``: one warm-up step, one step under the memory tracker, then
-    the median of ``repeats`` clean steps (the tracked one carries the tracker's per-op overhead)."""
+    the median of ``repeats`` clean steps (the tracked one carries the tracker's per-op overhead). A CUDA-graph row
+    on CUDA: three untimed steps (compile, warm-up, record), then the replays; no peak (:data:`GRAPHS_PEAK_NOTE`)."""
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
     B, L, C, H = cfg["B"], cfg["L"], cfg["C"], cfg["H"]
@@ -666,19 +678,17 @@ def measure_mixer(cfg: dict) -> dict:
         x.grad = None
         layer.zero_grad(set_to_none=True)
 
+    step()  # warm-up
     if cfg["mixer"].endswith("-graphs") and device.type == "cuda":
-        # CUDA graphs allocate a step's tensors in their pool while they are captured (the warm-up steps), and a
-        # replay allocates nothing: the step's peak is that of the warm-up and the capture, above what was there
-        base = torch.cuda.memory_allocated(device)
-        peak = peak_tensor_bytes(lambda: [step() for _ in range(3)], device) - base
+        step(), step()  # cudagraph trees warm up, then record; the timed steps replay
+        peak_mb = None  # GRAPHS_PEAK_NOTE
     else:
-        step()  # warm-up
         # Peak memory of one step: exact tensor accounting on CPU (tensors the step creates: activations, gradients,
         # temporaries), the allocator's peak above what was allocated before on CUDA.
         base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-        peak = peak_tensor_bytes(step, device) - base
+        peak_mb = (peak_tensor_bytes(step, device) - base) / 2**20
     ms = time_fn(step, device, repeats=cfg["repeats"], warmup=0)
-    return {"ms": ms, "peak_mb": peak / 2**20}
+    return {"ms": ms, "peak_mb": peak_mb}
 
 
 def _ratio(a: float | None, b: float | None) -> float:
