@@ -418,8 +418,7 @@ def numba_first_call_ms() -> tuple[float, float]:
 # ------------------------------------------------------------------------- centroid attention (bench_centroid)
 
 # Why a CUDA-graph row has no peak memory: its tensors live in the graphs' private pool, whose allocator state
-# torch.compile's cudagraph trees checkpoint and restore, so the allocator's peak does not measure a step there (it
-# read 0 MB for one row and 10x the eager step for another in one run of tools/bench_centroid.py --device cuda).
+# torch.compile's cudagraph trees checkpoint and restore, so the allocator's peak does not measure a step there.
 GRAPHS_PEAK_NOTE = "no peak: CUDA graphs allocate from their own pool"
 
 # One attention step from M = N / 4 centroids to N inputs, forward + backward, per path: the dense score matrix
