@@ -28,6 +28,7 @@ from engine.bench import (
     current_rss_bytes,
     peak_rss_bytes,
     peak_tensor_bytes,
+    profile_step,
     run_config,
     target,
     time_fn,
@@ -506,6 +507,8 @@ def measure_centroid(cfg: dict) -> dict:
         peak = max(peak_rss_bytes() - base, 0) if peak_rss_bytes() > before else None
     ms = time_fn(step, device, repeats=cfg["repeats"], warmup=0)
     out = {"ms": ms, "peak_mb": None if peak is None else peak / 2**20}
+    if cfg.get("profile"):
+        out["profile"] = profile_step(step, device, cfg["profile"], f"N{N}-{path}")
     return out | ({"form": form} if path.endswith(("-compiled", "-graphs")) and knn else {})
 
 
@@ -521,8 +524,10 @@ def centroid_results(
     batch: int,
     repeats: int,
     isolate: bool,
+    profile: str | None = None,
 ) -> list[dict]:
-    """One result per (N, path): ``{"N", "M", "path", "ms", "peak_mb"}`` (and ``"form"`` for the compiled row), or a
+    """One result per (N, path): ``{"N", "M", "path", "ms", "peak_mb"}`` (and ``"form"`` for the compiled row, and
+    with a ``profile`` folder the row's :func:`engine.bench.profile_step` summary, ``"profile"``), or a
     ``"note"`` saying why a path was not timed on ``device`` (:func:`centroid_path_skipped`) or its ``"error"``. Each
     configuration runs through :func:`engine.bench.run_config` (a fresh process where ``isolate``); the settings are
     ``tools/bench_centroid.py``'s flags of the same names (its defaults)."""
@@ -533,7 +538,8 @@ def centroid_results(
             if why is not None:
                 r: dict = {"note": why}
             else:
-                cfg = dict(mode=path, device=device, B=batch, N=N, M=N // 4, C=dim, H=heads, K=k, repeats=repeats)
+                cfg = dict(mode=path, device=device, B=batch, N=N, M=N // 4, C=dim, H=heads, K=k, repeats=repeats,
+                           profile=profile)  # fmt: skip
                 r = run_config(measure_centroid, cfg, isolate, rss=True)
                 _logger.info("N=%d %s: %s", N, path, r)
             results.append({"N": N, "M": N // 4, "path": path, **r})
@@ -687,7 +693,10 @@ def measure_mixer(cfg: dict) -> dict:
         base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
         peak_mb = (peak_tensor_bytes(step, device) - base) / 2**20
     ms = time_fn(step, device, repeats=cfg["repeats"], warmup=0)
-    return {"ms": ms, "peak_mb": peak_mb}
+    out = {"ms": ms, "peak_mb": peak_mb}
+    if cfg.get("profile"):
+        out["profile"] = profile_step(step, device, cfg["profile"], f"B{B}-L{L}-{cfg['mixer']}")
+    return out
 
 
 def _ratio(a: float | None, b: float | None) -> float:
@@ -705,10 +714,12 @@ def mixer_rows(
     repeats: int,
     max_quadratic_len: int | None,
     isolate: bool,
+    profile: str | None = None,
 ) -> list[dict]:
     """Both baselines and every mixer of ``mixers`` (e.g. :data:`BENCH_MIXERS`) at each L of ``lengths``, each
     configuration through :func:`engine.bench.run_config` (a fresh process where ``isolate``). The settings are
-    ``tools/bench_mixers.py``'s flags of the same names (its defaults).
+    ``tools/bench_mixers.py``'s flags of the same names (its defaults); with a ``profile`` folder each row also
+    carries its :func:`engine.bench.profile_step` summary, ``"profile"``.
 
     Returns:
         One dict per row: ``L``, ``mixer``, ``ms`` and ``peak_mb`` (or ``error``), ``speedup vs <baseline>`` and
@@ -732,7 +743,7 @@ def mixer_rows(
             if name.endswith(("-fused-compiled", "-fused-graphs")) and paths[name] != "triton":
                 res[name] = {"error": f"skipped: no fused kernel runs on {device} ({base} takes {paths[name]})"}
                 continue
-            cfg = dict(mixer=name, device=device, B=B, L=L, C=C, H=H, repeats=repeats)
+            cfg = dict(mixer=name, device=device, B=B, L=L, C=C, H=H, repeats=repeats, profile=profile)
             res[name] = run_config(measure_mixer, cfg, isolate)
             _logger.info("L=%d %s: %s", L, name, res[name])
         for name, r in res.items():

@@ -94,6 +94,72 @@ def time_train_and_infer(
     return results
 
 
+PROFILE_HEADERS = ["row", "ms", "device ms", "device busy", "device activities", "profile"]
+
+
+def profile_step(
+    step: Callable[[], object], device: torch.device | str, out_dir: str | os.PathLike, label: str, steps: int = 3
+) -> dict:
+    """Profiles ``steps`` calls of ``step`` (already warmed up) with ``torch.profiler`` and writes, in ``out_dir``:
+    ``<label>.txt``, the ops by self device time (self CPU time on a CPU), and ``<label>.trace.json``, a Chrome trace
+    (chrome://tracing, Perfetto).
+
+    Returns per step ``{"device_ms", "device_activities", "table"}``: the summed duration of the GPU's activities
+    (kernels, copies, memsets) and their count, None on a CPU; ``table`` the text file's name. Beside the step's wall
+    time this says what bounds it: device time far below the wall time means launches and host work (what CUDA graphs
+    and fusion remove), device time close to it means the GPU's work, and the table says which kernels."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    sync(device)
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        sync(device)
+    os.makedirs(out_dir, exist_ok=True)
+    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+    table = f"{label}.txt"
+    text = prof.key_averages().table(sort_by=sort, row_limit=60)
+    atomic_write_text(os.path.join(out_dir, table), f"{label}: {steps} steps\n\n{text}\n")
+    prof.export_chrome_trace(os.path.join(out_dir, f"{label}.trace.json"))
+    if not cuda:
+        return {"device_ms": None, "device_activities": None, "table": table}
+    on_device = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return {
+        "device_ms": sum(e.device_time_total for e in on_device) / 1e3 / steps,
+        "device_activities": len(on_device) / steps,
+        "table": table,
+    }
+
+
+def profile_rows(results: Sequence[dict], label: Callable[[dict], str], ms_key: str = "ms") -> list[list]:
+    """Rows of :data:`PROFILE_HEADERS` for the results that carry a ``"profile"`` (:func:`profile_step`): each row's
+    label, its timed ``ms_key``, the device time and its share of the step, and the activities per step."""
+    rows = []
+    for r in results:
+        p = r.get("profile")
+        if not p:
+            continue
+        ms, device_ms = r.get(ms_key), p["device_ms"]
+        busy = device_ms / ms if device_ms is not None and ms else None
+        activities = p["device_activities"]
+        rows.append([label(r), *("-" if v is None else v for v in (ms, device_ms, busy, activities)), p["table"]])
+    return rows
+
+
+def add_profile_option(parser: object) -> None:
+    """``--profile DIR``: after timing, each row's step under ``torch.profiler`` (:func:`profile_step`)."""
+    parser.add_argument(  # type: ignore[attr-defined]
+        "--profile",
+        metavar="DIR",
+        default=None,
+        help="profile each row's step after timing it: an op table and a Chrome trace per row in DIR, and a table of "
+        "device time against the step's time (what bounds it: launches or the GPU's work)",
+    )
+
+
 def current_rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()

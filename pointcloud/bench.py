@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -51,6 +52,7 @@ from attention.chunking import CHUNK_BUDGETS
 from engine.bench import (
     allow_recompiles,
     count_aten_ops,
+    profile_step,
     target,
     time_train_and_infer,
     unit_sphere_clouds,
@@ -275,9 +277,11 @@ def benchmark(
     repeats: int = 5,
     warmup: int = 2,
     stat: str = "median",
+    profile: str | None = None,
 ) -> list[dict]:
     """Measures every row of :func:`plan`: one dict per row with its stats, ``{train,infer}_ms`` (and each round's
-    ``_ms_rounds``), ``{train,infer}_sps`` and the ratios to the random twin and the paper's.
+    ``_ms_rounds``), ``{train,infer}_sps`` and the ratios to the random twin and the paper's; with a ``profile``
+    folder, the train step's :func:`engine.bench.profile_step` summary after timing (``"profile"``).
 
     Each row is built and called once (train step and inference; a compiled row compiles there) before any is timed:
     a row that raises (a compile that fails, memory that runs out) gets ``error`` instead of figures, and the other
@@ -295,6 +299,9 @@ def benchmark(
             continue
         prepared.append(({**row, **stats}, train_step, infer))
     timed = {r["label"]: r for r in time_train_and_infer(prepared, device, batch, repeats, warmup, stat)}
+    for row, train_step, _ in prepared if profile else ():
+        name = re.sub(r"[^\w.=-]+", "_", f"b{batch}-{row['label']}")
+        timed[row["label"]]["profile"] = profile_step(train_step, device, profile, name)
     results = [timed.get(label) or failed[label] for label, *_ in rows]
     base = next((r for r in results if r["model"] == RANDOM and "error" not in r), None)
     paper_base = PAPER_TRAIN[RANDOM]

@@ -2,6 +2,7 @@
 
     python tools/bench_centroid.py                 # CPU (the Triton and compiled rows say why they are skipped)
     python tools/bench_centroid.py --device cuda   # GPU machine: every row and the target verdicts
+    python tools/bench_centroid.py --device cuda --points 1024 --profile runs/profile   # what bounds each step
     python tools/bench_centroid.py --points 256 1024 --dim 32 --k 8 --repeats 1   # seconds
 
 N in {1024, 4096, 8192, 16384}, M = N / 4 centroids, K = 32 neighbours, C = 128 channels, 4 heads, batch 1.
@@ -34,11 +35,14 @@ import logging
 
 from attention.bench import CENTROID_HEADERS, CENTROID_PATHS, centroid_results, centroid_rows, centroid_targets
 from engine.bench import (
+    PROFILE_HEADERS,
     add_isolate_option,
+    add_profile_option,
     describe_machine,
     finish,
     isolate_configs,
     print_table,
+    profile_rows,
 )
 
 
@@ -57,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="time the compiled rows (auto: on CUDA only; a CPU compiles for minutes)")  # fmt: skip
     add_isolate_option(parser)
     parser.add_argument("--json", default=None, help="also write the rows and targets to this JSON file")
+    add_profile_option(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="  %(message)s")  # each configuration's result, on stderr
     compiled = args.compiled == "yes" or (args.compiled == "auto" and args.device.startswith("cuda"))
@@ -64,12 +69,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# B={args.batch}, C={args.dim}, H={args.heads}, M=N/4, K={args.k}; forward + backward\n")
     results = centroid_results(args.device, args.points, paths=args.paths, compiled=compiled, k=args.k, dim=args.dim,
                                heads=args.heads, batch=args.batch, repeats=args.repeats,
-                               isolate=isolate_configs(args.isolate, args.device))  # fmt: skip
+                               isolate=isolate_configs(args.isolate, args.device), profile=args.profile)  # fmt: skip
     for r in results:
         if "note" in r and r["N"] == args.points[0]:
             print(f"# {r['path']}: not measured: {r['note']}")
     tables: list[dict] = []
     print_table(CENTROID_HEADERS, centroid_rows(results), tables)
+    if args.profile:
+        print()
+        profiled = profile_rows(results, lambda r: f"N={r['N']} {r['path']}")
+        print_table(PROFILE_HEADERS, profiled, tables, title=f"profile ({args.profile})")
     goals = centroid_targets(results, args.device)
     finish("bench_centroid", args.device, args, goals, argv=argv, results=results, tables=tables)
 

@@ -3,6 +3,7 @@
     python tools/bench_mixers.py --lengths 1024 2048 4096 8192              # CPU (the table in docs/benchmarks.md)
     python tools/bench_mixers.py --device cuda                              # GPU: L up to 16K, every mixer
     python tools/bench_mixers.py --lengths 128 --dim 32 --heads 2 --mixers fsat cauchy   # seconds
+    python tools/bench_mixers.py --device cuda --lengths 4096 --mixers fsat --profile runs/profile   # what bounds it
 
 One layer of each mixer (width 256, 4 heads, batch 1, training mode: FSAT draws its random edges), training steps
 ``mixer(x).sum().backward()``, every configuration in a fresh process (on CPU; on CUDA in this one, ``--isolate``):
@@ -52,7 +53,16 @@ import argparse
 import logging
 
 from attention.bench import BENCH_MIXERS, fsat_target, mixer_kernel_targets, mixer_rows, mixer_table
-from engine.bench import add_isolate_option, describe_machine, finish, isolate_configs, print_table
+from engine.bench import (
+    PROFILE_HEADERS,
+    add_isolate_option,
+    add_profile_option,
+    describe_machine,
+    finish,
+    isolate_configs,
+    print_table,
+    profile_rows,
+)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -66,6 +76,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--repeats", type=int, default=1, help="timed steps (1: the peak-memory step is timed)")
     parser.add_argument("--max-quadratic-len", type=int, default=None, help="skip Cauchy/Vandermonde above this L")
     parser.add_argument("--json", default=None, help="also write the rows and the target to this JSON file")
+    add_profile_option(parser)
     add_isolate_option(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="  %(message)s")  # each configuration's result, on stderr
@@ -79,10 +90,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     targets: list[dict] = []
     for batch in args.batch:
         rows = mixer_rows(args.device, args.lengths, args.mixers, dim=args.dim, heads=args.heads, batch=batch,
-                          repeats=args.repeats, max_quadratic_len=args.max_quadratic_len, isolate=isolate)  # fmt: skip
+                          repeats=args.repeats, max_quadratic_len=args.max_quadratic_len, isolate=isolate,
+                          profile=args.profile)  # fmt: skip
         results += [{"B": batch, **r} for r in rows]
         print_table(*mixer_table(rows), tables, title=f"B = {batch}" if several else None)
         print()
+        if args.profile:
+            profiled = profile_rows(rows, lambda r: f"L={r['L']} {r['mixer']}")
+            print_table(PROFILE_HEADERS, profiled, tables, title=f"profile, B = {batch} ({args.profile})")
+            print()
         named = batch if several else None
         targets += [fsat_target(rows, args.device, named), *mixer_kernel_targets(rows, args.device, named)]
     finish("bench_mixers", args.device, args, targets, argv=argv, results=results, tables=tables)

@@ -6,6 +6,7 @@
         --compile-mode default reduce-overhead                      # the PointNet++ target's settings
     python tools/bench_modelnet.py --batch 16 --repeats 2 --models centroid_transformer_modelnet40 \\
         centroid_transformer_modelnet40_random
+    python tools/bench_modelnet.py --device cuda --amp --steps 1 --profile runs/profile   # what bounds each train step
 
 Rows, columns and targets are described in :mod:`pointcloud.bench`: the centroid transformer for each T
 (``--steps``), KNN attention form (``--attn-backends``), chunk budget (``--chunk-mb``) and compiled form
@@ -23,7 +24,15 @@ import argparse
 import torch
 
 from attention import backend_names
-from engine.bench import add_throughput_arguments, describe_machine, finish, print_table
+from engine.bench import (
+    PROFILE_HEADERS,
+    add_profile_option,
+    add_throughput_arguments,
+    describe_machine,
+    finish,
+    print_table,
+    profile_rows,
+)
 from engine.trainer import COMPILE_MODES
 from pointcloud.bench import COMPILE_FORMS, benchmark, check_settings, default_models, plan, runnable, table, targets
 
@@ -45,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile-mode", nargs="+", default=["default"], choices=COMPILE_MODES, metavar="MODE",
                         help="torch.compile modes of the compiled rows, a row each (reduce-overhead: CUDA graphs "
                         "too)")  # fmt: skip
+    add_profile_option(parser)
     args = parser.parse_args(argv)
     models = args.models or default_models()
     try:
@@ -71,10 +81,15 @@ def main(argv: list[str] | None = None) -> None:
     goals: list[dict] = []
     several = len(args.batch) > 1
     for batch in args.batch:
-        measured = benchmark(rows, args.device, batch, args.points, args.amp, args.repeats, args.warmup, args.stat)
+        measured = benchmark(rows, args.device, batch, args.points, args.amp, args.repeats, args.warmup, args.stat,
+                             profile=args.profile)  # fmt: skip
         results += [{"batch": batch, **r} for r in measured]
         print_table(*table(measured), tables, title=f"batch {batch}" if several else None)
         print()
+        if args.profile:  # the train steps
+            profiled = profile_rows(measured, lambda r: r["label"], ms_key="train_ms")
+            print_table(PROFILE_HEADERS, profiled, tables, title=f"profile, train step, batch {batch} ({args.profile})")
+            print()
         goals += targets(measured, args.device, args.amp, args.points, batch=batch if several else None)
     finish("bench_modelnet", args.device, args, goals, argv=argv, results=results, tables=tables)
 

@@ -147,3 +147,37 @@ def test_git_commit_marks_code_changes_but_not_reports_written_into_docs(tmp_pat
     (tmp_path / "model.py").write_text("x = 2\n")
     assert benchutil.git_commit(tmp_path) == head + "+dirty"
     assert benchutil.git_commit(tmp_path / "missing") is None
+
+
+def test_profile_step_writes_an_op_table_and_a_trace_per_row(tmp_path) -> None:
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    step = lambda: lin(x).relu().sum().backward()  # noqa: E731
+    summary = benchutil.profile_step(step, "cpu", tmp_path / "prof", "row-1", steps=2)
+    assert summary == {"device_ms": None, "device_activities": None, "table": "row-1.txt"}  # no GPU activity on CPU
+    text = (tmp_path / "prof" / "row-1.txt").read_text()
+    assert text.startswith("row-1: 2 steps") and "aten::addmm" in text and "Self CPU" in text
+    trace = (tmp_path / "prof" / "row-1.trace.json").read_text()
+    assert "aten::addmm" in trace and '"traceEvents"' in trace
+
+
+def test_profile_rows_put_device_time_beside_the_timed_step() -> None:
+    results = [
+        {"N": 1, "ms": 2.0, "profile": {"device_ms": 0.5, "device_activities": 12.0, "table": "a.txt"}},
+        {"N": 2, "ms": 1.0},  # not profiled: no row
+        {"N": 3, "train_ms": 4.0, "profile": {"device_ms": None, "device_activities": None, "table": "c.txt"}},
+    ]
+    rows = benchutil.profile_rows(results, lambda r: f"N={r['N']}")
+    assert rows == [["N=1", 2.0, 0.5, 0.25, 12.0, "a.txt"], ["N=3", "-", "-", "-", "-", "c.txt"]]
+    assert benchutil.profile_rows(results[2:], lambda r: "x", ms_key="train_ms")[0][:2] == ["x", 4.0]
+    assert len(benchutil.PROFILE_HEADERS) == len(rows[0])
+
+
+@pytest.mark.gpu
+def test_profile_step_on_cuda_sums_the_kernels_of_a_step(tmp_path) -> None:
+    x = torch.randn(512, 512, device="cuda")
+    step = lambda: (x @ x).relu_()  # noqa: E731
+    step()
+    summary = benchutil.profile_step(step, "cuda", tmp_path, "mm", steps=4)
+    assert summary["device_activities"] >= 2 and 0 < summary["device_ms"] < 50  # a matmul and a relu per step
+    assert "Self CUDA" in (tmp_path / "mm.txt").read_text()

@@ -85,7 +85,7 @@ def test_paths_skipped_on_cpu_and_why() -> None:
 def test_cli_on_cpu_times_the_torch_rows_each_in_a_fresh_process_and_names_the_skipped_ones(tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
     run = run_tool("bench_centroid", ["--points", "64", "--dim", "16", "--heads", "2", "--k", "8", "--repeats", "1",
-                                      "--json", str(path)])  # fmt: skip
+                                      "--json", str(path), "--profile", str(tmp_path / "prof")])  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert "# knn-triton: not measured: needs CUDA (the fused Triton kernel)" in run.stdout
     assert "# knn-compiled: not measured: torch.compile row not requested" in run.stdout
@@ -100,3 +100,10 @@ def test_cli_on_cpu_times_the_torch_rows_each_in_a_fresh_process_and_names_the_s
         assert (r["N"], r["M"]) == (64, 16) and ("note" in r or r["ms"] > 0), r
     assert [t["verdict"] for t in payload["targets"]] == ["no verdict"] * 3
     assert "| N " in run.stdout and "knn-masked" in run.stdout
+    # --profile: each timed row's step under torch.profiler (in its own process here), a table and a trace each
+    assert "## profile (" in run.stdout and "| N=64 knn " in run.stdout
+    for path, r in rows.items():
+        if "ms" in r:
+            assert r["profile"]["table"] == f"N64-{path}.txt" and r["profile"]["device_ms"] is None  # CPU
+            assert (tmp_path / "prof" / f"N64-{path}.txt").is_file()
+            assert (tmp_path / "prof" / f"N64-{path}.trace.json").is_file()

@@ -25,7 +25,8 @@ def bench_mixers(*args: str) -> tuple[list[dict], dict, str]:
 
 
 def test_tiny_bench(tmp_path: Path) -> None:
-    rows, payload, out = bench_mixers(*TINY, "--max-quadratic-len", "40", "--json", str(tmp_path / "bench.json"))
+    rows, payload, out = bench_mixers(*TINY, "--max-quadratic-len", "40", "--json", str(tmp_path / "bench.json"),
+                                      "--profile", str(tmp_path / "prof"))  # fmt: skip
     assert [r["mixer"] for r in rows] == ["attention-matmul", "attention-sdpa", "fsat", "cauchy"]
     by = {r["mixer"]: r for r in rows}
     for base in BASELINES:
@@ -41,6 +42,9 @@ def test_tiny_bench(tmp_path: Path) -> None:
     assert len(kernels) == 5 and all(t["met"] is None for t in kernels)
     assert kernels[0]["detail"].startswith("fsat at L = 4096: not measured")
     assert "| L " in out and "fsat" in out and "skipped" in out and "target: FSAT time vs SDPA" in out
+    # --profile: each timed row's step under torch.profiler, a table and a trace each, and a table of them
+    assert by["fsat"]["profile"]["table"] == "B1-L48-fsat.txt" and "profile" not in by["cauchy"]  # skipped
+    assert (tmp_path / "prof" / "B1-L48-fsat.trace.json").is_file() and "## profile, B = 1" in out
 
 
 def test_in_process_rows_equal_the_isolated_ones(tmp_path: Path) -> None:

@@ -16,15 +16,39 @@ def test_cli_prints_the_table_and_targets_and_writes_json(tmp_path: Path) -> Non
     bad = run_tool("bench_modelnet", ["--batch", "1"])
     assert bad.returncode == 2 and "--batch must be >= 2" in bad.stderr
     path = tmp_path / "bench.json"
-    argv = ["--points", "64", "--batch", "2", "--repeats", "1", "--warmup", "0", "--num-centroids", "32", "16",
-            "--steps", "1", "--models", CT, f"{CT}_random", "--json", str(path)]  # fmt: skip
+    argv = [
+        "--points",
+        "64",
+        "--batch",
+        "2",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--num-centroids",
+        "32",
+        "16",
+        "--steps",
+        "1",
+        "--models",
+        CT,
+        f"{CT}_random",
+        "--json",
+        str(path),
+        "--profile",
+        str(tmp_path / "p"),
+    ]
     run = run_tool("bench_modelnet", argv)
     assert run.returncode == 0, run.stderr
     assert (
         "| model" in run.stdout and "target: centroid T=1 train samples/s vs the random twin's >= 0.5x:" in run.stdout
     )
+    assert "## profile, train step, batch 2" in run.stdout  # --profile: each row's train step, a table and a trace
+    for name in (f"b2-{CT}_T=1", f"b2-{CT}_random"):
+        assert (tmp_path / "p" / f"{name}.txt").is_file() and (tmp_path / "p" / f"{name}.trace.json").is_file()
     payload = json.loads(path.read_text())
     assert payload["tool"] == "bench_modelnet" and payload["results"][0]["label"] == f"{CT} T=1"
+    assert payload["results"][0]["profile"]["table"] == f"b2-{CT}_T=1.txt"
     assert [t["target"].split(" (")[0] for t in payload["targets"]] == [
         "centroid T=1 train samples/s vs the random twin's",
         "centroid T=1 train samples/s vs PointNet++",
