@@ -374,9 +374,12 @@ def run_isolated(measure: Callable[[dict], dict], payload: dict, rss: bool = Fal
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """A Markdown table (pasteable into docs/benchmarks.md); floats to 3 significant figures (integers above 100)."""
+    """A Markdown table (pasteable into docs/benchmarks.md); floats to 3 significant figures (integers above 100), and
+    ``-`` for NaN (a value not measured, e.g. a ratio whose baseline ran out of memory)."""
 
     def fmt(v: object) -> str:
+        if isinstance(v, float) and math.isnan(v):
+            return "-"
         if isinstance(v, float):
             return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
         return str(v)

@@ -128,6 +128,7 @@ def test_round_robin_times_one_call_of_every_fn_per_round() -> None:
 def test_markdown_table_rounds_floats_and_pads_columns() -> None:
     text = benchutil.markdown_table(["name", "x"], [["a", 1.23456], ["bbb", 1234.5]])
     assert text.splitlines() == ["| name | x    |", "|------|------|", "| a    | 1.23 |", "| bbb  | 1234 |"]
+    assert benchutil.markdown_table(["x"], [[float("nan")]]).splitlines()[-1] == "| - |"  # not measured
 
 
 def test_git_commit_marks_code_changes_but_not_reports_written_into_docs(tmp_path) -> None:
