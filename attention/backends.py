@@ -29,6 +29,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import torch
 
@@ -196,7 +197,7 @@ class Backend:
 _LOADED: dict[str, Callable] = {}
 
 
-def _import(module: str) -> object:
+def _import(module: str) -> ModuleType:
     """The module ``module``, imported if it was not. The kernel modules import triton, so they load on a backend's
     first call, which may be a compiled model's first call: there dynamo runs an import statement while it traces, but
     ``importlib`` is a graph break, and one inside a loop (a centroid layer's T steps) runs the whole frame eagerly."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -210,8 +211,9 @@ HYDRA_MAX_GROWTH_8K_TO_16K = 2.2  # time 16K / 8K: linear in L, up to noise
 
 
 def _measured(row: dict, key: str) -> bool:
-    """Whether ``row`` measured ``key``: a time always, a memory ratio unless NaN (no peak, e.g. a CUDA-graph row)."""
-    return not key.startswith("memory") or row.get(key, float("nan")) == row.get(key, float("nan"))
+    """Whether ``row`` measured ``key``: a time always, a memory ratio unless None or NaN (a CUDA-graph row's)."""
+    value = row.get(key)
+    return not key.startswith("memory") or (value is not None and not math.isnan(value))
 
 
 def mixer_kernel_targets(results: Sequence[dict], device: str, batch: int | None = None) -> list[dict]:
@@ -226,7 +228,7 @@ def mixer_kernel_targets(results: Sequence[dict], device: str, batch: int | None
 
     def ratio(mixer: str, L: int, key: str) -> tuple[float | None, str]:
         # the kernels eager, compiled or in CUDA graphs, whichever row ran fastest (what a user can choose)
-        # (a peak memory from the rows that measured one: not the CUDA-graph rows, GRAPHS_PEAK_NOTE)
+        # (a peak memory from the rows that measured one: not the CUDA-graph rows, see measure_centroid)
         names = (mixer, *(f"{mixer}-{v}" for v in _FUSED_VARIANTS))
         rows = [by[L, m] for m in names if "ms" in by.get((L, m), {}) and _measured(by[L, m], key)]
         r = min(rows, key=lambda row: row["ms"]) if rows else by.get((L, mixer))
@@ -418,10 +420,6 @@ def numba_first_call_ms() -> tuple[float, float]:
 
 # ------------------------------------------------------------------------- centroid attention (bench_centroid)
 
-# Why a CUDA-graph row has no peak memory: its tensors live in the graphs' private pool, whose allocator state
-# torch.compile's cudagraph trees checkpoint and restore, so the allocator's peak does not measure a step there.
-GRAPHS_PEAK_NOTE = "no peak: CUDA graphs allocate from their own pool"
-
 # One attention step from M = N / 4 centroids to N inputs, forward + backward, per path: the dense score matrix
 # materialized, SDPA, the KNN forms of attention.CentroidAttention ("knn" = gather), and torch.compile of the KNN path
 # as "auto" chose it before the fused kernel existed (masked while N / K <= MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR, else
@@ -466,7 +464,9 @@ def measure_centroid(cfg: dict) -> dict:
     Peak memory is ``torch.cuda.max_memory_allocated`` beyond what the inputs and the layer hold on CUDA, and the
     growth of the peak resident set on CPU (clean only in a fresh process: ``tools/bench_centroid.py --isolate``).
     The ``-compiled`` paths compile the layer (static shapes) in their warm-up step and report the form they compiled;
-    the ``-graphs`` paths compile it with ``mode="reduce-overhead"`` and report no peak (:data:`GRAPHS_PEAK_NOTE`).
+    the ``-graphs`` paths compile it with ``mode="reduce-overhead"`` and report no peak: their tensors live in the
+    graphs' private pool, whose allocator state torch's cudagraph trees checkpoint and restore, so the allocator's
+    peak does not measure a step there (the same holds for ``measure_mixer``'s CUDA-graph rows).
     """
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
@@ -491,7 +491,7 @@ def measure_centroid(cfg: dict) -> dict:
 
     step()  # warm-up (Triton and torch.compile compile here); then measure the peak of one clean step
     if path.endswith("-graphs") and device.type == "cuda":
-        step(), step()  # cudagraph trees warm up, then record; the timed steps replay
+        step(), step()  # cudagraph trees record (the first step warmed up), then replay, as the timed steps do
         peak = None
     elif device.type == "cuda":
         torch.cuda.synchronize()
@@ -526,7 +526,8 @@ def centroid_results(
     isolate: bool,
     profile: str | None = None,
 ) -> list[dict]:
-    """One result per (N, path): ``{"N", "M", "path", "ms", "peak_mb"}`` (and ``"form"`` for the compiled row, and
+    """One result per (N, path): ``{"N", "M", "path", "ms", "peak_mb"}`` (and ``"form"`` for the compiled and graphed
+    KNN rows, and
     with a ``profile`` folder the row's :func:`engine.bench.profile_step` summary, ``"profile"``), or a
     ``"note"`` saying why a path was not timed on ``device`` (:func:`centroid_path_skipped`) or its ``"error"``. Each
     configuration runs through :func:`engine.bench.run_config` (a fresh process where ``isolate``); the settings are
@@ -569,6 +570,13 @@ def centroid_rows(results: Sequence[dict]) -> list[list]:
     return rows
 
 
+def _why_missing(row: dict, key: str) -> str:
+    """Why ``row`` has no ``key``: its note or error, or that it ran without measuring it (e.g. no peak)."""
+    if "note" in row or "error" in row:
+        return row.get("note") or row["error"][:80]
+    return f"{row['path']}: no {'peak' if key == 'peak_mb' else key} measured" if "path" in row else "not measured"
+
+
 def centroid_targets(rows: Sequence[dict], device: str) -> list[dict]:
     """The fused KNN step against SDPA's dense attention at every measured N in :data:`CENTROID_TARGET_POINTS`' range,
     from ``tools/bench_centroid.py``'s rows (``{"N", "path", "ms", "peak_mb"}``), each a ratio of two rows of the run:
@@ -589,11 +597,13 @@ def centroid_targets(rows: Sequence[dict], device: str) -> list[dict]:
         for n in sizes:
             base = by.get((n, base_path), {"note": f"no {base_path} row (--paths)"})
             runs = [by.get((n, p), {"note": f"no {p} row (--paths)"}) | {"path": p} for p in fused_paths]
-            ran = [r for r in runs if r.get(key)]
-            if not ran or not base.get(key):
-                for r in (base, *runs[:1]) if not ran else (base,):
-                    if not r.get(key):
-                        notes.setdefault(r.get("note") or r.get("error", "failed")[:80], []).append(str(n))
+            ran = [r for r in runs if r.get(key) is not None]
+            if not ran or base.get(key) is None:
+                # why: the base row's, and where no fused row ran the first error among them, else the first's note
+                fused = next((r for r in runs if "error" in r), runs[0])
+                for r in (base,) if ran else (base, fused):
+                    if r.get(key) is None:
+                        notes.setdefault(_why_missing(r, key), []).append(str(n))
                 continue
             best = min(ran, key=lambda r: r[key])
             ratio = base[key] / best[key] if key == "ms" else best[key] / base[key]
@@ -607,8 +617,8 @@ def centroid_targets(rows: Sequence[dict], device: str) -> list[dict]:
         return value, f"worst at N={n} of {ns}" + (f" ({path})" if len(fused_paths) > 1 else "")
 
     speed, where = worst(_FUSED_STEPS, "dense-sdpa", "ms", min)
-    out = [target(f"fused KNN step vs SDPA speedup at every {span}", speed, ">", 1, device=device, on="cuda",
-                  detail=where)]  # fmt: skip
+    out = [target(f"fused KNN step (its fastest row) vs eager SDPA speedup at every {span}", speed, ">", 1,
+                  device=device, on="cuda", detail=where)]  # fmt: skip
     speed, where = worst(("knn-triton-graphs",), "dense-sdpa-graphs", "ms", min)
     out.append(target(f"fused KNN step vs SDPA speedup at every {span}, both in CUDA graphs", speed, ">", 1,
                       device=device, on="cuda", detail=where))  # fmt: skip
@@ -671,7 +681,8 @@ def measure_mixer(cfg: dict) -> dict:
     """Time (ms) and peak memory (MB) of one training step ``mixer(x).sum().backward()`` of one configuration
     ``{"mixer", "device", "B", "L", "C", "H", "repeats"}``: one warm-up step, one step under the memory tracker, then
     the median of ``repeats`` clean steps (the tracked one carries the tracker's per-op overhead). A CUDA-graph row
-    on CUDA: three untimed steps (compile, warm-up, record), then the replays; no peak (:data:`GRAPHS_PEAK_NOTE`)."""
+    on CUDA: three untimed steps (compile and warm up, record, replay), then the timed replays; no peak (the graphs'
+    pool, :func:`measure_centroid`)."""
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
     B, L, C, H = cfg["B"], cfg["L"], cfg["C"], cfg["H"]
@@ -685,8 +696,8 @@ def measure_mixer(cfg: dict) -> dict:
 
     step()  # warm-up
     if cfg["mixer"].endswith("-graphs") and device.type == "cuda":
-        step(), step()  # cudagraph trees warm up, then record; the timed steps replay
-        peak_mb = None  # GRAPHS_PEAK_NOTE
+        step(), step()  # cudagraph trees record (the first step warmed up), then replay, as the timed steps do
+        peak_mb = None  # the graphs' pool: no peak (see measure_centroid)
     else:
         # Peak memory of one step: exact tensor accounting on CPU (tensors the step creates: activations, gradients,
         # temporaries), the allocator's peak above what was allocated before on CUDA.

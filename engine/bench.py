@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import platform
@@ -25,6 +26,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.atomic import atomic_write_text
+
+_logger = logging.getLogger(__name__)
 
 
 def sync(device: torch.device | str) -> None:
@@ -104,45 +107,61 @@ def profile_step(
     ``<label>.txt``, the ops by self device time (self CPU time on a CPU), and ``<label>.trace.json``, a Chrome trace
     (chrome://tracing, Perfetto).
 
-    Returns per step ``{"device_ms", "device_activities", "table"}``: the summed duration of the GPU's activities
-    (kernels, copies, memsets) and their count, None on a CPU; ``table`` the text file's name. Beside the step's wall
-    time this says what bounds it: device time far below the wall time means launches and host work (what CUDA graphs
-    and fusion remove), device time close to it means the GPU's work, and the table says which kernels."""
-    from torch.autograd import DeviceType
+    Returns per step ``{"device_ms", "device_activities", "table"}`` (:func:`device_totals`: the summed duration of
+    the GPU's kernels, copies and memsets and their count, None on a CPU; ``table`` the text file's name), or
+    ``{"error"}`` where profiling failed (the row's timing stands). Beside the step's wall time this says what bounds
+    it: device time far below the wall time means launches and host work (what CUDA graphs and fusion remove), device
+    time close to it means the GPU's work, and the table says which kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.device(device).type == "cuda"
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
-    sync(device)
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
-            step()
+    try:
         sync(device)
-    os.makedirs(out_dir, exist_ok=True)
-    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
-    table = f"{label}.txt"
-    text = prof.key_averages().table(sort_by=sort, row_limit=60)
-    atomic_write_text(os.path.join(out_dir, table), f"{label}: {steps} steps\n\n{text}\n")
-    prof.export_chrome_trace(os.path.join(out_dir, f"{label}.trace.json"))
+        with profile(activities=activities) as prof:
+            for _ in range(steps):
+                step()
+            sync(device)
+        os.makedirs(out_dir, exist_ok=True)
+        sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+        table = f"{label}.txt"
+        text = prof.key_averages().table(sort_by=sort, row_limit=60)
+        atomic_write_text(os.path.join(out_dir, table), f"{label}: {steps} steps\n\n{text}\n")
+        prof.export_chrome_trace(os.path.join(out_dir, f"{label}.trace.json"))
+    except Exception as e:  # a profiler or file error costs the row its profile, not its timing
+        _logger.warning("profiling %s failed: %s: %s", label, type(e).__name__, e)
+        return {"error": f"{type(e).__name__}: {e}"[:200]}
     if not cuda:
         return {"device_ms": None, "device_activities": None, "table": table}
-    on_device = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    return {
-        "device_ms": sum(e.device_time_total for e in on_device) / 1e3 / steps,
-        "device_activities": len(on_device) / steps,
-        "table": table,
-    }
+    total_us, count = device_totals(prof.events())
+    return {"device_ms": total_us / 1e3 / steps, "device_activities": count / steps, "table": table}
+
+
+def device_totals(events: Sequence[Any]) -> tuple[float, int]:
+    """The summed duration (us) and the count of the GPU activities among a profile's ``events``: kernels, copies and
+    memsets, not the spans of annotated regions (a compiled graph's ``## Call CompiledFxGraph ##``, which cover the
+    kernels inside them and the gaps between). Activities on several streams add up: the sum can exceed the wall
+    time of a step that overlaps them."""
+    from torch.autograd import DeviceType
+
+    on_device = [e for e in events if e.device_type == DeviceType.CUDA and not e.is_user_annotation]
+    return sum(e.device_time_total for e in on_device), len(on_device)
 
 
 def profile_rows(results: Sequence[dict], label: Callable[[dict], str], ms_key: str = "ms") -> list[list]:
     """Rows of :data:`PROFILE_HEADERS` for the results that carry a ``"profile"`` (:func:`profile_step`): each row's
-    label, its timed ``ms_key``, the device time and its share of the step, and the activities per step."""
+    label, its timed ``ms_key``, the device time and its share of the step, and the activities per step (or the
+    profiler's error)."""
     rows = []
     for r in results:
         p = r.get("profile")
         if not p:
             continue
-        ms, device_ms = r.get(ms_key), p["device_ms"]
+        ms = r.get(ms_key)
+        if "error" in p:
+            rows.append([label(r), "-" if ms is None else ms, "-", "-", "-", f"error: {p['error'][:60]}"])
+            continue
+        device_ms = p["device_ms"]
         busy = device_ms / ms if device_ms is not None and ms else None
         activities = p["device_activities"]
         rows.append([label(r), *("-" if v is None else v for v in (ms, device_ms, busy, activities)), p["table"]])

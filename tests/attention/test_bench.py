@@ -146,7 +146,7 @@ def test_kernel_targets_read_the_compiled_kernels_where_they_ran_faster() -> Non
     rows[1] = {**rows[1], "ms": 2.0, "speedup vs attention-matmul": 1.5}
     assert bench.mixer_kernel_targets(rows, "cuda")[0]["detail"] == "fsat at L = 4096 ran triton"
     # CUDA graphs: the fastest of the three rows for time; the memory of the fastest row that measured a peak (a
-    # graph row has none: GRAPHS_PEAK_NOTE)
+    # graph row has none: its graphs' pool)
     graphs = _mixer_row(4096, "fsat-fused-graphs", 0.4, vs_matmul=7.5, vs_sdpa=2.0, memory=float("nan"))
     time4k, memory4k, *_ = bench.mixer_kernel_targets([*rows, {**graphs, "path": "triton CUDA graphs"}], "cuda")
     assert time4k["measured"] == pytest.approx(1 / 7.5) and memory4k["measured"] == 0.12
@@ -202,7 +202,7 @@ def test_compiled_mixer_rows_compile_in_their_mode_and_stay_compiled(monkeypatch
 def test_cuda_graph_rows_time_a_replayed_step_without_a_peak() -> None:
     for mixer in ("fsat-fused-graphs", "hydra-fused-graphs"):
         r = bench.measure_mixer(dict(mixer=mixer, device="cuda", B=1, L=256, C=64, H=2, repeats=2))
-        assert r["ms"] > 0 and r["peak_mb"] is None, (mixer, r)  # GRAPHS_PEAK_NOTE
+        assert r["ms"] > 0 and r["peak_mb"] is None, (mixer, r)  # the graphs' pool: no peak
 
 
 @pytest.mark.gpu
@@ -210,7 +210,7 @@ def test_centroid_graph_rows_time_a_replayed_step() -> None:
     for path in ("knn-triton-graphs", "dense-sdpa-graphs"):
         cfg = dict(mode=path, device="cuda", B=1, N=512, M=128, C=64, H=2, K=16, repeats=2)
         r = bench.measure_centroid(cfg)
-        assert r["ms"] > 0 and r["peak_mb"] is None, (path, r)  # GRAPHS_PEAK_NOTE
+        assert r["ms"] > 0 and r["peak_mb"] is None, (path, r)  # the graphs' pool: no peak
         assert r.get("form") == ("triton" if path.startswith("knn") else None)
 
 

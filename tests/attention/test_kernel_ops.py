@@ -9,6 +9,8 @@ operator, and inductor-compiled layers and the point model equal to eager with t
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -107,6 +109,22 @@ for module, (layer, inputs) in layers.items():
     assert f"attention.kernels.{module}" in sys.modules, module
 print("ok")
 """
+
+
+def test_every_traceable_kernel_module_has_an_import_statement_in_the_switchboard() -> None:
+    """A kernel module that ``backends._import`` reaches through importlib would bring back the graph break on a
+    compiled model's first call: each traceable backend's module is imported with the package (the operators of
+    ``attention.kernels.ops``) or by one of ``_import``'s import statements."""
+    source = inspect.getsource(backends._import)
+    for op, choices in backends.BACKENDS.items():
+        for b in choices.values():
+            if not (b.compiles() and isinstance(b.impl, str)) or not b.impl.startswith("attention.kernels."):
+                continue
+            module = b.impl.split(":")[0]
+            if module != "attention.kernels.ops":
+                name = module.rsplit(".", 1)[1]
+                assert f'module == "{module}"' in source, (op, b.name, module)
+                assert f"from .kernels import {name} as loaded" in source, (op, b.name, module)
 
 
 @pytest.mark.skipif(not backends.HAS_TRITON, reason="triton missing")

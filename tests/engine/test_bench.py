@@ -174,6 +174,29 @@ def test_profile_rows_put_device_time_beside_the_timed_step() -> None:
     assert len(benchutil.PROFILE_HEADERS) == len(rows[0])
 
 
+def test_device_totals_count_the_gpus_activities_not_annotated_spans() -> None:
+    """A compiled graph's ``## Call CompiledFxGraph ##`` span lies on the GPU timeline over its kernels: counting it
+    would add the kernels twice and the gaps between them, and make a launch-bound step look GPU-bound."""
+    from torch.autograd import DeviceType
+
+    def event(device: DeviceType, us: float, annotation: bool = False) -> types.SimpleNamespace:
+        return types.SimpleNamespace(device_type=device, device_time_total=us, is_user_annotation=annotation)
+
+    events = [event(DeviceType.CPU, 500.0), event(DeviceType.CUDA, 10.0), event(DeviceType.CUDA, 5.0),
+              event(DeviceType.CUDA, 40.0, annotation=True)]  # fmt: skip
+    assert benchutil.device_totals(events) == (15.0, 2)
+
+
+def test_a_failing_profile_costs_the_row_its_profile_not_its_timing(tmp_path) -> None:
+    def step() -> None:
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+
+    summary = benchutil.profile_step(step, "cpu", tmp_path, "row")
+    assert summary == {"error": "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"}
+    rows = benchutil.profile_rows([{"ms": 1.5, "profile": summary}], lambda r: "row")
+    assert rows == [["row", 1.5, "-", "-", "-", "error: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"]]
+
+
 @pytest.mark.gpu
 def test_profile_step_on_cuda_sums_the_kernels_of_a_step(tmp_path) -> None:
     x = torch.randn(512, 512, device="cuda")
@@ -182,3 +205,7 @@ def test_profile_step_on_cuda_sums_the_kernels_of_a_step(tmp_path) -> None:
     summary = benchutil.profile_step(step, "cuda", tmp_path, "mm", steps=4)
     assert summary["device_activities"] >= 2 and 0 < summary["device_ms"] < 50  # a matmul and a relu per step
     assert "Self CUDA" in (tmp_path / "mm.txt").read_text()
+    compiled = torch.compile(lambda: (x @ x).relu())  # its graph runs inside an annotated span on the GPU timeline
+    compiled(), compiled()
+    summary = benchutil.profile_step(compiled, "cuda", tmp_path, "mm-compiled", steps=4)
+    assert 1 <= summary["device_activities"] <= 3 and 0 < summary["device_ms"] < 50  # the kernels, not the span

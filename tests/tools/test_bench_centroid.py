@@ -20,7 +20,8 @@ def test_targets_are_the_worst_ratio_over_every_n() -> None:
     rows = _rows({"dense-sdpa": (2.0, 10.0), "knn-triton": (1.0, 5.0)})
     rows[-1]["ms"] = 2.5  # slower than SDPA at N = 16384 only
     speed, graphs, memory = bench.centroid_targets(rows, "cuda")
-    assert speed["target"] == "fused KNN step vs SDPA speedup at every N = 1K-16K" and speed["wanted"] == "> 1x"
+    assert speed["target"] == "fused KNN step (its fastest row) vs eager SDPA speedup at every N = 1K-16K"
+    assert speed["wanted"] == "> 1x"
     assert speed["measured"] == pytest.approx(0.8) and speed["met"] is False
     assert speed["detail"] == "worst at N=16384 of 1024, 4096, 16384 (knn-triton)"
     assert memory["measured"] == pytest.approx(0.5) and memory["met"] is True
@@ -53,6 +54,22 @@ def test_the_speed_target_reads_the_fastest_fused_row_and_the_graphs_target_both
     assert graphs["target"].endswith("both in CUDA graphs")
     assert graphs["detail"] == "worst at N=4096 of 1024, 4096, 16384"
     assert memory["measured"] == pytest.approx(0.5) and memory["met"] is True  # the eager rows, not the graphs' pool
+
+
+def test_a_row_that_ran_without_a_peak_says_so_and_a_zero_counts() -> None:
+    rows = _rows({"dense-sdpa": (2.0, 10.0), "knn-triton": (1.0, 0.0)}, sizes=(1024, 4096))
+    _, _, memory = bench.centroid_targets(rows, "cuda")
+    assert memory["measured"] == 0.0 and memory["met"] is True  # a peak of 0 MB is a measured peak
+    rows[0]["peak_mb"] = None  # SDPA at N = 1024 ran, its peak not measured (a CPU's resident set did not grow)
+    rows[3] |= {"path": "knn-triton-graphs", "ms": 1.6}  # N = 4096: the graphed row ran, the eager one failed
+    rows += [{"N": 4096, "path": "knn-triton", "error": "OutOfMemoryError: CUDA out of memory"}]
+    speed, _, memory = bench.centroid_targets(rows, "cuda")
+    assert memory["met"] is None and memory["detail"] == (
+        "dense-sdpa: no peak measured (N=1024); OutOfMemoryError: CUDA out of memory (N=4096)"
+    )
+    assert speed["measured"] == pytest.approx(1.25) and speed["detail"].endswith(
+        "at N=4096 of 1024, 4096 (knn-triton-graphs)"
+    )
 
 
 def test_targets_without_the_fused_rows_say_why() -> None:
@@ -89,7 +106,9 @@ def test_cli_on_cpu_times_the_torch_rows_each_in_a_fresh_process_and_names_the_s
     assert run.returncode == 0, run.stderr
     assert "# knn-triton: not measured: needs CUDA (the fused Triton kernel)" in run.stdout
     assert "# knn-compiled: not measured: torch.compile row not requested" in run.stdout
-    assert "target: fused KNN step vs SDPA speedup at every N = 1K-16K > 1x: no verdict" in run.stdout
+    assert "target: fused KNN step (its fastest row) vs eager SDPA speedup at every N = 1K-16K > 1x: no verdict" in (
+        run.stdout
+    )
     assert "  N=64 knn: {'ms':" in run.stderr  # each configuration's result as it comes
     payload = json.loads(path.read_text())
     assert payload["tool"] == "bench_centroid" and payload["args"]["isolate"] == "auto"  # a process per configuration

@@ -16,28 +16,9 @@ def test_cli_prints_the_table_and_targets_and_writes_json(tmp_path: Path) -> Non
     bad = run_tool("bench_modelnet", ["--batch", "1"])
     assert bad.returncode == 2 and "--batch must be >= 2" in bad.stderr
     path = tmp_path / "bench.json"
-    argv = [
-        "--points",
-        "64",
-        "--batch",
-        "2",
-        "--repeats",
-        "1",
-        "--warmup",
-        "0",
-        "--num-centroids",
-        "32",
-        "16",
-        "--steps",
-        "1",
-        "--models",
-        CT,
-        f"{CT}_random",
-        "--json",
-        str(path),
-        "--profile",
-        str(tmp_path / "p"),
-    ]
+    argv = ["--points", "64", "--batch", "2", "--repeats", "1", "--warmup", "0", "--num-centroids", "32", "16",
+            "--steps", "1", "--models", CT, f"{CT}_random", "--json", str(path),
+            "--profile", str(tmp_path / "p")]  # fmt: skip
     run = run_tool("bench_modelnet", argv)
     assert run.returncode == 0, run.stderr
     assert (
