@@ -112,10 +112,10 @@ print("ok")
 
 
 def test_every_traceable_kernel_module_has_an_import_statement_in_the_switchboard() -> None:
-    """A kernel module that ``backends._import`` reaches through importlib would bring back the graph break on a
-    compiled model's first call: each traceable backend's module is imported with the package (the operators of
-    ``attention.kernels.ops``) or by one of ``_import``'s import statements."""
-    source = inspect.getsource(backends._import)
+    """A kernel module that the switchboard loads through importlib would bring back the graph break on a compiled
+    model's first call: each traceable backend's module is imported with the package (the operators of
+    ``attention.kernels.ops``) or by an import statement of its own in ``attention/backends.py``."""
+    source = inspect.getsource(backends)
     for op, choices in backends.BACKENDS.items():
         for b in choices.values():
             if not (b.compiles() and isinstance(b.impl, str)) or not b.impl.startswith("attention.kernels."):
