@@ -69,6 +69,7 @@ __all__ = [
     "knn",
     "knn_chunked",
     "knn_search",
+    "knn_spare_candidates",
     "lengths_to_mask",
     "nearest_upsample",
 ]
@@ -314,6 +315,12 @@ def _exact_sq_dist(query: Tensor, ref: Tensor, idx: Tensor) -> Tensor:
     return nbrs.sub_(query.unsqueeze(2)).square_().sum(-1)
 
 
+def knn_spare_candidates(k: int) -> int:
+    """The candidates :func:`knn_chunked` keeps per query from the expanded distances before computing their exact
+    distances, ``k + max(4, k // 4)`` (the Triton search keeps as many, :mod:`attention.kernels.knn_triton`)."""
+    return k + max(4, k // 4)
+
+
 def knn_chunked(
     query: Tensor, ref: Tensor, k: int, *, mask: Tensor | None = None, chunk_bytes: int | None = None
 ) -> tuple[Tensor, Tensor]:
@@ -352,7 +359,7 @@ def knn_chunked(
     r_sq = r.pow(2).sum(-1)  # (B, N)
     if mask is not None:
         r_sq = r_sq.masked_fill(~mask, math.inf)  # padded points are infinitely far
-    kc = min(N, k + max(4, k // 4))
+    kc = min(N, knn_spare_candidates(k))
     budget = chunk_budget("knn", query.device) if chunk_bytes is None else chunk_bytes
     item = torch.finfo(work).bits // 8
     # A chunk holds either its (B, rows, cols) distances or its (B, rows, kc, C) candidates, never both; all N columns

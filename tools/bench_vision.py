@@ -8,8 +8,9 @@
 Rows: timm's ``deit_tiny_patch16_224`` and ``deit_small_patch16_224`` (the baselines) and every model registered by
 :mod:`vision` (or ``--models``), all at 224 px, 1000 classes, random images, with the same settings for every row:
 fused attention as timm configures it (``scaled_dot_product_attention`` where available, in timm's blocks and ours),
-``--compile`` for all or none (``--compile both``: every model both ways, two rows each), fp32 on CPU, ``--amp``
-(bf16 autocast) on CUDA.
+``--compile`` for all or none (``--compile both``: every model both ways, two rows each; ``--compile-mode
+reduce-overhead`` adds CUDA graphs), fp32 on CPU, ``--amp`` (bf16 autocast) on CUDA, where cuDNN picks its fastest
+convolution for the fixed shapes (``torch.backends.cudnn.benchmark``, as timm's ``benchmark.py`` sets it).
 
 * inference: eval mode, ``torch.no_grad``;
 * train step: train mode, forward + cross-entropy + backward + AdamW step;
@@ -27,6 +28,9 @@ with every row::
 
     python tools/bench_vision.py --device cuda --amp --batch 512 --compile both \\
         --models deit_tiny_patch16_224 centroid_deit_tiny_c6_patch16_224
+
+``--profile DIR`` profiles each row's inference call after timing it: an op table and a Chrome trace per row, and a
+table of device time against the call's time (what bounds it: launches or the GPU's work).
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ import logging
 
 import torch
 
-from engine.bench import describe_machine, finish, print_table
+from engine import COMPILE_MODES
+from engine.bench import PROFILE_HEADERS, add_profile_option, describe_machine, finish, print_table, profile_rows
 from vision.bench import COMPILE_CHOICES, benchmark, model_names, ours_target, table
 
 
@@ -52,23 +57,33 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--amp", action="store_true", help="bf16 autocast (CUDA)")
     parser.add_argument("--compile", nargs="?", const="yes", default="no", choices=sorted(COMPILE_CHOICES),
                         help="torch.compile every model; 'both': each model eager and compiled, two rows")  # fmt: skip
+    parser.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,
+                        help="torch.compile mode of the compiled rows (reduce-overhead: CUDA graphs too)")  # fmt: skip
     parser.add_argument("--no-train", action="store_true", help="inference only")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None, help="also write the rows and the target to this JSON file")
+    add_profile_option(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="  %(message)s")  # each model as it is built, on stderr
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     amp = args.amp and device.type == "cuda"
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # the fastest convolution for the fixed shapes, as timm's benchmark.py
     results = benchmark(model_names(args.models), device, batch=args.batch, img_size=args.img_size,
                         repeats=args.repeats, warmup=args.warmup, stat=args.stat, amp=amp,
-                        compile_models=args.compile, train=not args.no_train)  # fmt: skip
-    what = f"bf16 autocast {amp}, compile {args.compile}, {args.stat} of {args.repeats} rounds"
+                        compile_models=args.compile, train=not args.no_train,
+                        compile_mode=args.compile_mode, profile=args.profile)  # fmt: skip
+    compile_what = args.compile if args.compile == "no" else f"{args.compile} ({args.compile_mode})"
+    what = f"bf16 autocast {amp}, compile {compile_what}, {args.stat} of {args.repeats} rounds"
     print(f"# bench_vision on {device}: {describe_machine(device)}")
     print(f"# batch {args.batch}, {args.img_size} px, fp32 weights, {what}\n")
     tables: list[dict] = []
     print_table(*table(results, train=not args.no_train), tables)
+    if args.profile:
+        profiled = profile_rows(results, lambda r: r["label"], ms_key="infer_ms")
+        print_table(PROFILE_HEADERS, profiled, tables, title=f"profile, inference ({args.profile})")
     targets = [ours_target(results, device)]
     finish("bench_vision", device, args, targets, argv=argv, results=results, tables=tables)
     return results

@@ -5,6 +5,7 @@ models against DeiT measured in the same run (:func:`benchmark`), and Ours-1 aga
 from __future__ import annotations
 
 import logging
+import re
 import statistics
 from collections.abc import Callable, Sequence
 
@@ -12,7 +13,7 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from engine.bench import target, time_round_robin
+from engine.bench import profile_step, target, time_round_robin
 from engine.stats import count_gmacs, count_params
 
 __all__ = [
@@ -62,7 +63,7 @@ def ours_target(results: Sequence[dict], device: torch.device | str) -> dict:
     best = max(rows, key=lambda r: r["infer_vs_deit"])
     detail = ""
     if len(rows) > 1:  # --compile both: both models eager, and both compiled
-        mode = lambda r: "compiled" if r.get("compiled") else "eager"  # noqa: E731
+        mode = lambda r: f"compiled ({r.get('compile_mode') or 'default'})" if r.get("compiled") else "eager"  # noqa: E731
         detail = f"{mode(best)}; " + ", ".join(f"{mode(r)} {r['infer_vs_deit']:.3g}" for r in rows)
     return target(name, best["infer_vs_deit"], ">=", want, device=device, detail=detail)
 
@@ -113,18 +114,23 @@ def benchmark(
     amp: bool,
     compile_models: bool | str,
     train: bool,
+    compile_mode: str = "default",
+    profile: str | None = None,
 ) -> list[dict]:
     """Images/s of every model of ``names`` (1000 classes, random images), all rows timed round-robin after
     ``warmup`` untimed calls each (:func:`engine.bench.time_round_robin`), images/s = batch / the median (or
     ``stat="min"``: fastest) round. The settings are ``tools/bench_vision.py``'s flags (its defaults); ``amp`` is
     bf16 autocast; ``compile_models`` (a key of :data:`COMPILE_CHOICES`, or a bool) runs every model eager
-    (``"no"``), wrapped in ``torch.compile`` (``"yes"``), or both ways, as two rows (``"both"``).
+    (``"no"``), wrapped in ``torch.compile`` (``"yes"``), or both ways, as two rows (``"both"``), compiled in
+    ``compile_mode`` (``"reduce-overhead"``: CUDA graphs too; the row's ``compile_mode``). With a ``profile``
+    folder, each row's inference call (what the target reads) is profiled after timing
+    (:func:`engine.bench.profile_step`, ``"profile"``).
 
     Returns:
         One dict per model and mode: ``label`` (the name, `` compiled`` added in a ``"both"`` run's compiled rows),
-        ``model``, ``compiled``, ``params_m``, ``gmacs`` (per image), ``infer_ips`` and ``infer_vs_deit`` (over the
-        same-width DeiT's run the same way, which ``names`` must hold: :func:`model_names`), and with ``train`` the
-        same for the train step.
+        ``model``, ``compiled``, ``params_m``, ``gmacs`` (per image), ``infer_ms``, ``infer_ips`` and
+        ``infer_vs_deit`` (over the same-width DeiT's run the same way, which ``names`` must hold:
+        :func:`model_names`), and with ``train`` the same for the train step; with ``profile``, ``"profile"``.
     """
     modes = COMPILE_CHOICES[{False: "no", True: "yes"}.get(compile_models, compile_models)]
     device = torch.device(device)
@@ -136,6 +142,7 @@ def benchmark(
         for compiled in modes:
             label = f"{name} compiled" if compiled and len(modes) > 1 else name
             row = {"label": label, "model": name, "compiled": compiled}
+            row["compile_mode"] = compile_mode if compiled else None
             try:
                 torch.manual_seed(0)
                 model = timm.create_model(name, img_size=img_size)
@@ -144,9 +151,11 @@ def benchmark(
                     "gmacs": count_gmacs(model, torch.randn(1, 3, img_size, img_size)),
                 }
                 model.to(device)
-                fns = _closures(model, torch.compile(model) if compiled else model, images, labels, amp, train)
+                fwd = torch.compile(model, mode=compile_mode) if compiled else model
+                fns = _closures(model, fwd, images, labels, amp, train)
                 for fn in fns.values():
-                    for _ in range(max(warmup, int(compiled))):  # a compiled row compiles here, never in a round
+                    # a compiled row compiles here, never in a round; CUDA graphs record on the second call
+                    for _ in range(max(warmup, 3 if compiled and compile_mode == "reduce-overhead" else int(compiled))):
                         fn()
             except Exception as e:  # the row reports its error (a compile that fails, memory); the others still run
                 rows[label] = {**row, "error": f"{type(e).__name__}: {e}"[:300]}
@@ -161,7 +170,11 @@ def benchmark(
     for row in rows.values():
         res = {k: v for k, v in row.items() if k != "fns"}
         for kind in row.get("fns", {}):
-            res[f"{kind}_ips"] = batch / (reduce(next(rounds)) / 1e3)
+            res[f"{kind}_ms"] = reduce(next(rounds))
+            res[f"{kind}_ips"] = batch / (res[f"{kind}_ms"] / 1e3)
+        if profile and "fns" in row:
+            name = re.sub(r"[^\w.=-]+", "_", f"b{batch}-{row['label']}-infer")
+            res["profile"] = profile_step(row["fns"]["infer"], device, profile, name)
         results.append(res)
     by_mode = {(r["model"], r["compiled"]): r for r in results if "error" not in r}
     for r in results:

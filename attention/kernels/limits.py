@@ -34,8 +34,8 @@ MIX_TRITON_MAX_HEAD_DIM = 64
 KNN_ATTN_TRITON_MAX_HEAD_DIM = 128
 
 # attention/kernels/knn_triton.py: a program keeps a sorted (BLOCK_M, next_pow2(k)) list of the nearest points so far
-# in registers and merges every tile of next_pow2(k) candidates into it with two bitonic sorts; beyond 64 neighbours
-# the sorts dominate and the chunked reference is used.
+# in registers and merges every tile of next_pow2(k) candidates into it with a bitonic sort and merge; beyond 64
+# neighbours the sorts dominate and the chunked reference is used.
 KNN_TRITON_MAX_NEIGHBORS = 64
 
 # attention/kernels/fsat_triton.py: its tiles are (rows, next_pow2(D)) with rows = 512 / next_pow2(D), so registers do

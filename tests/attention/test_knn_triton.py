@@ -59,23 +59,38 @@ from attention.kernels import knn_triton as kt
 from attention.kernels.knn_triton import knn_triton
 
 # odd sizes; C = 3 (coordinates) and feature widths that are not powers of two; k from 1 to 64 (several tiles, a
-# ragged last one); a last cloud with fewer real points than k (inf padding)
-for B, M, N, C, k, real in [(2, 7, 37, 3, 5, None), (2, 9, 70, 19, 20, 40), (1, 5, 33, 24, 33, None),
-                            (2, 6, 19, 3, 10, 6), (1, 3, 100, 5, 64, None), (2, 4, 9, 2, 1, 3)]:
+# ragged last one); a last cloud with fewer real points than k (inf padding). The exact tiles (C < 16, or k > 51)
+# and the expanded form with its rescoring (C >= 16: one and several steps of 32 channels, 32 and 64 list slots),
+# clouds far from the origin (the centring), fewer real points than list slots
+for B, M, N, C, k, real, offset in [(2, 7, 37, 3, 5, None, 0), (2, 9, 70, 19, 20, 40, 0), (1, 5, 33, 24, 33, None, 0),
+                                    (2, 6, 19, 3, 10, 6, 0), (1, 3, 100, 5, 64, None, 0), (2, 4, 9, 2, 1, 3, 0),
+                                    (2, 11, 90, 70, 24, 30, 0), (1, 6, 80, 40, 52, None, 0),
+                                    (2, 5, 60, 33, 8, None, 300), (2, 7, 50, 16, 16, 17, 0)]:
     q, r, mask = _clouds(B, M, N, C, real)
-    what = f"B={{B}} M={{M}} N={{N}} C={{C}} k={{k}} real={{real}}"
+    q, r = q + offset, r + offset
+    assert kt._blocks(k, C)[0] == ((C, k) in {{(19, 20), (24, 33), (70, 24), (33, 8)}}), (C, k)
+    what = f"B={{B}} M={{M}} N={{N}} C={{C}} k={{k}} real={{real}} offset={{offset}}"
     ref = knn(q, r, k, mask=mask, backend="torch")
     assert_same_neighbours(knn_triton(q, r, k, mask), ref, q, r, mask, what)
     assert_same_neighbours(knn(q, r, k, mask=mask, backend="triton"), ref, q, r, mask, what + " backend='triton'")
+
+# two clusters 100 apart in every channel: the centre lies between them, so the expanded form's rounding (~1e-7 of
+# |q - centre|^2 ~ 4e5) moves each distance by ~0.1, far below the gaps between neighbours but far above the rounding
+# of an exact distance: only the rescoring returns the reference's distances
+g = torch.Generator().manual_seed(3)
+side = lambda n: torch.where(torch.arange(n) % 2 == 0, 100.0, -100.0)[None, :, None]
+q, r = torch.randn(2, 11, 40, generator=g) + side(11), torch.randn(2, 90, 40, generator=g) + side(90)
+assert kt._blocks(10, 40)[0]
+assert_same_neighbours(knn_triton(q, r, 10), knn(q, r, 10, backend="torch"), q, r, None, "two clusters")
 
 # the reference points split among programs, the lists merged by the second kernel: 2 and 3 parts of several tiles,
 # more splits than tiles (fewer parts get columns), a ragged last part, a masked cloud with fewer real points than k,
 # two and three blocks of queries (M > BLOCK_M); exactly the one-part search's lists, ties included
 for B, M, N, C, k, real, splits in [(2, 9, 100, 5, 7, None, 3), (1, 6, 130, 3, 16, None, 2), (2, 5, 70, 19, 20, 12, 8),
                                     (1, 4, 200, 3, 40, None, 3), (2, 3, 45, 4, 1, 30, 4), (2, 40, 100, 3, 5, None, 3),
-                                    (1, 70, 96, 6, 12, 50, 2)]:
+                                    (1, 70, 96, 6, 12, 50, 2), (2, 9, 300, 40, 24, 100, 3)]:
     q, r, mask = _clouds(B, M, N, C, real, seed=1)
-    bk = kt._blocks(k, C)[1]
+    bk = kt._blocks(k, C)[2]
     S, tiles = kt._plan(N, bk, splits)
     assert 1 < S <= splits and S * tiles * bk >= N, (S, tiles)  # several parts, and together they cover N
     what = f"B={{B}} M={{M}} N={{N}} C={{C}} k={{k}} real={{real}} split in {{S}}"
@@ -145,28 +160,34 @@ def test_triton_knn_on_cuda_equals_reference(k: int) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
 def test_triton_knn_kernel_compiles_for_an_h100() -> None:
-    """The sorts of int64 keys, the 3-d difference tiles, the split search and its merge: compiled for sm_90 ahead of
-    time at k = 16, 32, 64. The split search takes the registers of the search in one part, the merge spills none,
-    and at k = 32 an SM holds the programs the split counts on."""
+    """The sorts of int64 keys, the 3-d difference tiles, the products and the rescoring of the expanded form, the
+    split search and its merge: compiled for sm_90 ahead of time at k = 8, 16, 24, 32, 64. In the exact form the split
+    search takes the registers of the search in one part and spills nothing up to k = 32 (the expanded form a few
+    bytes of stack at most, the merge nothing), and at k = 32 an SM holds the programs the split counts on."""
     from attention.kernels import knn_triton as kt
 
     skip_if_interpreted(kt._knn_kernel)
-    ptrs = {"q_ptr": "*fp32", "r_ptr": "*fp32", "mask_ptr": "*u8", "dist_ptr": "*fp32", "idx_ptr": "*i64"}
+    ptrs = {"q_ptr": "*fp32", "r_ptr": "*fp32", "centre_ptr": "*fp32", "mask_ptr": "*u8", "dist_ptr": "*fp32",
+            "idx_ptr": "*i64"}  # fmt: skip
     sizes = {"M": "i32", "N": "i32", "C": "i32", "k": "i32", "S": "i32", "tiles": "i32"}
-    for k, C in ((16, 3), (32, 128), (64, 64)):
-        bm, bk, bc, warps = kt._blocks(k, C)
+    for k, C in ((16, 3), (32, 3), (8, 64), (24, 128), (32, 128), (64, 64)):
+        expanded, bm, bk, bc, rc, warps = kt._blocks(k, C)
         usage = {}
         for split in (False, True):
-            consts = {"HAS_MASK": True, "SPLIT": split, "BLOCK_M": bm, "BLOCK_K": bk, "BLOCK_C": bc}
+            consts = {"HAS_MASK": True, "SPLIT": split, "EXPANDED": expanded, "BLOCK_M": bm, "BLOCK_K": bk,
+                      "BLOCK_C": bc, "RESCORE_C": rc}  # fmt: skip
             sig = {**ptrs, "part_ptr": "*i64", **sizes}
             usage[split] = compile_for_sm90(kt._knn_kernel, sig, consts, warps, enable_fp_fusion=False)
         sig = {"part_ptr": "*i64", "dist_ptr": "*fp32", "idx_ptr": "*i64", "M": "i32", "k": "i32", "S": "i32"}
         merge = compile_for_sm90(kt._knn_merge_kernel, sig, {"BLOCK_M": bm, "BLOCK_K": bk}, warps)
         if merge is None:  # no cuobjdump in this triton
             continue
+        assert merge["spill_bytes"] == 0, (k, "merge", merge)
+        if expanded:  # its register use swings with the mask and the split (168-255); a few bytes of stack at most
+            assert all(u["spill_bytes"] <= 16 for u in usage.values()), (k, C, usage)
+            continue
         # the split changes only where the list goes: the search loop takes the registers it took in one part
         assert usage[True] == usage[False], (k, C, usage)
-        assert merge["spill_bytes"] == 0, (k, "merge", merge)
         if k <= 32:
             assert usage[True]["spill_bytes"] == 0, (k, C, usage)
         if k == 32:  # the resident programs _PROGRAMS_PER_SM counts on (65536 registers an SM)

@@ -13,7 +13,7 @@ from vision.bench import OURS_1
 def test_tiny_run_has_deit_baselines_and_ratios(tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
     argv = ["--batch", "2", "--img-size", "32", "--repeats", "1", "--warmup", "0", "--models", OURS_1,
-            "settrans_deit_small_patch16_224", "--json", str(path)]  # fmt: skip
+            "settrans_deit_small_patch16_224", "--json", str(path), "--profile", str(tmp_path / "prof")]  # fmt: skip
     run = run_tool("bench_vision", argv)
     assert run.returncode == 0, run.stderr
     payload = json.loads(path.read_text())
@@ -28,3 +28,11 @@ def test_tiny_run_has_deit_baselines_and_ratios(tmp_path: Path) -> None:
         "infer vs DeiT" in run.stdout and "target: Ours-1 inference images/s vs DeiT-tiny on CPU >= 1.4x" in run.stdout
     )
     assert "  built deit_tiny_patch16_224" in run.stderr  # each model as it is built
+    # --profile: each row's inference call under torch.profiler, an op table and a trace each, and a table of them
+    assert "## profile, inference (" in run.stdout and f"| {OURS_1} " in run.stdout
+    for r in results:
+        table = r["profile"]["table"]
+        assert table == f"b2-{r['label']}-infer.txt" and r["profile"]["device_ms"] is None  # CPU
+        assert (tmp_path / "prof" / table).read_text().startswith(f"b2-{r['label']}-infer: 3 steps")
+        assert (tmp_path / "prof" / table.replace(".txt", ".trace.json")).stat().st_size > 0
+        assert r["infer_ms"] > 0 and abs(r["infer_ips"] - 2 / (r["infer_ms"] / 1e3)) < 1e-6 * r["infer_ips"]

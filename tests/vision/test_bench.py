@@ -19,10 +19,10 @@ def test_ours_target_is_per_device_and_needs_the_row() -> None:
 def test_ours_target_takes_the_better_mode_of_a_both_run() -> None:
     """``--compile both``: each model eager and compiled, each ratio against DeiT-tiny run the same way."""
     rows = [{"model": OURS_1, "compiled": False, "infer_vs_deit": 1.36},
-            {"model": OURS_1, "compiled": True, "infer_vs_deit": 1.52}]  # fmt: skip
+            {"model": OURS_1, "compiled": True, "compile_mode": "reduce-overhead", "infer_vs_deit": 1.52}]  # fmt: skip
     best = ours_target(rows, "cuda")
     assert best["measured"] == 1.52 and best["met"] is True
-    assert best["detail"] == "compiled; eager 1.36, compiled 1.52"
+    assert best["detail"] == "compiled (reduce-overhead); eager 1.36, compiled (reduce-overhead) 1.52"
 
 
 def test_registered_lists_every_vision_model() -> None:
@@ -52,21 +52,24 @@ def test_compile_both_times_each_model_both_ways_against_deit_run_the_same_way(m
     with the compiled DeiT; the eager rows with the eager DeiT."""
     import torch
 
-    compiled = []
+    compiled, calls = [], []
 
-    def spy(model):
-        compiled.append(type(model).__name__)
-        return lambda x: model(x)
+    def spy(model, mode=None):
+        compiled.append((type(model).__name__, mode))
+        return lambda x: calls.append(type(model).__name__) or model(x)
 
     monkeypatch.setattr(torch, "compile", spy)
     settings = dict(batch=2, img_size=32, repeats=1, warmup=0, stat="median", amp=False, compile_models="both")
-    results = benchmark(model_names([OURS_1]), "cpu", **settings, train=False)
+    results = benchmark(model_names([OURS_1]), "cpu", **settings, train=False, compile_mode="reduce-overhead")
     assert [(r["label"], r["compiled"]) for r in results] == [
         (BASELINES["tiny"], False), (f"{BASELINES['tiny']} compiled", True),
         (OURS_1, False), (f"{OURS_1} compiled", True),
     ]  # fmt: skip
-    assert compiled == ["VisionTransformer", "CentroidViT"]
+    assert compiled == [("VisionTransformer", "reduce-overhead"), ("CentroidViT", "reduce-overhead")]
+    # CUDA graphs: three untimed calls each (compile, record, replay) before the timed round's one
+    assert calls == ["VisionTransformer"] * 3 + ["CentroidViT"] * 3 + ["VisionTransformer", "CentroidViT"]
     by = {r["label"]: r for r in results}
+    assert [r["compile_mode"] for r in results] == [None, "reduce-overhead"] * 2
     assert by[f"{BASELINES['tiny']} compiled"]["infer_vs_deit"] == 1.0
     ratio = by[f"{OURS_1} compiled"]["infer_ips"] / by[f"{BASELINES['tiny']} compiled"]["infer_ips"]
     assert by[f"{OURS_1} compiled"]["infer_vs_deit"] == pytest.approx(ratio)
@@ -77,7 +80,7 @@ def test_compile_both_times_each_model_both_ways_against_deit_run_the_same_way(m
 def test_a_model_that_fails_to_compile_reports_its_error_and_the_others_are_timed(monkeypatch) -> None:
     import torch
 
-    def spy(model):
+    def spy(model, mode=None):
         if type(model).__name__ == "CentroidViT":
             return lambda x: (_ for _ in ()).throw(RuntimeError("inductor failed"))
         return lambda x: model(x)
