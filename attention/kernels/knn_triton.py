@@ -84,18 +84,23 @@ def _store(best, dist_ptr, idx_ptr, b, offs_m, offs_t, in_m, M, k):
 
 
 @triton.jit
+def _rows(base, offs, in_rows, c0, offs_c, C):
+    """Channels ``c0 + offs_c`` of the rows ``offs`` of a ``(rows, C)`` block, zero past C and for rows not
+    ``in_rows`` (int64 offsets: N C may pass 2^31 in a large cloud)."""
+    in_c = c0 + offs_c < C
+    return tl.load(base + offs[:, None].to(tl.int64) * C + (c0 + offs_c)[None, :],
+                   mask=in_rows[:, None] & in_c[None, :], other=0.0)  # fmt: skip
+
+
+@triton.jit
 def _exact_tile(q_base, r_base, offs_m, offs_n, in_m, in_n, C, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                 BLOCK_C: tl.constexpr):  # fmt: skip
     """``sum_c (q_c - r_c)^2`` of every query with every column of a tile, ``(BLOCK_M, BLOCK_K)`` float32."""
     offs_c = tl.arange(0, BLOCK_C)
     d = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
     for c0 in range(0, loop_bound(C), BLOCK_C):
-        in_c = c0 + offs_c < C
-        # int64 rows: N C may pass 2^31 in a large cloud
-        qc = tl.load(q_base + offs_m[:, None].to(tl.int64) * C + (c0 + offs_c)[None, :],
-                     mask=in_m[:, None] & in_c[None, :], other=0.0)  # fmt: skip
-        rc = tl.load(r_base + offs_n[:, None].to(tl.int64) * C + (c0 + offs_c)[None, :],
-                     mask=in_n[:, None] & in_c[None, :], other=0.0)  # fmt: skip
+        qc = _rows(q_base, offs_m, in_m, c0, offs_c, C)
+        rc = _rows(r_base, offs_n, in_n, c0, offs_c, C)
         diff = qc[:, None, :] - rc[None, :, :]  # (BLOCK_M, BLOCK_K, BLOCK_C)
         d += tl.sum(diff * diff, axis=2)
     return d
@@ -112,8 +117,7 @@ def _expanded_tile(q_base, r_base, centre_base, q_sq, offs_m, offs_n, in_m, in_n
     for c0 in range(0, loop_bound(C), BLOCK_C):
         in_c = c0 + offs_c < C
         centre = tl.load(centre_base + c0 + offs_c, mask=in_c, other=0.0)  # channels past C: 0 - 0
-        qc = tl.load(q_base + offs_m[:, None].to(tl.int64) * C + (c0 + offs_c)[None, :],
-                     mask=in_m[:, None] & in_c[None, :], other=0.0) - centre[None, :]  # fmt: skip
+        qc = _rows(q_base, offs_m, in_m, c0, offs_c, C) - centre[None, :]
         rc = (
             tl.load(
                 r_base + offs_n[None, :].to(tl.int64) * C + (c0 + offs_c)[:, None],
@@ -129,13 +133,12 @@ def _expanded_tile(q_base, r_base, centre_base, q_sq, offs_m, offs_n, in_m, in_n
 
 @triton.jit
 def _centred_sq_norms(q_base, centre_base, offs_m, in_m, C, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr):
+    """``|q - centre|^2`` of each query, ``(BLOCK_M,)``."""
     offs_c = tl.arange(0, BLOCK_C)
     q_sq = tl.zeros([BLOCK_M], tl.float32)
     for c0 in range(0, loop_bound(C), BLOCK_C):
-        in_c = c0 + offs_c < C
-        centre = tl.load(centre_base + c0 + offs_c, mask=in_c, other=0.0)
-        qc = tl.load(q_base + offs_m[:, None].to(tl.int64) * C + (c0 + offs_c)[None, :],
-                     mask=in_m[:, None] & in_c[None, :], other=0.0) - centre[None, :]  # fmt: skip
+        centre = tl.load(centre_base + c0 + offs_c, mask=c0 + offs_c < C, other=0.0)
+        qc = _rows(q_base, offs_m, in_m, c0, offs_c, C) - centre[None, :]
         q_sq += tl.sum(qc * qc, axis=1)
     return q_sq
 
@@ -151,8 +154,7 @@ def _rescore(best, q_base, r_base, mask_ptr, b, offs_m, in_m, N, C, HAS_MASK: tl
     d = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
     for c0 in range(0, loop_bound(C), BLOCK_C):
         in_c = c0 + offs_c < C
-        qc = tl.load(q_base + offs_m[:, None].to(tl.int64) * C + (c0 + offs_c)[None, :],
-                     mask=in_m[:, None] & in_c[None, :], other=0.0)  # fmt: skip
+        qc = _rows(q_base, offs_m, in_m, c0, offs_c, C)
         rc = tl.load(r_base + idx[:, :, None] * C + (c0 + offs_c)[None, None, :],
                      mask=filled[:, :, None] & in_c[None, None, :], other=0.0)  # fmt: skip
         diff = qc[:, None, :] - rc  # (BLOCK_M, BLOCK_K, BLOCK_C)
