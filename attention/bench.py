@@ -26,6 +26,7 @@ from torch import Tensor
 
 from engine.bench import (
     allow_recompiles,
+    capture_graphs,
     current_rss_bytes,
     peak_rss_bytes,
     peak_tensor_bytes,
@@ -218,11 +219,11 @@ def _measured(row: dict, key: str) -> bool:
 
 def mixer_kernel_targets(results: Sequence[dict], device: str, batch: int | None = None) -> list[dict]:
     """The targets of the fused FSAT and Hydra kernels, from ``tools/bench_mixers.py``'s rows of ``fsat`` and
-    ``hydra`` (what "auto" runs; each row's ``path`` names the backend), or of their ``-fused-compiled`` and
-    ``-fused-graphs`` rows where those ran faster (the detail names the row): FSAT's time and peak memory as
-    fractions of vanilla attention's at 4K, FSAT's and Hydra's time as fractions of SDPA's from 8K / 4K on (the
-    largest), and Hydra's time growth from 8K to 16K. No verdict for a row not measured (the detail says which).
-    ``batch``, where given, goes into the names."""
+    ``hydra`` (what "auto" runs; each row's ``path`` names the backend), or of their ``-fused-compiled``,
+    ``-fused-graphs`` and ``-fused-captured`` rows where those ran faster (the detail names the row): FSAT's time and
+    peak memory as fractions of vanilla attention's at 4K, FSAT's and Hydra's time as fractions of SDPA's from
+    8K / 4K on (the largest), and Hydra's time growth from 8K to 16K. No verdict for a row not measured (the detail
+    says which). ``batch``, where given, goes into the names."""
     by = {(r["L"], r["mixer"]): r for r in results}
     b = _at_batch(batch)
 
@@ -424,12 +425,16 @@ def numba_first_call_ms() -> tuple[float, float]:
 # materialized, SDPA, the KNN forms of attention.CentroidAttention ("knn" = gather), and torch.compile of the KNN path
 # as "auto" chose it before the fused kernel existed (masked while N / K <= MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR, else
 # gather): what the compiler alone gives; and of the fused kernel's path (the kernel an opaque op in the graph); the
-# "-graphs" rows compile with mode="reduce-overhead" (CUDA graphs: one replay a step), the fused step and SDPA's.
+# "-graphs" rows compile with mode="reduce-overhead" (CUDA graphs: one replay a step), the "-captured" rows capture the
+# eager step whole (engine.bench.capture_graphs: no compiler, no guards), the fused step and SDPA's.
 CENTROID_PATHS = ("dense-matmul", "dense-sdpa", "knn", "knn-masked", "knn-triton", "knn-compiled",
-                  "knn-triton-compiled", "knn-triton-graphs", "dense-sdpa-graphs")  # fmt: skip
+                  "knn-triton-compiled", "knn-triton-graphs", "dense-sdpa-graphs", "knn-triton-captured",
+                  "dense-sdpa-captured")  # fmt: skip
 _KNN_FORMS = {"knn": "gather", "knn-masked": "masked", "knn-triton": "triton", "knn-triton-compiled": "triton",
-              "knn-triton-graphs": "triton"}  # fmt: skip
-_FUSED_STEPS = ("knn-triton", "knn-triton-compiled", "knn-triton-graphs")  # the fused step eager, compiled, graphed
+              "knn-triton-graphs": "triton", "knn-triton-captured": "triton"}  # fmt: skip
+# the fused step eager, compiled, and in CUDA graphs both ways; the graph forms of the fused step and of SDPA
+_FUSED_STEPS = ("knn-triton", "knn-triton-compiled", "knn-triton-graphs", "knn-triton-captured")
+_GRAPHED = {"fused": ("knn-triton-graphs", "knn-triton-captured"), "sdpa": ("dense-sdpa-graphs", "dense-sdpa-captured")}
 CENTROID_TARGET_POINTS = (1024, 16384)  # the fused KNN step must beat SDPA in time and peak memory at every N here
 CENTROID_HEADERS = ["N", "M", "path", "ms", "peak MB", "speedup vs matmul", "memory vs matmul", "speedup vs sdpa",
                     "memory vs sdpa"]  # fmt: skip
@@ -443,14 +448,14 @@ def _compiled_form(N: int, K: int) -> str:
 def centroid_path_skipped(path: str, device: str, compiled: bool) -> str | None:
     """Why ``tools/bench_centroid.py`` does not time ``path`` on ``device``, or None: the Triton kernel needs CUDA (and
     triton), and the CUDA-graph rows CUDA; the compiled rows are left out unless asked for (compiling on a CPU takes
-    minutes per shape)."""
+    minutes per shape). The captured rows compile nothing and run on CUDA either way."""
     cuda = torch.device(device).type == "cuda"
     if path.startswith("knn-triton"):
         if not cuda:
             return "needs CUDA (the fused Triton kernel)"
         if not backends.HAS_TRITON:
             return f"needs {backends.INSTALL_HINTS['triton']}"
-    if path.endswith("-graphs") and not cuda:
+    if path.endswith(("-graphs", "-captured")) and not cuda:
         return "needs CUDA (CUDA graphs)"
     if path.endswith(("-compiled", "-graphs")) and not compiled:
         return "torch.compile row not requested (--compiled yes; default on CUDA only)"
@@ -466,7 +471,8 @@ def measure_centroid(cfg: dict) -> dict:
     The ``-compiled`` paths compile the layer (static shapes) in their warm-up step and report the form they compiled;
     the ``-graphs`` paths compile it with ``mode="reduce-overhead"`` and report no peak: their tensors live in the
     graphs' private pool, whose allocator state torch's cudagraph trees checkpoint and restore, so the allocator's
-    peak does not measure a step there (the same holds for ``measure_mixer``'s CUDA-graph rows).
+    peak does not measure a step there (the same holds for ``measure_mixer``'s CUDA-graph rows). The ``-captured``
+    paths capture the eager step whole (:func:`engine.bench.capture_graphs`) and report no peak either.
     """
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
@@ -483,6 +489,8 @@ def measure_centroid(cfg: dict) -> dict:
         allow_recompiles()  # a layer per (N, path): each one more graph of the layer's forward
         mode = "reduce-overhead" if path.endswith("-graphs") else None
         forward = torch.compile(layer, dynamic=False, mode=mode)
+    elif path.endswith("-captured"):
+        forward = capture_graphs(layer, x, u)  # the warm-up steps and the capture run here
 
     def step() -> None:
         forward(x, u).sum().backward()
@@ -492,6 +500,8 @@ def measure_centroid(cfg: dict) -> dict:
     step()  # warm-up (Triton and torch.compile compile here); then measure the peak of one clean step
     if path.endswith("-graphs") and device.type == "cuda":
         step(), step()  # cudagraph trees record (the first step warmed up), then replay, as the timed steps do
+        peak = None
+    elif path.endswith("-captured"):
         peak = None
     elif device.type == "cuda":
         torch.cuda.synchronize()
@@ -509,7 +519,7 @@ def measure_centroid(cfg: dict) -> dict:
     out = {"ms": ms, "peak_mb": None if peak is None else peak / 2**20}
     if cfg.get("profile"):
         out["profile"] = profile_step(step, device, cfg["profile"], f"N{N}-{path}")
-    return out | ({"form": form} if path.endswith(("-compiled", "-graphs")) and knn else {})
+    return out | ({"form": form} if path.endswith(("-compiled", "-graphs", "-captured")) and knn else {})
 
 
 def centroid_results(
@@ -583,7 +593,8 @@ def centroid_targets(rows: Sequence[dict], device: str) -> list[dict]:
 
     * its slowest speedup over eager SDPA (> 1 wanted), the fused step as it ran fastest (eager, compiled or in CUDA
       graphs: what a user can choose; the detail names the row);
-    * the same with both in CUDA graphs (``knn-triton-graphs`` over ``dense-sdpa-graphs``): both run the same way;
+    * the same with both in CUDA graphs (each its faster graph row, compiled with ``reduce-overhead`` or captured):
+      both run the same way;
     * its largest peak-memory ratio over SDPA, both eager (< 1 wanted).
     """
     lo, hi = CENTROID_TARGET_POINTS
@@ -591,11 +602,13 @@ def centroid_targets(rows: Sequence[dict], device: str) -> list[dict]:
     sizes = sorted({r["N"] for r in rows if lo <= r["N"] <= hi})
     span = f"N = {lo // 1024}K-{hi // 1024}K"
 
-    def worst(fused_paths: Sequence[str], base_path: str, key: str, pick) -> tuple[float | None, str]:
-        """The worst ratio over the sizes (``pick``: min of speedups, max of memory ratios) of the best fused row."""
+    def worst(fused_paths: Sequence[str], base_paths: Sequence[str], key: str, pick) -> tuple[float | None, str]:
+        """The worst ratio over the sizes (``pick``: min of speedups, max of memory ratios) of the best fused row
+        against the best base row."""
         pairs, notes = [], {}
         for n in sizes:
-            base = by.get((n, base_path), {"note": f"no {base_path} row (--paths)"})
+            bases = [by.get((n, p), {"note": f"no {p} row (--paths)"}) for p in base_paths]
+            base = min((b for b in bases if b.get(key) is not None), key=lambda b: b[key], default=bases[0])
             runs = [by.get((n, p), {"note": f"no {p} row (--paths)"}) | {"path": p} for p in fused_paths]
             ran = [r for r in runs if r.get(key) is not None]
             if not ran or base.get(key) is None:
@@ -607,22 +620,24 @@ def centroid_targets(rows: Sequence[dict], device: str) -> list[dict]:
                 continue
             best = min(ran, key=lambda r: r[key])
             ratio = base[key] / best[key] if key == "ms" else best[key] / base[key]
-            pairs.append((ratio, n, best["path"]))
+            names = [best["path"]] if len(fused_paths) > 1 else []
+            names += [base["path"]] if len(base_paths) > 1 else []
+            pairs.append((ratio, n, " vs ".join(names)))
         if notes:
             return None, "; ".join(f"{why} (N={', '.join(ns)})" for why, ns in notes.items())
         if not pairs:
             return None, "no N in range measured"
-        value, n, path = pick(pairs, key=lambda p: p[0])
+        value, n, names = pick(pairs, key=lambda p: p[0])
         ns = ", ".join(str(p[1]) for p in sorted(pairs, key=lambda p: p[1]))
-        return value, f"worst at N={n} of {ns}" + (f" ({path})" if len(fused_paths) > 1 else "")
+        return value, f"worst at N={n} of {ns}" + (f" ({names})" if names else "")
 
-    speed, where = worst(_FUSED_STEPS, "dense-sdpa", "ms", min)
+    speed, where = worst(_FUSED_STEPS, ("dense-sdpa",), "ms", min)
     out = [target(f"fused KNN step (its fastest row) vs eager SDPA speedup at every {span}", speed, ">", 1,
                   device=device, on="cuda", detail=where)]  # fmt: skip
-    speed, where = worst(("knn-triton-graphs",), "dense-sdpa-graphs", "ms", min)
+    speed, where = worst(_GRAPHED["fused"], _GRAPHED["sdpa"], "ms", min)
     out.append(target(f"fused KNN step vs SDPA speedup at every {span}, both in CUDA graphs", speed, ">", 1,
                       device=device, on="cuda", detail=where))  # fmt: skip
-    ratio, where = worst(("knn-triton",), "dense-sdpa", "peak_mb", max)
+    ratio, where = worst(("knn-triton",), ("dense-sdpa",), "peak_mb", max)
     out.append(target(f"fused KNN step vs SDPA peak memory at every {span}", ratio, "<", 1, device=device, on="cuda",
                       unit="", detail=where))  # fmt: skip
     return out
@@ -635,12 +650,14 @@ MIXER_BASELINES = ("attention-matmul", "attention-sdpa")
 # the plain PyTorch path auto picks without them, "<name>-compiled" that path under torch.compile (what the compiler
 # alone gives), "<name>-fused-compiled" the kernels under torch.compile (inductor fuses the ops around them: what
 # "auto" runs in a compiled model), "<name>-fused-graphs" the same compiled with mode="reduce-overhead" (CUDA graphs
-# replay the whole step: no CPU cost a launch, which bounds a small batch).
+# replay the whole step: no CPU cost a launch, which bounds a small batch), "<name>-fused-captured" the eager kernels
+# captured whole into CUDA graphs (engine.bench.capture_graphs: no compiler and no guards, the least host work a step).
 KERNEL_MIXERS = {"fsat": ("fsat_edges", "edge_backend"), "hydra": ("quasiseparable_mix", "backend")}
 BENCH_MIXERS = (*MIXER_BASELINES, "fsat", "fsat-torch", "fsat-compiled", "fsat-fused-compiled", "fsat-fused-graphs",
-                "fat", "linear", "lowrank", "toeplitz", "hydra", "hydra-torch", "hydra-compiled",
-                "hydra-fused-compiled", "hydra-fused-graphs", "cauchy", "vandermonde")  # fmt: skip
-_FUSED_VARIANTS = ("fused-compiled", "fused-graphs")  # the kernels, compiled (KERNEL_MIXERS' rows)
+                "fsat-fused-captured", "fat", "linear", "lowrank", "toeplitz", "hydra", "hydra-torch", "hydra-compiled",
+                "hydra-fused-compiled", "hydra-fused-graphs", "hydra-fused-captured", "cauchy",
+                "vandermonde")  # fmt: skip
+_FUSED_VARIANTS = ("fused-compiled", "fused-graphs", "fused-captured")  # the kernels compiled, or captured
 QUADRATIC_MIXERS = ("cauchy", "vandermonde", "cauchy_static", "vandermonde_static")  # O(L^2 D) operations
 _COMPILED_PATHS = {"fsat": "gather"}  # dynamo does not trace the csr products' sparse tensors
 
@@ -681,13 +698,17 @@ def measure_mixer(cfg: dict) -> dict:
     """Time (ms) and peak memory (MB) of one training step ``mixer(x).sum().backward()`` of one configuration
     ``{"mixer", "device", "B", "L", "C", "H", "repeats"}``: one warm-up step, one step under the memory tracker, then
     the median of ``repeats`` clean steps (the tracked one carries the tracker's per-op overhead). A CUDA-graph row
-    on CUDA: three untimed steps (compile and warm up, record, replay), then the timed replays; no peak (the graphs'
-    pool, :func:`measure_centroid`)."""
+    on CUDA: three untimed steps (compile and warm up, record, replay), then the timed replays; a captured row: the
+    capture's own warm-up steps (:func:`engine.bench.capture_graphs`), one untimed replay, then the timed ones. Neither
+    reports a peak (the graphs' pool, :func:`measure_centroid`)."""
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
     B, L, C, H = cfg["B"], cfg["L"], cfg["C"], cfg["H"]
     layer = _bench_mixer(cfg["mixer"], C, H, L, device).to(device).train()
     x = torch.randn(B, L, C, device=device, requires_grad=True)
+    captured = cfg["mixer"].endswith("-captured")
+    if captured:
+        layer = capture_graphs(layer, x)
 
     def step() -> None:
         layer(x).sum().backward()
@@ -698,6 +719,8 @@ def measure_mixer(cfg: dict) -> dict:
     if cfg["mixer"].endswith("-graphs") and device.type == "cuda":
         step(), step()  # cudagraph trees record (the first step warmed up), then replay, as the timed steps do
         peak_mb = None  # the graphs' pool: no peak (see measure_centroid)
+    elif captured:
+        peak_mb = None
     else:
         # Peak memory of one step: exact tensor accounting on CPU (tensors the step creates: activations, gradients,
         # temporaries), the allocator's peak above what was allocated before on CUDA.
@@ -751,7 +774,7 @@ def mixer_rows(
             if name.endswith("-torch") and paths[name] == mixer_path(base, device, C // H):
                 res[name] = {"error": f"skipped: the {base} row runs this path ({paths[name]}) on {device}"}
                 continue
-            if name.endswith(("-fused-compiled", "-fused-graphs")) and paths[name] != "triton":
+            if name.endswith(tuple(f"-{v}" for v in _FUSED_VARIANTS)) and paths[name] != "triton":
                 res[name] = {"error": f"skipped: no fused kernel runs on {device} ({base} takes {paths[name]})"}
                 continue
             cfg = dict(mixer=name, device=device, B=B, L=L, C=C, H=H, repeats=repeats, profile=profile)
@@ -761,7 +784,8 @@ def mixer_rows(
             row = {"L": L, "mixer": name, **r}
             if paths[name] is not None:
                 mode = name.rpartition("-")[2]
-                row["path"] = paths[name] + {"compiled": " compiled", "graphs": " CUDA graphs"}.get(mode, "")
+                modes = {"compiled": " compiled", "graphs": " CUDA graphs", "captured": " captured CUDA graphs"}
+                row["path"] = paths[name] + modes.get(mode, "")
             if "ms" in r:
                 for base in MIXER_BASELINES:
                     row[f"speedup vs {base}"] = _ratio(res[base].get("ms"), r["ms"])

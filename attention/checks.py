@@ -6,8 +6,9 @@ their data can switch all checks off with :func:`set_input_checks` or the :func:
 
 Checks are eager-mode only: :func:`checks_active` is False while FX, TorchScript, ``torch.jit.trace``, dynamo
 (``torch.compile``) or ``torch.export`` trace a model, so no data-dependent check (``isfinite`` reductions, host
-syncs) and no read of the process-global switch ends up in a traced graph. Validate a model's input in eager mode
-(e.g. ``model.check_inputs``) before exporting it.
+syncs) and no read of the process-global switch ends up in a traced graph; and while a CUDA graph is being captured
+(``torch.cuda.graph``, ``torch.cuda.make_graphed_callables``), where reading a value back is not permitted. Validate a
+model's input in eager mode (e.g. ``model.check_inputs``) before exporting or capturing it.
 """
 
 from __future__ import annotations
@@ -70,12 +71,18 @@ def _exporting() -> bool:
     return torch.compiler.is_exporting() if flag is None else flag
 
 
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False before CUDA is initialized, e.g. on a CPU)."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
 def checks_active() -> bool:
-    """Whether a layer's forward should validate its inputs now: the switch is on and nothing is tracing it.
+    """Whether a layer's forward should validate its inputs now: the switch is on, nothing is tracing it and no CUDA
+    graph is being captured.
 
     Callers guard with ``if not torch.jit.is_scripting() and checks_active():`` so TorchScript skips the check too.
     """
-    return _ENABLED and not is_tracing()
+    return _ENABLED and not is_tracing() and not _capturing()
 
 
 @contextlib.contextmanager

@@ -46,6 +46,17 @@ def allow_recompiles(limit: int = RECOMPILE_LIMIT) -> None:
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
 
 
+def capture_graphs(module: torch.nn.Module, *sample_args: torch.Tensor) -> torch.nn.Module:
+    """``module`` with its forward and backward captured whole into CUDA graphs
+    (``torch.cuda.make_graphed_callables``: a few warm-up steps, then the capture, on a side stream): a call copies
+    its inputs into the graphs' static buffers and replays one graph forward and one backward, with no compiler and
+    no guards, the least host work a step of eager kernels can take. Shapes, dtypes and ``requires_grad`` of the
+    inputs are those of ``sample_args``; the forward must not read values back (the package's input checks stand
+    aside during a capture, :func:`attention.checks.checks_active`). The graphs' tensors live in their own memory
+    pool, so the allocator's peak does not measure a replayed step."""
+    return torch.cuda.make_graphed_callables(module, sample_args)
+
+
 def time_fn(fn: Callable[[], object], device: torch.device | str, repeats: int = 5, warmup: int = 1) -> float:
     """Median wall time of ``fn`` in milliseconds, after ``warmup`` untimed calls."""
     for _ in range(warmup):

@@ -19,13 +19,16 @@ Implementations of one attention step from M centroids to N inputs, with the sam
 * ``knn-triton-compiled``: ``torch.compile`` of the layer with the fused kernel, which stays one opaque operator in
   the compiled graph (:mod:`attention.kernels.ops`): what a compiled model runs (``--compiled``; CUDA only);
 * ``knn-triton-graphs``, ``dense-sdpa-graphs``: the fused step and SDPA's compiled with ``mode="reduce-overhead"``
-  (CUDA graphs: a step is one replay, no per-kernel launch cost; ``--compiled``; CUDA only).
+  (CUDA graphs: a step is one replay, no per-kernel launch cost; ``--compiled``; CUDA only);
+* ``knn-triton-captured``, ``dense-sdpa-captured``: the same eager steps captured whole into CUDA graphs
+  (:func:`engine.bench.capture_graphs`: one replay forward and one backward, no compiler and no guards, the least
+  host work a step; CUDA only).
 
 Peak memory is the growth of the peak resident set of a fresh process during forward + backward on CPU (a process
 per configuration), and ``torch.cuda.max_memory_allocated`` on CUDA (all in this process; ``--isolate`` says).
 Ratios are against ``dense-matmul`` and ``dense-sdpa`` of the same N. Targets (:func:`attention.bench.
 centroid_targets`, verdicts on CUDA): the fused step faster than SDPA at every N from 1K to 16K (its fastest row
-against eager SDPA, and both in CUDA graphs), with a lower peak (both eager).
+against eager SDPA, and both in CUDA graphs, each its faster graph row), with a lower peak (both eager).
 """
 
 from __future__ import annotations

@@ -28,8 +28,10 @@ tensors), compiled in the warm-up step: what the compiler alone gives. ``fsat-fu
 (:mod:`attention.kernels.ops`) while inductor fuses the small ops around them: what ``"auto"`` runs in a compiled
 model. ``fsat-fused-graphs`` / ``hydra-fused-graphs`` compile them with ``mode="reduce-overhead"``: CUDA graphs replay
 the whole step without a CPU cost per launch, which bounds small batches (their peak memory is that of the warm-up
-and capture steps, whose tensors the graphs' pool keeps). The fused rows run on CUDA only (a CPU run skips them). The
-table names each of these rows' path.
+and capture steps, whose tensors the graphs' pool keeps). ``fsat-fused-captured`` / ``hydra-fused-captured`` capture
+the eager kernels' step whole (:func:`engine.bench.capture_graphs`: one replay forward and one backward, no compiler
+and no guards, the least host work a step). The fused rows run on CUDA only (a CPU run skips them). The table names
+each of these rows' path.
 
 Cauchy and Vandermonde cost O(L^2 D) operations (their matrices are sums over D): on CPU they run up to
 ``--max-quadratic-len``; their ``dense BHLLD MB`` column is what materializing the ``(B, H, L, L, D)`` tensor of the
@@ -38,11 +40,11 @@ the default ``backend="auto"``: the chunked PyTorch path on CPU, the Triton kern
 ``attention/kernels/mixers_triton.py`` with ``--device cuda``.
 
 Targets (on CUDA; printed under the table and written with every row to ``--json``): FSAT faster than SDPA at
-L >= 16K (:func:`attention.bench.fsat_target`), and those of the fused kernels, eager, compiled or in CUDA graphs,
-whichever row ran fastest (:func:`attention.bench.mixer_kernel_targets`, for B = 1 and B = 8): FSAT at most 0.4x vanilla
-attention's time and 0.16x its peak memory at 4K and faster than SDPA from 8K, Hydra faster than SDPA from 4K and at
-most 2.2x slower at 16K than at 8K. ``--batch`` takes several sizes, one table each, the batch named in each
-verdict::
+L >= 16K (:func:`attention.bench.fsat_target`), and those of the fused kernels, eager, compiled or in CUDA graphs
+(compiled or captured), whichever row ran fastest (:func:`attention.bench.mixer_kernel_targets`, for B = 1 and
+B = 8): FSAT at most 0.4x vanilla attention's time and 0.16x its peak memory at 4K and faster than SDPA from 8K,
+Hydra faster than SDPA from 4K and at most 2.2x slower at 16K than at 8K. ``--batch`` takes several sizes, one table
+each, the batch named in each verdict::
 
     python tools/bench_mixers.py --device cuda --lengths 1024 2048 4096 8192 16384 --batch 1 8
 """

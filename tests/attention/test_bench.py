@@ -79,7 +79,8 @@ def test_centroid_rows_carry_ratios_against_both_dense_paths() -> None:
                                      batch=1, repeats=1, isolate=False)  # fmt: skip
     by = {r[2]: dict(zip(bench.CENTROID_HEADERS, r)) for r in bench.centroid_rows(results)}
     assert list(by) == list(bench.CENTROID_PATHS)
-    untimed = ("knn-triton", "knn-compiled", "knn-triton-compiled", "knn-triton-graphs", "dense-sdpa-graphs")
+    untimed = ("knn-triton", "knn-compiled", "knn-triton-compiled", "knn-triton-graphs", "dense-sdpa-graphs",
+               "knn-triton-captured", "dense-sdpa-captured")  # fmt: skip
     assert {by[path]["ms"] for path in untimed} == {"not measured (see above)"}
     timed = {path: r for path, r in by.items() if path not in untimed}
     assert timed["dense-matmul"]["speedup vs matmul"] == 1.0 and timed["dense-sdpa"]["speedup vs sdpa"] == 1.0
@@ -173,7 +174,8 @@ def test_kernel_mixer_rows_name_their_path_and_skip_a_torch_row_that_repeats_aut
     assert bench.mixer_path("hydra-fused-compiled", "cuda", 64) == "triton"
     assert bench.mixer_path("fsat-fused-graphs", "cuda", 64) == bench.mixer_path("hydra-fused-graphs", "cuda", 64)
     assert bench.mixer_path("hydra-fused-graphs", "cuda", 64) == "triton"
-    mixers = ["fsat", "fsat-torch", "fsat-fused-compiled", "hydra", "hydra-fused-graphs"]
+    assert bench.mixer_path("fsat-fused-captured", "cuda", 64) == "triton"
+    mixers = ["fsat", "fsat-torch", "fsat-fused-compiled", "hydra", "hydra-fused-graphs", "hydra-fused-captured"]
     results = bench.mixer_rows("cpu", [32], mixers, dim=16, heads=2, batch=1, repeats=1, max_quadratic_len=None,
                                isolate=False)  # fmt: skip
     by = {r["mixer"]: r for r in results}
@@ -181,33 +183,36 @@ def test_kernel_mixer_rows_name_their_path_and_skip_a_torch_row_that_repeats_aut
     assert by["fsat-torch"]["error"] == "skipped: the fsat row runs this path (csr) on cpu"
     assert by["fsat-fused-compiled"]["error"] == "skipped: no fused kernel runs on cpu (fsat takes csr)"
     assert by["hydra-fused-graphs"]["error"] == "skipped: no fused kernel runs on cpu (hydra takes torch)"
+    assert by["hydra-fused-captured"]["error"] == "skipped: no fused kernel runs on cpu (hydra takes torch)"
     headers, rows = bench.mixer_table(results)
     assert [r[1] for r in rows] == ["attention-matmul", "attention-sdpa", "fsat (csr)", "fsat-torch",
-                                    "fsat-fused-compiled", "hydra (torch)", "hydra-fused-graphs"]  # fmt: skip
+                                    "fsat-fused-compiled", "hydra (torch)", "hydra-fused-graphs",
+                                    "hydra-fused-captured"]  # fmt: skip
 
 
 def test_compiled_mixer_rows_compile_in_their_mode_and_stay_compiled(monkeypatch) -> None:
     """-fused-graphs compiles with mode="reduce-overhead" (CUDA graphs), -fused-compiled and -compiled with the
-    default; each raises dynamo's recompile limit, since every row is one more graph of the mixer's forward."""
+    default; each raises dynamo's recompile limit, since every row is one more graph of the mixer's forward.
+    -fused-captured captures the eager kernels (on CUDA, in measure_mixer) and compiles nothing."""
     modes = []
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: modes.append(kw))
     with torch._dynamo.config.patch(recompile_limit=8):  # (patch restores it; monkeypatch's undo would delete it)
-        for name in ("hydra-fused-graphs", "hydra-fused-compiled", "fsat-compiled", "fsat"):
+        for name in ("hydra-fused-graphs", "hydra-fused-compiled", "fsat-compiled", "fsat", "fsat-fused-captured"):
             bench._bench_mixer(name, 16, 2, 32, torch.device("cpu"))
         assert torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT
-    assert modes == [{"mode": "reduce-overhead"}, {}, {}]
+    assert modes == [{"mode": "reduce-overhead"}, {}, {}]  # the captured row compiles nothing
 
 
 @pytest.mark.gpu
 def test_cuda_graph_rows_time_a_replayed_step_without_a_peak() -> None:
-    for mixer in ("fsat-fused-graphs", "hydra-fused-graphs"):
+    for mixer in ("fsat-fused-graphs", "hydra-fused-graphs", "fsat-fused-captured", "hydra-fused-captured"):
         r = bench.measure_mixer(dict(mixer=mixer, device="cuda", B=1, L=256, C=64, H=2, repeats=2))
         assert r["ms"] > 0 and r["peak_mb"] is None, (mixer, r)  # the graphs' pool: no peak
 
 
 @pytest.mark.gpu
 def test_centroid_graph_rows_time_a_replayed_step() -> None:
-    for path in ("knn-triton-graphs", "dense-sdpa-graphs"):
+    for path in ("knn-triton-graphs", "dense-sdpa-graphs", "knn-triton-captured", "dense-sdpa-captured"):
         cfg = dict(mode=path, device="cuda", B=1, N=512, M=128, C=64, H=2, K=16, repeats=2)
         r = bench.measure_centroid(cfg)
         assert r["ms"] > 0 and r["peak_mb"] is None, (path, r)  # the graphs' pool: no peak

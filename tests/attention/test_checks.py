@@ -92,3 +92,23 @@ def test_heads_must_divide_the_channels_and_the_message_names_the_argument() -> 
         check_heads(10, 4, "latent_dim")
     with pytest.raises(ValueError, match=r"dim=8 divisible by it, got num_heads=0"):
         check_heads(8, 0)
+
+
+def test_checks_stand_aside_while_a_cuda_graph_is_captured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capture (torch.cuda.graph, make_graphed_callables) forbids reading a value back: a layer captured whole skips
+    its checks, as under a tracer, and checks again once the capture ends."""
+    from attention import knn
+    from attention.checks import checks_active
+
+    q = torch.full((1, 4, 3), float("nan"))
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        knn(q, torch.randn(1, 8, 3), 2)
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    assert not checks_active()
+    knn(q, torch.randn(1, 8, 3), 2, backend="torch")  # no check: no error
+    capturing[0] = False
+    assert checks_active()
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        knn(q, torch.randn(1, 8, 3), 2)

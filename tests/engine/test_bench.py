@@ -3,6 +3,7 @@ and tables."""
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import types
 
@@ -209,3 +210,33 @@ def test_profile_step_on_cuda_sums_the_kernels_of_a_step(tmp_path) -> None:
     compiled(), compiled()
     summary = benchutil.profile_step(compiled, "cuda", tmp_path, "mm-compiled", steps=4)
     assert 1 <= summary["device_activities"] <= 3 and 0 < summary["device_ms"] < 50  # the kernels, not the span
+
+
+@pytest.mark.gpu
+def test_captured_graphs_replay_the_eager_step_of_the_fused_layers() -> None:
+    """capture_graphs: the KNN centroid step (the fused kernels: search and attention), FSAT's edge kernel and Hydra's
+    scan, captured whole (their input checks stand aside during the capture) and replayed on new inputs, give the
+    eager layer's output and gradients."""
+    from attention import CentroidAttention, build_mixer
+
+    torch.manual_seed(0)
+    layers = {
+        "knn": (CentroidAttention(64, 2, num_neighbors=16, attn_backend="triton"), (4, 512, 64), (4, 128, 64)),
+        "fsat": (build_mixer("fsat", 64, 2, max_len=256, edge_backend="triton").eval(), (2, 256, 64)),
+        "hydra": (build_mixer("hydra", 64, 2, backend="triton"), (2, 256, 64)),
+    }
+    for name, (layer, *shapes) in layers.items():
+        layer = layer.cuda()
+        args = [torch.randn(s, device="cuda", requires_grad=True) for s in shapes]
+        graphed = benchutil.capture_graphs(copy.deepcopy(layer), *args)
+        new = [torch.randn(s, device="cuda", requires_grad=True) for s in shapes]  # replayed on other values
+        out = layer(*new)
+        out.square().sum().backward()
+        want = [out.detach(), *(a.grad for a in new), *(p.grad for p in layer.parameters())]
+        for a in new:
+            a.grad = None
+        out = graphed(*new)
+        out.square().sum().backward()
+        got = [out.detach(), *(a.grad for a in new), *(p.grad for p in graphed.parameters())]
+        for w, g in zip(want, got, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=lambda m, name=name: f"{name}: {m}")

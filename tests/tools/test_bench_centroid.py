@@ -52,8 +52,24 @@ def test_the_speed_target_reads_the_fastest_fused_row_and_the_graphs_target_both
     assert speed["detail"] == "worst at N=4096 of 1024, 4096, 16384 (knn-triton-graphs)"
     assert graphs["measured"] == pytest.approx(0.25) and graphs["met"] is False
     assert graphs["target"].endswith("both in CUDA graphs")
-    assert graphs["detail"] == "worst at N=4096 of 1024, 4096, 16384"
+    assert graphs["detail"] == "worst at N=4096 of 1024, 4096, 16384 (knn-triton-graphs vs dense-sdpa-graphs)"
     assert memory["measured"] == pytest.approx(0.5) and memory["met"] is True  # the eager rows, not the graphs' pool
+
+
+def test_the_graphs_target_takes_each_steps_faster_graph_form() -> None:
+    """Compiled with reduce-overhead or captured whole (no compiler): each side's faster graph row, named."""
+    rows = _rows({"dense-sdpa": (2.0, 10.0), "knn-triton": (4.0, 5.0), "knn-triton-graphs": (1.5, None),
+                  "dense-sdpa-graphs": (1.2, None), "knn-triton-captured": (0.6, None),
+                  "dense-sdpa-captured": (1.0, None)})  # fmt: skip
+    rows[-1]["ms"] = 0.5  # SDPA captured at N = 16384: faster than the fused step there
+    speed, graphs, _ = bench.centroid_targets(rows, "cuda")
+    assert speed["measured"] == pytest.approx(2.0 / 0.6) and "(knn-triton-captured)" in speed["detail"]
+    assert graphs["measured"] == pytest.approx(0.5 / 0.6) and graphs["met"] is False
+    assert graphs["detail"] == "worst at N=16384 of 1024, 4096, 16384 (knn-triton-captured vs dense-sdpa-captured)"
+    rows = [r for r in rows if r["path"] != "dense-sdpa-captured"]  # SDPA in compiled graphs only
+    _, graphs, _ = bench.centroid_targets(rows, "cuda")
+    assert graphs["measured"] == pytest.approx(1.2 / 0.6) and graphs["met"] is True
+    assert graphs["detail"].endswith("(knn-triton-captured vs dense-sdpa-graphs)")
 
 
 def test_a_row_that_ran_without_a_peak_says_so_and_a_zero_counts() -> None:
@@ -96,6 +112,8 @@ def test_paths_skipped_on_cpu_and_why() -> None:
     )
     assert "not requested" in bench.centroid_path_skipped("knn-triton-compiled", "cuda", compiled=False)
     assert bench.centroid_path_skipped("dense-sdpa-graphs", "cpu", compiled=True) == "needs CUDA (CUDA graphs)"
+    assert bench.centroid_path_skipped("dense-sdpa-captured", "cpu", compiled=True) == "needs CUDA (CUDA graphs)"
+    assert bench.centroid_path_skipped("dense-sdpa-captured", "cuda", compiled=False) is None  # nothing to compile
     assert "not requested" in bench.centroid_path_skipped("dense-sdpa-graphs", "cuda", compiled=False)
 
 
