@@ -317,7 +317,8 @@ def _exact_sq_dist(query: Tensor, ref: Tensor, idx: Tensor) -> Tensor:
 
 def knn_spare_candidates(k: int) -> int:
     """The candidates :func:`knn_chunked` keeps per query from the expanded distances before computing their exact
-    distances, ``k + max(4, k // 4)`` (the Triton search keeps as many, :mod:`attention.kernels.knn_triton`)."""
+    distances, ``k + max(4, k // 4)`` (the Triton search keeps at least as many:
+    :mod:`attention.kernels.knn_triton`)."""
     return k + max(4, k // 4)
 
 
@@ -352,9 +353,9 @@ def knn_chunked(
     q0, r0 = query.detach().to(work), ref.detach().to(work)
     if mask is None:
         centre = r0.mean(1, keepdim=True)
-    else:
-        w = mask.unsqueeze(-1).to(work)
-        centre = (r0 * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp_min(1.0)
+    else:  # the real points' mean (padded rows may hold anything, NaN included)
+        real = torch.where(mask.unsqueeze(-1), r0, 0.0).sum(1, keepdim=True)
+        centre = real / mask.sum(1).clamp_min(1).to(work).view(-1, 1, 1)
     q, r = q0 - centre, r0 - centre
     r_sq = r.pow(2).sum(-1)  # (B, N)
     if mask is not None:

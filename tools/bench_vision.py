@@ -58,12 +58,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--compile", nargs="?", const="yes", default="no", choices=sorted(COMPILE_CHOICES),
                         help="torch.compile every model; 'both': each model eager and compiled, two rows")  # fmt: skip
     parser.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,
-                        help="torch.compile mode of the compiled rows (reduce-overhead: CUDA graphs too)")  # fmt: skip
+                        help="torch.compile mode of the compiled rows (reduce-overhead, max-autotune: CUDA graphs "
+                        "too)")  # fmt: skip
     parser.add_argument("--no-train", action="store_true", help="inference only")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None, help="also write the rows and the target to this JSON file")
     add_profile_option(parser)
     args = parser.parse_args(argv)
+    if args.compile == "no" and args.compile_mode != "default":
+        parser.error(f"--compile-mode {args.compile_mode} needs compiled rows: add --compile (or --compile both)")
     logging.basicConfig(level=logging.INFO, format="  %(message)s")  # each model as it is built, on stderr
     if args.threads:
         torch.set_num_threads(args.threads)

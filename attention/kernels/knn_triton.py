@@ -1,5 +1,5 @@
-"""Exact k-nearest-neighbour search as a tiled Triton kernel with a running top-k per query: the ``(B, M, N)``
-distance matrix is never built, not even a chunk of it in memory.
+"""The k-nearest-neighbour search of :func:`attention.knn` as a tiled Triton kernel with a running top-k per query:
+the ``(B, M, N)`` distance matrix is never built, not even a chunk of it in memory.
 
 A program owns ``BLOCK_M`` queries of one batch element and walks the N reference points in tiles of ``BLOCK_K``
 columns (``BLOCK_K`` list slots, at least 16). For each tile it computes the squared distances and merges the tile
@@ -22,20 +22,25 @@ The distances of a tile come in one of two forms, the choice of :func:`_blocks`:
   e.g. 16, 32, 64): ``sum_c (q_c - r_c)^2`` in float32 (channels in chunks of ``BLOCK_C``, square then add without
   fused multiply-adds, as the reference's final distances are computed), on CUDA cores;
 * **expanded** (features, C >= 16, e.g. k = 24): the reference's own two steps (:func:`attention.points.knn_chunked`).
-  Candidates come from ``|q|^2 + |r|^2 - 2 q.r`` with both sets centred on the reference cloud's mean, the product
-  ``q.r`` a ``tl.dot`` on tensor cores (``"tf32x3"``: three TF32 products, about float32's precision); the list keeps
-  the reference's spare candidates (``BLOCK_K >= k + max(4, k // 4)``, :func:`attention.points.knn_spare_candidates`),
-  whose distances are then computed exactly as ``sum_c (q_c - r_c)^2`` on the inputs, and re-sorted. The products
-  spend C multiply-adds a pair on tensor cores where the exact form spends them on CUDA cores in a 3-d tile.
+  Candidates come from ``max(|q|^2 + |r|^2 - 2 q.r, 0)`` with both sets centred on the reference cloud's mean, the
+  product ``q.r`` a ``tl.dot`` on tensor cores (``"tf32x3"``: three TF32 products, about float32's precision); the
+  list's ``BLOCK_K`` slots hold at least the reference's spare candidates (``k + max(4, k // 4)``,
+  :func:`attention.points.knn_spare_candidates`), whose distances are then computed exactly as ``sum_c (q_c - r_c)^2``
+  on the inputs and re-sorted. The products spend C multiply-adds a pair on tensor cores where the exact form spends
+  them on CUDA cores in a 3-d tile.
 
-The neighbour sets equal the reference's up to the order of exactly equal distances (their float32 sums over channels
-may round differently in the last bit, so near-ties too may resolve differently).
+The exact form's neighbour sets equal the reference's up to the order of exactly equal distances (their float32 sums
+over channels may round differently in the last bit, so near-ties too may resolve differently). The expanded form is
+exact up to the expansion's rounding, about 1e-7 of ``|q - centre|^2 + |r - centre|^2``, as the reference is: where
+that exceeds the gap between the k-th neighbour and the last spare candidate, both may miss a neighbour (this search
+keeps at least as many candidates).
 
 Where the query blocks alone give fewer programs than a GPU keeps busy (a single cloud of a few hundred queries, or
 a batch of small clouds: :func:`auto_splits`), the N reference points are split into S parts: program
 ``(block, b, s)`` keeps the list of its part's nearest points, and a second kernel merges the S sorted lists of each
-query the same way, tile by tile. The keys carry the indices, so the merged list is the one a single program would
-have kept, ties included.
+query the same way, tile by tile. The keys carry the indices, so in the exact form the merged list is the one a single
+program would have kept, ties included; in the expanded form each part keeps its own spare candidates, a superset of
+those one program would rescore.
 
 Limits (:mod:`attention.kernels.limits`): k <= 64. Tests: ``tests/attention/test_knn_triton.py`` (under Triton's
 interpreter on CPU against the reference, compiled on CUDA, and an ahead-of-time compile for sm_90).
@@ -248,12 +253,12 @@ def _blocks(k: int, C: int) -> tuple[bool, int, int, int, int, int]:
     slots (= tile columns), channels per step and the warps.
 
     The expanded form is taken where the points have ``_EXPANDED_MIN_CHANNELS`` channels and the reference's spare
-    candidates fit in the slots the exact form takes (``next_pow2(k)``, at least 16: k = 24 keeps 30 in 32 slots): twice
-    the slots cost the sorts more than the products save (at k = 32, C = 128 the search took 151 against 111 us on an
-    H100). It takes 16 channels a product with 4 warps: 32 channels, or 8 warps, ran slower (1.3-2.1 against 1.06 ms
-    at the point model's B = 32, M = 512, N = 1024, C = 128, k = 24), and its list, kept in the products' layout, and
-    the tile already take 255 registers a thread (ptxas for sm_90, tests/attention/test_knn_triton.py). The exact
-    form's ``(BLOCK_M, BLOCK_K, BLOCK_C)`` difference tile (and the rescoring's) stays at 4096 values."""
+    candidates fit in the slots the exact form takes (``next_pow2(k)``, at least 16: k = 24 has 30, in 32 slots);
+    twice the slots cost the sorts more than the products save (k = 32 on an H100, docs/changelog.md 2026-11-27). It
+    takes 16 channels a product with 4 warps, which ran faster than 32 channels or 8 warps there; its list, kept in
+    the products' layout, and the tile take about as many registers as a thread has (ptxas for sm_90,
+    tests/attention/test_knn_triton.py). The exact form's ``(BLOCK_M, BLOCK_K, BLOCK_C)`` difference tile (and the
+    rescoring's) stays at 4096 values."""
     bk = max(16, triton.next_power_of_2(k))
     expanded = C >= _EXPANDED_MIN_CHANNELS and knn_spare_candidates(k) <= bk
     bm = 32 if bk <= 32 else 16
@@ -269,7 +274,7 @@ def _blocks(k: int, C: int) -> tuple[bool, int, int, int, int, int]:
 # A split walks at least _MIN_TILES tiles, so the merge (one list a split) stays small beside the search, and the
 # splits stop once the grid has _PROGRAMS_PER_SM programs for every SM: at k = 32 a program's 4 warps take 96
 # registers a thread in the exact form (the sm_90 cubin, tests/attention/test_knn_triton.py), room for 5 resident
-# programs an SM; the expanded form's 255 fit two, and the extra programs queue.
+# programs an SM; the expanded form fits two, and the extra programs queue.
 # Neither is tuned: tools/bench_points.py --device cuda --batch 1 32 times the search split this way against one part
 # (rows "triton-split" and "triton-1split").
 _MIN_TILES = 4
@@ -295,11 +300,12 @@ def _plan(N: int, block_k: int, splits: int) -> tuple[int, int]:
 
 
 def _centres(ref: Tensor, mask: Tensor | None) -> Tensor:
-    """Each cloud's mean over its real points, ``(B, C)``: the centre of the expanded form (the reference's)."""
+    """Each cloud's mean over its real points, ``(B, C)``: the centre of the expanded form (the reference's; padded
+    rows may hold anything, NaN included)."""
     if mask is None:
         return ref.mean(1)
-    w = mask.unsqueeze(-1).to(ref.dtype)
-    return (ref * w).sum(1) / w.sum(1).clamp_min(1.0)
+    real = torch.where(mask.unsqueeze(-1), ref, 0.0).sum(1)
+    return real / mask.sum(1, keepdim=True).clamp_min(1).to(ref.dtype)
 
 
 def _device(t: Tensor) -> contextlib.AbstractContextManager:

@@ -59,13 +59,14 @@ from attention.kernels import knn_triton as kt
 from attention.kernels.knn_triton import knn_triton
 
 # odd sizes; C = 3 (coordinates) and feature widths that are not powers of two; k from 1 to 64 (several tiles, a
-# ragged last one); a last cloud with fewer real points than k (inf padding). The exact tiles (C < 16, or k > 51)
-# and the expanded form with its rescoring (C >= 16: one and several steps of 32 channels, 32 and 64 list slots),
-# clouds far from the origin (the centring), fewer real points than list slots
+# ragged last one); a last cloud with fewer real points than k (inf padding). The exact tiles (C < 16, or k whose
+# spare candidates need a longer list) and the expanded form with its rescoring (C >= 16: one and several steps of 16
+# channels, 16, 32 and 64 list slots), clouds far from the origin (the centring: uncentred, the expansion's rounding
+# at 1e4 would pass the gaps between neighbours), fewer real points than list slots
 for B, M, N, C, k, real, offset in [(2, 7, 37, 3, 5, None, 0), (2, 9, 70, 19, 20, 40, 0), (1, 5, 33, 24, 33, None, 0),
                                     (2, 6, 19, 3, 10, 6, 0), (1, 3, 100, 5, 64, None, 0), (2, 4, 9, 2, 1, 3, 0),
                                     (2, 11, 90, 70, 24, 30, 0), (1, 6, 80, 40, 52, None, 0),
-                                    (2, 5, 60, 33, 8, None, 300), (2, 7, 50, 16, 16, 17, 0)]:
+                                    (2, 5, 60, 33, 8, None, 10000), (2, 7, 50, 16, 16, 17, 0)]:
     q, r, mask = _clouds(B, M, N, C, real)
     q, r = q + offset, r + offset
     assert kt._blocks(k, C)[0] == ((C, k) in {{(19, 20), (24, 33), (70, 24), (33, 8)}}), (C, k)
@@ -73,6 +74,14 @@ for B, M, N, C, k, real, offset in [(2, 7, 37, 3, 5, None, 0), (2, 9, 70, 19, 20
     ref = knn(q, r, k, mask=mask, backend="torch")
     assert_same_neighbours(knn_triton(q, r, k, mask), ref, q, r, mask, what)
     assert_same_neighbours(knn(q, r, k, mask=mask, backend="triton"), ref, q, r, mask, what + " backend='triton'")
+
+# the centre of a masked cloud is its real points' mean: here they lie 1e4 from the padded rows (at 0), whose weight
+# in the centre would move it by thousands, and the expansion's rounding with it
+q, r, mask = _clouds(2, 6, 80, 40, 30)
+q, r = q + 1e4, torch.where(mask[..., None], r + 1e4, 0.0)
+assert kt._blocks(10, 40)[0]
+what = "real points 1e4 from the padded rows"
+assert_same_neighbours(knn_triton(q, r, 10, mask), knn(q, r, 10, mask=mask, backend="torch"), q, r, mask, what)
 
 # two clusters 100 apart in every channel: the centre lies between them, so the expanded form's rounding (~1e-7 of
 # |q - centre|^2 ~ 4e5) moves each distance by ~0.1, far below the gaps between neighbours but far above the rounding
@@ -97,6 +106,8 @@ for B, M, N, C, k, real, splits in [(2, 9, 100, 5, 7, None, 3), (1, 6, 130, 3, 1
     got = knn_triton(q, r, k, mask, splits=splits)
     assert_same_neighbours(got, knn(q, r, k, mask=mask, backend="torch"), q, r, mask, what)
     one = knn_triton(q, r, k, mask, splits=1)
+    # (the expanded form's parts each keep their spare candidates, more than one part rescores: the same lists where,
+    # as in these random clouds, no candidate lies within the expansion's rounding of the k-th)
     assert torch.equal(got[0], one[0]) and torch.equal(got[1], one[1]), what + ": not the one-part search's lists"
 print("ok")
 """
@@ -152,7 +163,9 @@ def test_triton_knn_on_cuda_equals_reference(k: int) -> None:
         assert knn(q, r, k, mask=mask)[1].equal(got[1])  # auto takes the kernel
         one = knn_triton(q, r, k, mask, splits=1)
         assert_same_neighbours(one, ref, q, r, mask, f"{what} splits=1")
-        for splits in (None, 3):  # auto splits the single clouds; the lists are the one-part search's, ties included
+        # auto splits the single clouds; the lists are the one-part search's, ties included (the expanded form: where
+        # no candidate lies within the expansion's rounding of the k-th, as here)
+        for splits in (None, 3):
             got = knn_triton(q, r, k, mask, splits=splits)
             assert torch.equal(got[0], one[0]) and torch.equal(got[1], one[1]), f"{what} {splits=}"
 
@@ -161,16 +174,16 @@ def test_triton_knn_on_cuda_equals_reference(k: int) -> None:
 @pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
 def test_triton_knn_kernel_compiles_for_an_h100() -> None:
     """The sorts of int64 keys, the 3-d difference tiles, the products and the rescoring of the expanded form, the
-    split search and its merge: compiled for sm_90 ahead of time at k = 8, 16, 24, 32, 64. In the exact form the split
-    search takes the registers of the search in one part and spills nothing up to k = 32 (the expanded form a few
-    bytes of stack at most, the merge nothing), and at k = 32 an SM holds the programs the split counts on."""
+    split search and its merge: compiled for sm_90 ahead of time at k = 8, 16, 24, 32, 40, 64. In the exact form the
+    split search takes the registers of the search in one part and spills nothing up to k = 32 (the expanded form a
+    few bytes of stack at most, the merge nothing), and at k = 32 an SM holds the programs the split counts on."""
     from attention.kernels import knn_triton as kt
 
     skip_if_interpreted(kt._knn_kernel)
     ptrs = {"q_ptr": "*fp32", "r_ptr": "*fp32", "centre_ptr": "*fp32", "mask_ptr": "*u8", "dist_ptr": "*fp32",
             "idx_ptr": "*i64"}  # fmt: skip
     sizes = {"M": "i32", "N": "i32", "C": "i32", "k": "i32", "S": "i32", "tiles": "i32"}
-    for k, C in ((16, 3), (32, 3), (8, 64), (24, 128), (32, 128), (64, 64)):
+    for k, C in ((16, 3), (32, 3), (8, 64), (24, 128), (32, 128), (40, 128), (64, 64)):
         expanded, bm, bk, bc, rc, warps = kt._blocks(k, C)
         usage = {}
         for split in (False, True):

@@ -36,3 +36,9 @@ def test_tiny_run_has_deit_baselines_and_ratios(tmp_path: Path) -> None:
         assert (tmp_path / "prof" / table).read_text().startswith(f"b2-{r['label']}-infer: 3 steps")
         assert (tmp_path / "prof" / table.replace(".txt", ".trace.json")).stat().st_size > 0
         assert r["infer_ms"] > 0 and abs(r["infer_ips"] - 2 / (r["infer_ms"] / 1e3)) < 1e-6 * r["infer_ips"]
+
+
+def test_a_compile_mode_without_compiled_rows_is_refused_by_name() -> None:
+    run = run_tool("bench_vision", ["--compile-mode", "reduce-overhead", "--models", OURS_1])
+    assert run.returncode == 2
+    assert "--compile-mode reduce-overhead needs compiled rows: add --compile (or --compile both)" in run.stderr
