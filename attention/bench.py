@@ -608,7 +608,8 @@ def centroid_targets(rows: Sequence[dict], device: str) -> list[dict]:
         pairs, notes = [], {}
         for n in sizes:
             bases = [by.get((n, p), {"note": f"no {p} row (--paths)"}) for p in base_paths]
-            base = min((b for b in bases if b.get(key) is not None), key=lambda b: b[key], default=bases[0])
+            missing = next((b for b in bases if "error" in b), bases[0])  # why, where no base row ran
+            base = min((b for b in bases if b.get(key) is not None), key=lambda b: b[key], default=missing)
             runs = [by.get((n, p), {"note": f"no {p} row (--paths)"}) | {"path": p} for p in fused_paths]
             ran = [r for r in runs if r.get(key) is not None]
             if not ran or base.get(key) is None:

@@ -48,12 +48,16 @@ def allow_recompiles(limit: int = RECOMPILE_LIMIT) -> None:
 
 def capture_graphs(module: torch.nn.Module, *sample_args: torch.Tensor) -> torch.nn.Module:
     """``module`` with its forward and backward captured whole into CUDA graphs
-    (``torch.cuda.make_graphed_callables``: a few warm-up steps, then the capture, on a side stream): a call copies
-    its inputs into the graphs' static buffers and replays one graph forward and one backward, with no compiler and
-    no guards, the least host work a step of eager kernels can take. Shapes, dtypes and ``requires_grad`` of the
-    inputs are those of ``sample_args``; the forward must not read values back (the package's input checks stand
-    aside during a capture, :func:`attention.checks.checks_active`). The graphs' tensors live in their own memory
-    pool, so the allocator's peak does not measure a replayed step."""
+    (``torch.cuda.make_graphed_callables``: a few warm-up steps, then the capture, on a side stream; the module is
+    changed in place and returned): a call copies its inputs into the graphs' static buffers and replays one graph
+    forward and one backward, with no compiler and no guards, the least host work a step of eager kernels can take.
+
+    Shapes, dtypes and ``requires_grad`` of the inputs are those of ``sample_args``, and the forward must not read
+    values back (the package's input checks stand aside during a capture, :func:`attention.checks.checks_active`). A
+    replay runs no Python: its inputs are never checked. The gradients it leaves in ``.grad`` are the graphs' own
+    buffers, so set them to None between steps (``zero_grad(set_to_none=True)``) rather than summing over replays;
+    and a module switched out of the train/eval mode it was captured in runs eagerly. The graphs' memory is taken at
+    capture time and a replay allocates nothing, so the allocator's peak does not measure a replayed step."""
     return torch.cuda.make_graphed_callables(module, sample_args)
 
 

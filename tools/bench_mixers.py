@@ -27,11 +27,11 @@ tensors), compiled in the warm-up step: what the compiler alone gives. ``fsat-fu
 ``hydra-fused-compiled`` compile the layer with the kernels, which stay opaque operators in the compiled graph
 (:mod:`attention.kernels.ops`) while inductor fuses the small ops around them: what ``"auto"`` runs in a compiled
 model. ``fsat-fused-graphs`` / ``hydra-fused-graphs`` compile them with ``mode="reduce-overhead"``: CUDA graphs replay
-the whole step without a CPU cost per launch, which bounds small batches (their peak memory is that of the warm-up
-and capture steps, whose tensors the graphs' pool keeps). ``fsat-fused-captured`` / ``hydra-fused-captured`` capture
-the eager kernels' step whole (:func:`engine.bench.capture_graphs`: one replay forward and one backward, no compiler
-and no guards, the least host work a step). The fused rows run on CUDA only (a CPU run skips them). The table names
-each of these rows' path.
+the whole step without a CPU cost per launch, which bounds small batches (no peak memory: the graphs' pool holds their
+tensors, see the GPU guide). ``fsat-fused-captured`` / ``hydra-fused-captured`` capture the eager kernels' step whole
+(:func:`engine.bench.capture_graphs`: one replay forward and one backward, no compiler and no guards, the least host
+work a step; no peak either). The fused rows run on CUDA only (a CPU run skips them). The table names each of these
+rows' path.
 
 Cauchy and Vandermonde cost O(L^2 D) operations (their matrices are sums over D): on CPU they run up to
 ``--max-quadratic-len``; their ``dense BHLLD MB`` column is what materializing the ``(B, H, L, L, D)`` tensor of the

@@ -236,6 +236,7 @@ def test_captured_graphs_replay_the_eager_step_of_the_fused_layers() -> None:
         for a in new:
             a.grad = None
         out = graphed(*new)
+        assert type(out.grad_fn).__name__ == "GraphedBackward", name  # a replay, not an eager run
         out.square().sum().backward()
         got = [out.detach(), *(a.grad for a in new), *(p.grad for p in graphed.parameters())]
         for w, g in zip(want, got, strict=True):

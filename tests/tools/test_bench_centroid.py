@@ -144,3 +144,12 @@ def test_cli_on_cpu_times_the_torch_rows_each_in_a_fresh_process_and_names_the_s
             assert r["profile"]["table"] == f"N64-{path}.txt" and r["profile"]["device_ms"] is None  # CPU
             assert (tmp_path / "prof" / f"N64-{path}.txt").is_file()
             assert (tmp_path / "prof" / f"N64-{path}.trace.json").is_file()
+
+
+def test_the_graphs_target_names_a_capture_error_over_a_row_not_requested() -> None:
+    rows = _rows({"dense-sdpa": (2.0, 10.0), "knn-triton": (1.0, 5.0), "knn-triton-captured": (0.5, None)})
+    for n in (1024, 4096, 16384):  # --compiled no: no -graphs rows; SDPA's capture failed
+        rows += [{"N": n, "path": "dense-sdpa-graphs", "note": "torch.compile row not requested"},
+                 {"N": n, "path": "dense-sdpa-captured", "error": "RuntimeError: operation not permitted"}]  # fmt: skip
+    _, graphs, _ = bench.centroid_targets(rows, "cuda")
+    assert graphs["met"] is None and graphs["detail"] == "RuntimeError: operation not permitted (N=1024, 4096, 16384)"
