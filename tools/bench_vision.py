@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--compile-mode", default="default", choices=COMPILE_MODES,
                         help="torch.compile mode of the compiled rows (reduce-overhead, max-autotune: CUDA graphs "
                         "too)")  # fmt: skip
+    parser.add_argument("--channels-last", action="store_true",
+                        help="images and weights in channels-last memory format, every model (timm's benchmark.py "
+                        "offers it)")  # fmt: skip
     parser.add_argument("--no-train", action="store_true", help="inference only")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None, help="also write the rows and the target to this JSON file")
@@ -76,10 +79,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         torch.backends.cudnn.benchmark = True  # the fastest convolution for the fixed shapes, as timm's benchmark.py
     results = benchmark(model_names(args.models), device, batch=args.batch, img_size=args.img_size,
                         repeats=args.repeats, warmup=args.warmup, stat=args.stat, amp=amp,
-                        compile_models=args.compile, train=not args.no_train,
-                        compile_mode=args.compile_mode, profile=args.profile)  # fmt: skip
+                        compile_models=args.compile, train=not args.no_train, compile_mode=args.compile_mode,
+                        channels_last=args.channels_last, profile=args.profile)  # fmt: skip
     compile_what = args.compile if args.compile == "no" else f"{args.compile} ({args.compile_mode})"
     what = f"bf16 autocast {amp}, compile {compile_what}, {args.stat} of {args.repeats} rounds"
+    what += ", channels last" if args.channels_last else ""
     print(f"# bench_vision on {device}: {describe_machine(device)}")
     print(f"# batch {args.batch}, {args.img_size} px, fp32 weights, {what}\n")
     tables: list[dict] = []

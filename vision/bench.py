@@ -118,6 +118,7 @@ def benchmark(
     compile_models: bool | str,
     train: bool,
     compile_mode: str = "default",
+    channels_last: bool = False,
     profile: str | None = None,
 ) -> list[dict]:
     """Images/s of every model of ``names`` (1000 classes, random images), all rows timed round-robin after
@@ -125,9 +126,10 @@ def benchmark(
     ``stat="min"``: fastest) round. The settings are ``tools/bench_vision.py``'s flags (its defaults); ``amp`` is
     bf16 autocast; ``compile_models`` (a key of :data:`COMPILE_CHOICES`, or a bool) runs every model eager
     (``"no"``), wrapped in ``torch.compile`` (``"yes"``), or both ways, as two rows (``"both"``), compiled in
-    ``compile_mode`` (``"reduce-overhead"``: CUDA graphs too; the row's ``compile_mode``). With a ``profile``
-    folder, each row's inference call (what the target reads) is profiled after timing
-    (:func:`engine.bench.profile_step`, ``"profile"``).
+    ``compile_mode`` (``"reduce-overhead"``: CUDA graphs too; the row's ``compile_mode``). ``channels_last`` puts
+    the images and every model's weights in that memory format (timm's ``benchmark.py --channels-last``): the patch
+    embedding's convolution then reads NHWC data. With a ``profile`` folder, each row's inference call (what the
+    target reads) is profiled after timing (:func:`engine.bench.profile_step`, ``"profile"``).
 
     Returns:
         One dict per model and mode: ``label`` (the name, `` compiled`` added in a ``"both"`` run's compiled rows),
@@ -139,6 +141,8 @@ def benchmark(
     device = torch.device(device)
     gen = torch.Generator().manual_seed(0)
     images = torch.randn(batch, 3, img_size, img_size, generator=gen).to(device)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    images = images.contiguous(memory_format=memory_format)
     labels = torch.randint(0, 1000, (batch,), generator=gen).to(device)
     rows = {}
     for name in names:
@@ -153,7 +157,7 @@ def benchmark(
                     "params_m": count_params(model) / 1e6,
                     "gmacs": count_gmacs(model, torch.randn(1, 3, img_size, img_size)),
                 }
-                model.to(device)
+                model.to(device, memory_format=memory_format)
                 fwd = torch.compile(model, mode=compile_mode) if compiled else model
                 fns = _closures(model, fwd, images, labels, amp, train)
                 for fn in fns.values():

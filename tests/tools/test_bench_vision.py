@@ -42,3 +42,13 @@ def test_a_compile_mode_without_compiled_rows_is_refused_by_name() -> None:
     run = run_tool("bench_vision", ["--compile-mode", "reduce-overhead", "--models", OURS_1])
     assert run.returncode == 2
     assert "--compile-mode reduce-overhead needs compiled rows: add --compile (or --compile both)" in run.stderr
+
+
+def test_channels_last_runs_every_model_in_that_format(tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    argv = ["--batch", "2", "--img-size", "32", "--repeats", "1", "--warmup", "0", "--models", OURS_1, "--no-train",
+            "--channels-last", "--json", str(path)]  # fmt: skip
+    run = run_tool("bench_vision", argv)
+    assert run.returncode == 0, run.stderr
+    assert ", channels last" in run.stdout
+    assert json.loads(path.read_text())["args"]["channels_last"] is True

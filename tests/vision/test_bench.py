@@ -95,3 +95,17 @@ def test_a_model_that_fails_to_compile_reports_its_error_and_the_others_are_time
     assert printed[f"{OURS_1} compiled"][1] == "RuntimeError: inductor failed"
     verdict = ours_target(results, "cpu")
     assert verdict["measured"] == by[OURS_1]["infer_vs_deit"] and verdict["detail"] == ""  # the row that ran
+
+
+def test_channels_last_puts_every_models_weights_in_that_format(monkeypatch) -> None:
+    import timm
+    import torch
+
+    made, create = [], timm.create_model
+    monkeypatch.setattr(timm, "create_model", lambda *a, **kw: made.append(create(*a, **kw)) or made[-1])
+    settings = dict(batch=2, img_size=32, repeats=1, warmup=0, stat="median", amp=False, compile_models=False)
+    results = benchmark(model_names([OURS_1]), "cpu", **settings, train=False, channels_last=True)
+    assert [type(m).__name__ for m in made] == ["VisionTransformer", "CentroidViT"] and results[1]["infer_ips"] > 0
+    for m in made:
+        w = m.patch_embed.proj.weight
+        assert w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous()
