@@ -659,6 +659,8 @@ BENCH_MIXERS = (*MIXER_BASELINES, "fsat", "fsat-torch", "fsat-compiled", "fsat-f
                 "hydra-fused-compiled", "hydra-fused-graphs", "hydra-fused-captured", "cauchy",
                 "vandermonde")  # fmt: skip
 _FUSED_VARIANTS = ("fused-compiled", "fused-graphs", "fused-captured")  # the kernels compiled, or captured
+_FUSED_SUFFIXES = tuple(f"-{v}" for v in _FUSED_VARIANTS)
+_VARIANT_PATHS = {"compiled": " compiled", "graphs": " CUDA graphs", "captured": " captured CUDA graphs"}  # path labels
 QUADRATIC_MIXERS = ("cauchy", "vandermonde", "cauchy_static", "vandermonde_static")  # O(L^2 D) operations
 _COMPILED_PATHS = {"fsat": "gather"}  # dynamo does not trace the csr products' sparse tensors
 
@@ -775,7 +777,7 @@ def mixer_rows(
             if name.endswith("-torch") and paths[name] == mixer_path(base, device, C // H):
                 res[name] = {"error": f"skipped: the {base} row runs this path ({paths[name]}) on {device}"}
                 continue
-            if name.endswith(tuple(f"-{v}" for v in _FUSED_VARIANTS)) and paths[name] != "triton":
+            if name.endswith(_FUSED_SUFFIXES) and paths[name] != "triton":
                 res[name] = {"error": f"skipped: no fused kernel runs on {device} ({base} takes {paths[name]})"}
                 continue
             cfg = dict(mixer=name, device=device, B=B, L=L, C=C, H=H, repeats=repeats, profile=profile)
@@ -785,8 +787,7 @@ def mixer_rows(
             row = {"L": L, "mixer": name, **r}
             if paths[name] is not None:
                 mode = name.rpartition("-")[2]
-                modes = {"compiled": " compiled", "graphs": " CUDA graphs", "captured": " captured CUDA graphs"}
-                row["path"] = paths[name] + modes.get(mode, "")
+                row["path"] = paths[name] + _VARIANT_PATHS.get(mode, "")
             if "ms" in r:
                 for base in MIXER_BASELINES:
                     row[f"speedup vs {base}"] = _ratio(res[base].get("ms"), r["ms"])

@@ -62,6 +62,7 @@ __all__ = [
     "HAS_PYTORCH3D",
     "HAS_TORCH_CLUSTER",
     "HAS_TRITON",
+    "cloud_centres",
     "farthest_point_sample",
     "gather",
     "interpolate",
@@ -315,6 +316,15 @@ def _exact_sq_dist(query: Tensor, ref: Tensor, idx: Tensor) -> Tensor:
     return nbrs.sub_(query.unsqueeze(2)).square_().sum(-1)
 
 
+def cloud_centres(ref: Tensor, mask: Tensor | None) -> Tensor:
+    """Each cloud's mean over its real points, ``(B, 1, C)``: the centre of :func:`knn_chunked`'s expanded distances
+    (and of the Triton search's). Padded rows may hold anything, NaN included."""
+    if mask is None:
+        return ref.mean(1, keepdim=True)
+    real = torch.where(mask.unsqueeze(-1), ref, 0.0).sum(1, keepdim=True)
+    return real / mask.sum(1).clamp_min(1).to(ref.dtype).view(-1, 1, 1)
+
+
 def knn_spare_candidates(k: int) -> int:
     """The candidates :func:`knn_chunked` keeps per query from the expanded distances before computing their exact
     distances, ``k + max(4, k // 4)`` (the Triton search keeps at least as many:
@@ -351,11 +361,7 @@ def knn_chunked(
     N = ref.shape[1]
     work = torch.promote_types(query.dtype, torch.float32)
     q0, r0 = query.detach().to(work), ref.detach().to(work)
-    if mask is None:
-        centre = r0.mean(1, keepdim=True)
-    else:  # the real points' mean (padded rows may hold anything, NaN included)
-        real = torch.where(mask.unsqueeze(-1), r0, 0.0).sum(1, keepdim=True)
-        centre = real / mask.sum(1).clamp_min(1).to(work).view(-1, 1, 1)
+    centre = cloud_centres(r0, mask)
     q, r = q0 - centre, r0 - centre
     r_sq = r.pow(2).sum(-1)  # (B, N)
     if mask is not None:

@@ -56,7 +56,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..points import knn_spare_candidates
+from ..points import cloud_centres, knn_spare_candidates
 from ._triton_compat import loop_bound
 from .limits import KNN_TRITON_MAX_NEIGHBORS as MAX_NEIGHBORS
 
@@ -299,15 +299,6 @@ def _plan(N: int, block_k: int, splits: int) -> tuple[int, int]:
     return triton.cdiv(N, tiles * block_k), tiles
 
 
-def _centres(ref: Tensor, mask: Tensor | None) -> Tensor:
-    """Each cloud's mean over its real points, ``(B, C)``: the centre of the expanded form (the reference's; padded
-    rows may hold anything, NaN included)."""
-    if mask is None:
-        return ref.mean(1)
-    real = torch.where(mask.unsqueeze(-1), ref, 0.0).sum(1)
-    return real / mask.sum(1, keepdim=True).clamp_min(1).to(ref.dtype)
-
-
 def _device(t: Tensor) -> contextlib.AbstractContextManager:
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()  # launch on the tensors' GPU
 
@@ -347,7 +338,7 @@ def knn_triton(
     dist = torch.empty(B, M, k, dtype=torch.float32, device=q.device)
     idx = torch.empty(B, M, k, dtype=torch.int64, device=q.device)
     expanded, bm, bk, bc, rc, warps = _blocks(k, C)
-    centre = _centres(r, mask).contiguous() if expanded else q  # any pointer when unused
+    centre = cloud_centres(r, mask).squeeze(1).contiguous() if expanded else q  # any pointer when unused
     blocks = triton.cdiv(M, bm)
     if splits is None:
         splits = auto_splits(blocks * B, N, bk, _multiprocessors(q.device.index)) if q.is_cuda else 1
