@@ -29,8 +29,9 @@ FPS_TRITON_MAX_CHANNELS = 8
 # operands beyond Dv = 64 (ptxas for sm_90). Larger heads (D or Dv) take the chunked PyTorch path.
 MIX_TRITON_MAX_HEAD_DIM = 64
 
-# attention/kernels/knn_attention_triton.py: a program holds one (BLOCK_K, next_pow2(D)) tile of keys and one of values
-# (BLOCK_K shrinks as D grows, to 4096 values a tile); beyond D = 128 BLOCK_K would fall below 32 neighbours a step.
+# attention/kernels/knn_attention_triton.py: a program holds one (BLOCK_K, BLOCK_H * next_pow2(D)) tile of keys and one
+# of values (BLOCK_K shrinks as the heads' width grows, to 4096 values a tile); beyond D = 128 one head's BLOCK_K would
+# fall below 32 neighbours a step. Several heads a program (block_h) trade neighbours a step for heads the same way.
 KNN_ATTN_TRITON_MAX_HEAD_DIM = 128
 
 # attention/kernels/knn_triton.py: a program keeps a sorted (BLOCK_M, next_pow2(k)) list of the nearest points so far

@@ -79,21 +79,21 @@ def knn_triton(
 # -------------------------------------------------------------------------------------------------------------------
 
 _declare(
-    "knn_attention_triton_fwd(Tensor q, Tensor k, Tensor v, Tensor idx, Tensor? mask, int? block_k) "
+    "knn_attention_triton_fwd(Tensor q, Tensor k, Tensor v, Tensor idx, Tensor? mask, int? block_k, int? block_h) "
     "-> (Tensor, Tensor, Tensor)",
     "knn_attention_triton",
     "launch_forward",
 )
 _declare(
     "knn_attention_triton_bwd(Tensor q, Tensor k, Tensor v, Tensor idx, Tensor? mask, Tensor out32, Tensor g, "
-    "Tensor lse, int? block_k) -> (Tensor, Tensor, Tensor)",
+    "Tensor lse, int? block_k, int? block_h) -> (Tensor, Tensor, Tensor)",
     "knn_attention_triton",
     "launch_backward",
 )
 
 
 @_fake("knn_attention_triton_fwd")
-def _knn_attention_fwd_fake(q, k, v, idx, mask, block_k) -> tuple[Tensor, Tensor, Tensor]:
+def _knn_attention_fwd_fake(q, k, v, idx, mask, block_k, block_h) -> tuple[Tensor, Tensor, Tensor]:
     B, H, M, D = q.shape
     low = q.dtype != torch.float32
     out32 = q.new_empty(B, M, H, D, dtype=torch.float32).transpose(1, 2) if low else q.new_empty(0, dtype=torch.float32)
@@ -101,7 +101,7 @@ def _knn_attention_fwd_fake(q, k, v, idx, mask, block_k) -> tuple[Tensor, Tensor
 
 
 @_fake("knn_attention_triton_bwd")
-def _knn_attention_bwd_fake(q, k, v, idx, mask, out32, g, lse, block_k) -> tuple[Tensor, Tensor, Tensor]:
+def _knn_attention_bwd_fake(q, k, v, idx, mask, out32, g, lse, block_k, block_h) -> tuple[Tensor, Tensor, Tensor]:
     B, H, M, D = q.shape
     dk, dv = (t.new_empty(B, k.shape[2], H, D).transpose(1, 2) for t in (k, v))
     return q.new_empty(B, M, H, D).transpose(1, 2), dk, dv

@@ -156,9 +156,9 @@ opcheck(ops.fps_triton, (x, 9, start, None))
 opcheck(ops.knn_triton, (rand(2, 9, 3), x, 5, torch.rand(2, 50, generator=g) > 0.2))
 q, k, v = rand(2, 2, 7, 8), rand(2, 2, 30, 8), rand(2, 2, 30, 8)
 idx = torch.randint(0, 30, (2, 7, 5), generator=g)
-out, lse, out32 = ops.knn_attention_triton_fwd(q, k, v, idx, None, None)
-opcheck(ops.knn_attention_triton_fwd, (q, k, v, idx, None, None))
-opcheck(ops.knn_attention_triton_bwd, (q, k, v, idx, None, out, rand(*out.shape), lse, None))
+out, lse, out32 = ops.knn_attention_triton_fwd(q, k, v, idx, None, None, None)
+opcheck(ops.knn_attention_triton_fwd, (q, k, v, idx, None, None, 2))
+opcheck(ops.knn_attention_triton_bwd, (q, k, v, idx, None, out, rand(*out.shape), lse, None, 2))
 B, H, L, D, E = 2, 2, 13, 8, 3
 N = B * H * L
 q2, k2, v2 = rand(N, D), rand(N, D), rand(N, D)

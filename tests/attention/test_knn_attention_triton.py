@@ -7,6 +7,8 @@ ahead of time (what the interpreter never checks: types, layouts, register use).
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -70,22 +72,25 @@ from attention import CentroidAttention, centroid_attention
 from attention.kernels.knn_attention_triton import knn_attention_triton
 
 # odd M, N, K; D not a power of two; B > 1 and H > 1; a K split into several online-softmax steps (block_k=2), and
-# one in a single step; K > N (neighbours repeat)
-for B, H, M, N, K, D, block_k in [(2, 3, 7, 13, 5, 24, 2), (2, 2, 7, 13, 5, 24, None), (1, 2, 3, 4, 9, 8, 4)]:
+# one in a single step; K > N (neighbours repeat); several heads a program (block_h), with H a multiple of them, and
+# not (the last program's extra heads are masked), and more than H's next power of two (counted as that)
+cases = [(2, 3, 7, 13, 5, 24, 2, None), (2, 2, 7, 13, 5, 24, None, 2), (1, 2, 3, 4, 9, 8, 4, None),
+         (2, 3, 7, 13, 5, 24, 2, 2), (1, 3, 5, 9, 6, 8, None, 4), (1, 2, 3, 4, 9, 8, 4, 8)]
+for B, H, M, N, K, D, block_k, block_h in cases:
     for masked in (False, True):
         (q, k, v, idx), mask, w = _inputs(B, H, M, N, K, D, masked)
-        what = f"B={{B}} H={{H}} M={{M}} N={{N}} K={{K}} D={{D}} block_k={{block_k}} mask={{masked}}"
+        what = f"B={{B}} H={{H}} M={{M}} N={{N}} K={{K}} D={{D}} blocks={{block_k}},{{block_h}} mask={{masked}}"
         ref = _reference(q, k, v, idx, mask, w)
-        kernel = _out_and_grads(lambda a, b, c: knn_attention_triton(a, b, c, idx, mask, block_k), q, k, v, w,
-                                torch.float32)
+        fused = lambda a, b, c: knn_attention_triton(a, b, c, idx, mask, block_k, block_h)  # noqa: E731
+        kernel = _out_and_grads(fused, q, k, v, w, torch.float32)
         _assert_close(kernel, ref, what + " float32")
-        public = _out_and_grads(lambda a, b, c: centroid_attention(a, b, c, idx, mask=mask, backend="triton"),
-                                q, k, v, w, torch.float32)
-        _assert_close(public, ref, what + " backend='triton'")
+        if block_h is None:
+            public = _out_and_grads(lambda a, b, c: centroid_attention(a, b, c, idx, mask=mask, backend="triton"),
+                                    q, k, v, w, torch.float32)
+            _assert_close(public, ref, what + " backend='triton'")
         # bfloat16: within twice the reference's own bfloat16 error
         low = _reference(q, k, v, idx, mask, w, torch.bfloat16)
-        kernel = _out_and_grads(lambda a, b, c: knn_attention_triton(a, b, c, idx, mask, block_k), q, k, v, w,
-                                torch.bfloat16)
+        kernel = _out_and_grads(fused, q, k, v, w, torch.bfloat16)
         _assert_close(kernel, ref, what + " bfloat16", errors=_errors(low, ref))
 
 # the layer: attn_backend="triton" == "gather", output and every parameter's gradient, strided (B, H, ., D) views
@@ -146,18 +151,45 @@ def test_triton_knn_attention_limits_are_refused_by_name(monkeypatch: pytest.Mon
         layer.train()(x, u)
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
+def test_triton_knn_attention_block_sizes_are_checked_before_any_launch() -> None:
+    """Block sizes that are not powers of two, or heads a program too wide for a tile, raise naming the limit (CPU
+    tensors: the check comes before the device's)."""
+    from attention.kernels.knn_attention_triton import knn_attention_triton
+
+    (q, k, v, idx), _, _ = _inputs(1, 4, 3, 6, 2, 24, masked=False)
+    for kwargs, message in (
+        ({"block_h": 3}, "block_h must be a power of two .*got 3"),
+        ({"block_k": 6}, "block_k must be a power of two .*got 6"),
+        ({"block_h": 32}, r"block_h \* next_pow2\(D\) must be <= 512 .*got block_h=32 with D=24"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            knn_attention_triton(q, k, v, idx, **kwargs)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("masked", [False, True])
 def test_triton_knn_attention_on_cuda_equals_reference(dtype: torch.dtype, masked: bool) -> None:
-    """Compiled on CUDA: odd sizes, several blocks of neighbours, masks and repeated neighbours."""
-    for B, H, M, N, K, D in [(2, 3, 257, 1031, 24, 24), (1, 4, 300, 1200, 80, 64), (2, 2, 65, 130, 33, 128)]:
+    """Compiled on CUDA: odd sizes, several blocks of neighbours, masks and repeated neighbours; one head a program
+    (the switchboard's call) and several (``block_h``, with H a multiple of them and not, D a power of two and not,
+    in one step of neighbours and several)."""
+    from attention.kernels.knn_attention_triton import knn_attention_triton
+
+    cases = [(2, 3, 257, 1031, 24, 24, None), (1, 4, 300, 1200, 80, 64, None), (2, 2, 65, 130, 33, 128, None)]
+    cases += [(2, 4, 257, 1031, 80, 16, 4), (2, 3, 129, 515, 24, 24, 4), (1, 4, 300, 1200, 33, 32, 2)]
+    for B, H, M, N, K, D, block_h in cases:
         (q, k, v, idx), mask, w = _inputs(B, H, M, N, K, D, masked, device="cuda")
         ref = _reference(q, k, v, idx, mask, w)
-        fused = lambda a, b, c, idx=idx, mask=mask: centroid_attention(a, b, c, idx, mask=mask, backend="triton")  # noqa: E731
+        if block_h is None:
+            fused = lambda a, b, c, idx=idx, mask=mask: centroid_attention(a, b, c, idx, mask=mask, backend="triton")  # noqa: E731
+        else:
+            # several steps of neighbours for every block_h case: K = 80 at D = 16, or 8 a step
+            bk = None if K > 64 else 8
+            fused = partial(knn_attention_triton, idx=idx, mask=mask, block_k=bk, block_h=block_h)
         got = _out_and_grads(fused, q, k, v, w, dtype)
-        what = f"cuda {dtype} B={B} H={H} M={M} N={N} K={K} D={D} mask={masked}"
+        what = f"cuda {dtype} B={B} H={H} M={M} N={N} K={K} D={D} block_h={block_h} mask={masked}"
         if dtype == torch.float32:
             _assert_close(got, ref, what, rtol=1e-4)
         else:
@@ -189,9 +221,9 @@ def test_layer_auto_takes_the_fused_kernel_on_cuda_and_equals_gather_under_amp()
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton missing")
 def test_triton_knn_attention_kernels_compile_for_an_h100() -> None:
-    """What the interpreter never checks (types, layouts, the 1-element loop-carried tensors): compile both kernels
-    for sm_90 ahead of time, float32 and bfloat16, at the block sizes of K = 32 with D = 16 to 128; no GPU needed
-    (Triton bundles ptxas)."""
+    """What the interpreter never checks (types, layouts, the loop-carried tensors): compile both kernels for sm_90
+    ahead of time, float32 and bfloat16, at the block sizes of K = 32 with D = 16 to 128, one head a program and
+    four; no GPU needed (Triton bundles ptxas)."""
     from attention.kernels import knn_attention_triton as ka
 
     skip_if_interpreted(ka._knn_attn_fwd_kernel)
@@ -199,10 +231,10 @@ def test_triton_knn_attention_kernels_compile_for_an_h100() -> None:
         fwd = {"q_ptr": dt, "k_ptr": dt, "v_ptr": dt, "idx_ptr": "i64", "mask_ptr": "u8", "out_ptr": dt}
         fwd |= {"out32_ptr": "fp32", "lse_ptr": "fp32"}
         bwd = {**fwd, "out_ptr": "fp32", "g_ptr": dt, "dq_ptr": dt, "dk_ptr": "fp32", "dv_ptr": "fp32"}
-        for D in (16, 128):
-            bk, bd, warps = ka._blocks(32, D, None)
+        for D, block_h in ((16, 1), (16, 4), (32, 4), (128, 1)):  # heads a program: one, or four
+            bk, bh, bd, warps = ka._blocks(32, 4, D, None, block_h)
             for fn, ptrs, extra in ((ka._knn_attn_fwd_kernel, fwd, {"STORE_F32": dt != "fp32"}),
                                     (ka._knn_attn_bwd_kernel, bwd, {})):  # fmt: skip
-                consts = {"HAS_MASK": True, "BLOCK_K": bk, "BLOCK_D": bd, **extra}
+                consts = {"HAS_MASK": True, "BLOCK_K": bk, "BLOCK_H": bh, "BLOCK_D": bd, **extra}
                 sig = {name: f"*{ptrs[name]}" if name in ptrs else "i32" for name in fn.arg_names if name not in consts}
                 compile_for_sm90(fn, {**sig, "scale": "fp32"}, consts, warps)
