@@ -73,7 +73,7 @@ def _rows(base, j, s_n, offs_c, tile):
 @triton.jit
 def _per_head(x, BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """``(BLOCK_K, BLOCK_H * BLOCK_D)`` -> ``(BLOCK_K, BLOCK_H)``: the sum over each head's channels."""
-    if BLOCK_H == 1:  # no reshape: one head's tiles keep the layouts ptxas allocates without spilling
+    if BLOCK_H == 1:  # a plain row sum: a reshape costs layout conversions, and one head needs none
         y = tl.sum(x, axis=1)[:, None]
     else:
         y = tl.sum(tl.reshape(x, (BLOCK_K, BLOCK_H, BLOCK_D)), axis=2)
@@ -96,13 +96,8 @@ def _channel_index(h0, H, D, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """The program's channels, BLOCK_D of each of its heads from ``h0`` on, head-major: each one's head (from h0)
     and index in the head, and which are real (``(BLOCK_H * BLOCK_D,)`` each)."""
     ch = tl.arange(0, BLOCK_H * BLOCK_D)
-    if BLOCK_H == 1:
-        ch_h = tl.zeros([BLOCK_D], tl.int32)
-        mask_c = ch < D
-    else:
-        ch_h = ch // BLOCK_D
-        mask_c = (h0 + ch_h < H) & (ch % BLOCK_D < D)
-    return ch_h, ch % BLOCK_D, mask_c
+    ch_h, ch_d = ch // BLOCK_D, ch % BLOCK_D
+    return ch_h, ch_d, (h0 + ch_h < H) & (ch_d < D)
 
 
 @triton.jit
