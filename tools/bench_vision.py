@@ -18,15 +18,18 @@ convolution for the fixed shapes (``torch.backends.cudnn.benchmark``, as timm's 
   calls each, so a change in background load hits every row alike; images/s = batch / the median (or ``--stat min``)
   time of a round;
 * ``vs DeiT`` = images/s over the same-width DeiT's images/s in the same run (tiny rows against DeiT-tiny, small
-  rows against DeiT-small).
+  rows against DeiT-small);
+* ``--batch`` takes several sizes: every row at each, one table per size.
 
 Targets (:func:`vision.bench.ours_target`): Ours-1 (``centroid_deit_tiny_c6_patch16_224``) at least 1.4x
 DeiT-tiny's inference images/s on CPU fp32, and at least 1.5x on a GPU with AMP (95% of its MAC ratio; Token
 Merging's best DeiT-Ti result is 1.56x), both models run the same way: ``--compile both`` times each model eager and
-compiled and the verdict takes the better mode (naming it). The verdict prints under the table; ``--json`` writes it
-with every row::
+compiled and the verdict takes the better mode (naming it). With several batch sizes each model's throughput is its
+images/s at its best one, as DeiT and Token Merging report throughput (at a batch that fills the GPU; Ours-1's
+50-token blocks launch kernels a quarter the size of DeiT's). The verdict prints under the tables; ``--json`` writes
+it with every row::
 
-    python tools/bench_vision.py --device cuda --amp --batch 512 --compile both \\
+    python tools/bench_vision.py --device cuda --amp --batch 512 2048 --compile both \\
         --models deit_tiny_patch16_224 centroid_deit_tiny_c6_patch16_224
 
 ``--profile DIR`` profiles each row's inference call after timing it: an op table and a Chrome trace per row, and a
@@ -48,7 +51,8 @@ from vision.bench import COMPILE_CHOICES, benchmark, model_names, ours_target, t
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batch", type=int, nargs="+", default=[32],
+                        help="one table per batch size; the target reads each model at its best one")  # fmt: skip
     parser.add_argument("--img-size", type=int, default=224)
     parser.add_argument("--models", nargs="+", default=None, help="default: DeiT-tiny/small + every vision model")
     parser.add_argument("--repeats", type=int, default=3)
@@ -77,20 +81,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
     amp = args.amp and device.type == "cuda"
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # the fastest convolution for the fixed shapes, as timm's benchmark.py
-    results = benchmark(model_names(args.models), device, batch=args.batch, img_size=args.img_size,
-                        repeats=args.repeats, warmup=args.warmup, stat=args.stat, amp=amp,
-                        compile_models=args.compile, train=not args.no_train, compile_mode=args.compile_mode,
-                        channels_last=args.channels_last, profile=args.profile)  # fmt: skip
     compile_what = args.compile if args.compile == "no" else f"{args.compile} ({args.compile_mode})"
     what = f"bf16 autocast {amp}, compile {compile_what}, {args.stat} of {args.repeats} rounds"
     what += ", channels last" if args.channels_last else ""
     print(f"# bench_vision on {device}: {describe_machine(device)}")
-    print(f"# batch {args.batch}, {args.img_size} px, fp32 weights, {what}\n")
+    print(f"# batch {' and '.join(map(str, args.batch))}, {args.img_size} px, fp32 weights, {what}\n", flush=True)
+    results: list[dict] = []
     tables: list[dict] = []
-    print_table(*table(results, train=not args.no_train), tables)
-    if args.profile:
-        profiled = profile_rows(results, lambda r: r["label"], ms_key="infer_ms")
-        print_table(PROFILE_HEADERS, profiled, tables, title=f"profile, inference ({args.profile})")
+    several = len(args.batch) > 1
+    for batch in args.batch:
+        measured = benchmark(model_names(args.models), device, batch=batch, img_size=args.img_size,
+                             repeats=args.repeats, warmup=args.warmup, stat=args.stat, amp=amp,
+                             compile_models=args.compile, train=not args.no_train, compile_mode=args.compile_mode,
+                             channels_last=args.channels_last, profile=args.profile)  # fmt: skip
+        results += [{"batch": batch, **r} for r in measured]
+        print_table(*table(measured, train=not args.no_train), tables, title=f"batch {batch}" if several else None)
+        if args.profile:
+            profiled = profile_rows(measured, lambda r: r["label"], ms_key="infer_ms")
+            title = f"profile, inference{f', batch {batch}' if several else ''} ({args.profile})"
+            print_table(PROFILE_HEADERS, profiled, tables, title=title)
     targets = [ours_target(results, device)]
     finish("bench_vision", device, args, targets, argv=argv, results=results, tables=tables)
     return results

@@ -52,3 +52,22 @@ def test_channels_last_runs_every_model_in_that_format(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     assert ", channels last" in run.stdout
     assert json.loads(path.read_text())["args"]["channels_last"] is True
+
+
+def test_several_batch_sizes_give_a_table_each_and_one_verdict(tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    argv = ["--batch", "1", "2", "--img-size", "32", "--repeats", "1", "--warmup", "0", "--models", OURS_1,
+            "--no-train", "--json", str(path)]  # fmt: skip
+    run = run_tool("bench_vision", argv)
+    assert run.returncode == 0, run.stderr
+    assert "# batch 1 and 2, 32 px" in run.stdout and "## batch 1\n" in run.stdout and "## batch 2\n" in run.stdout
+    payload = json.loads(path.read_text())
+    assert [(r["batch"], r["model"]) for r in payload["results"]] == [
+        (1, "deit_tiny_patch16_224"), (1, OURS_1), (2, "deit_tiny_patch16_224"), (2, OURS_1)
+    ]  # fmt: skip
+    assert [t["title"] for t in payload["tables"]] == ["batch 1", "batch 2"]
+    (target,) = payload["targets"]
+    best = {m: max((r for r in payload["results"] if r["model"] == m), key=lambda r: r["infer_ips"]) for m in
+            ("deit_tiny_patch16_224", OURS_1)}  # fmt: skip
+    assert target["measured"] == best[OURS_1]["infer_ips"] / best["deit_tiny_patch16_224"]["infer_ips"]
+    assert target["detail"] == f"(batch {best[OURS_1]['batch']}; DeiT-tiny's {best['deit_tiny_patch16_224']['batch']})"
