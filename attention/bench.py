@@ -15,6 +15,7 @@ import itertools
 import logging
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,10 +35,12 @@ from engine.bench import (
     run_config,
     target,
     time_fn,
+    time_round_robin,
 )
 
 from . import backends, points
 from .centroid import CentroidAttention, attention_step_reference
+from .centroid import functional as centroid_functional
 from .mixers import build_mixer
 from .mixers import functional as mixer_functional
 from .points import farthest_point_sample
@@ -55,6 +58,9 @@ __all__ = [
     "KERNEL_MIXERS",
     "KERNEL_TARGETS",
     "KNN_HEADERS",
+    "KNN_KERNEL_BATCH",
+    "KNN_KERNEL_HEADERS",
+    "KNN_KERNEL_PRESETS",
     "LARGE_CLOUDS",
     "LARGE_HEADERS",
     "MIXER_BASELINES",
@@ -68,6 +74,9 @@ __all__ = [
     "fps_cluster_target",
     "fsat_target",
     "kernel_targets",
+    "knn_kernel_fastest",
+    "knn_kernel_rows",
+    "knn_kernel_table",
     "large_cloud_rows",
     "large_clouds",
     "measure_centroid",
@@ -817,3 +826,155 @@ def mixer_table(results: Sequence[dict]) -> tuple[list[str], list[list]]:
         cells += [r["dense_bhlld_mb"], r["vs_bhlld"]] if "dense_bhlld_mb" in r else ["", ""]
         rows.append(cells)
     return headers, rows
+
+
+# (name, M, N, K, H, D) of each KNN attention of the ModelNet40 centroid transformer at 1024 points
+# (pointcloud.CentroidTransformer's defaults: widths 64, 128, 128, 512, 4 heads, K = 24, half the points per CA block)
+KNN_KERNEL_PRESETS = {
+    "modelnet": (
+        ("SA1", 1024, 1024, 24, 4, 16),
+        ("CA1", 512, 1024, 24, 4, 32),
+        ("SA2", 512, 512, 24, 4, 32),
+        ("CA2", 256, 512, 24, 4, 128),
+    ),
+    # tools/bench_centroid.py's step: M = N / 4 centroids, K = 32, C = 128 in 4 heads
+    "centroid": tuple((f"N={n}", n // 4, n, 32, 4, 32) for n in (1024, 4096, 16384)),
+}
+KNN_KERNEL_BATCH = {"modelnet": 32, "centroid": 1}  # the batch each preset's model or bench runs at
+KNN_KERNEL_HEADERS = ["shape", "B", "M", "N", "K", "H", "D", "form", "fwd ms", "fwd+bwd ms", "vs block_h=1",
+                      "vs gather", "max |out - gather|"]  # fmt: skip
+
+
+def knn_kernel_rows(
+    preset: str | Sequence[tuple[str, int, int, int, int, int]],
+    device: torch.device | str,
+    *,
+    batch: int | None = None,
+    block_hs: Sequence[int] = (1, 2, 4),
+    dtype: torch.dtype = torch.float32,
+    repeats: int = 5,
+    inner: int = 1,
+) -> list[dict]:
+    """The fused KNN-attention kernel (:func:`attention.kernels.knn_attention_triton.knn_attention_triton`) at each
+    heads-per-program of ``block_hs``, against the gather path (``centroid_attention(..., backend="gather")``), at the
+    shapes of :data:`KNN_KERNEL_PRESETS` ``[preset]`` (batch: ``batch`` or the preset's), or at ``preset`` given as
+    shapes ``(name, M, N, K, H, D)`` (batch: ``batch`` or 1).
+
+    Inputs are random, in the layer's layout (q, k, v ``(B, H, *, D)`` views of ``(B, *, H, D)`` tensors), each
+    centroid with K distinct random neighbours. Per shape the forms are timed round-robin
+    (:func:`engine.bench.time_round_robin`), each call ``inner`` times a round (a GPU then runs the launches back to
+    back), the median round per call: ``fwd_ms`` (no grad) and ``step_ms`` (forward + backward from a random output
+    gradient). The kernel's rows run on CUDA, or on CPU under ``TRITON_INTERPRET=1``; elsewhere one row per shape
+    carries ``skipped`` (why).
+
+    Returns:
+        One dict per (shape, form): ``shape``, ``B``, ``M``, ``N``, ``K``, ``H``, ``D``, ``form`` (``"gather"`` or
+        ``"block_h=n"``), ``block_h``, ``fwd_ms``, ``step_ms``, ``vs_bh1`` and ``vs_gather`` (the step's speedup),
+        ``max_diff`` (the output against the gather path's), or ``skipped``.
+    """
+    if isinstance(preset, str):
+        if preset not in KNN_KERNEL_PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(KNN_KERNEL_PRESETS)}")
+        shapes, batch = KNN_KERNEL_PRESETS[preset], batch or KNN_KERNEL_BATCH[preset]
+    else:
+        shapes, batch = preset, batch or 1
+    for name, M, N, K, H, D in shapes:
+        if not (min(M, N, K, H, D) >= 1 and K <= N):
+            raise ValueError(f"shape {name}: need M, N, K, H, D >= 1 and K <= N, got {(M, N, K, H, D)}")
+    device = torch.device(device)
+    kernel_ok = backends.available("knn_attention", "triton", device)
+    rows: list[dict] = []
+    for name, M, N, K, H, D in shapes:
+        shape = {"shape": name, "B": batch, "M": M, "N": N, "K": K, "H": H, "D": D}
+        rows += _knn_kernel_shape(shape, device, block_hs if kernel_ok else (), dtype, repeats, inner)
+        if not kernel_ok:
+            why = "the Triton kernel runs on CUDA (or on CPU under TRITON_INTERPRET=1)"
+            rows.append({**shape, "form": "block_h", "block_h": None, "skipped": why})
+        _logger.info("timed %s", " ".join(f"{k}={v}" for k, v in shape.items()))
+    return rows
+
+
+def _knn_kernel_shape(
+    shape: dict, device: torch.device, block_hs: Sequence[int], dtype: torch.dtype, repeats: int, inner: int
+) -> list[dict]:
+    """:func:`knn_kernel_rows`' rows of one shape: the gather path and the kernel at each of ``block_hs``."""
+    B, M, N, K, H, D = (shape[k] for k in ("B", "M", "N", "K", "H", "D"))
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, n, H, D, generator=gen).to(device, dtype).transpose(1, 2) for n in (M, N, N))
+    pick = torch.rand(B, M, N, generator=torch.Generator(device).manual_seed(0), device=device)
+    idx = pick.topk(K, dim=-1).indices  # K distinct random neighbours per centroid
+    grad = torch.randn(B, M, H, D, generator=gen).to(device, dtype).transpose(1, 2)
+    leaves = [t.requires_grad_(True) for t in (q, k, v)]
+    forms: dict[str, Callable[[], Tensor]] = {
+        "gather": partial(centroid_functional.centroid_attention, q, k, v, idx, backend="gather")
+    }
+    if block_hs:
+        from .kernels.knn_attention_triton import knn_attention_triton
+
+        for bh in dict.fromkeys(block_hs):
+            runs_as = min(bh, 1 << (H - 1).bit_length())  # the kernel counts a block_h past H's power of two as that
+            label = f"block_h={bh}" if runs_as == bh else f"block_h={bh} (runs as {runs_as})"
+            forms[label] = partial(knn_attention_triton, q, k, v, idx, block_h=bh)
+    outs, refused = {}, []
+    with torch.no_grad():
+        for form, fn in list(forms.items()):
+            try:
+                outs[form] = fn().float()
+            except ValueError as e:  # block sizes the kernel refuses for this shape (its message says why)
+                bh = int(form.split("=")[1].split()[0])
+                refused.append({**shape, "form": form, "block_h": bh, "skipped": str(e)})
+                del forms[form]
+
+    def infer(fn: Callable[[], Tensor]) -> None:
+        with torch.no_grad():
+            for _ in range(inner):
+                fn()
+
+    def step(fn: Callable[[], Tensor]) -> None:
+        for _ in range(inner):
+            fn().backward(grad)
+            for t in leaves:
+                t.grad = None
+
+    fns = [partial(kind, fn) for kind in (infer, step) for fn in forms.values()]
+    medians = [statistics.median(t) / inner for t in time_round_robin(fns, device, repeats, warmup=1)]
+    fwd, steps = dict(zip(forms, medians[: len(forms)])), dict(zip(forms, medians[len(forms) :]))
+    return [
+        {**shape, "form": form, "block_h": None if form == "gather" else int(form.split("=")[1].split()[0]),
+         "fwd_ms": fwd[form], "step_ms": steps[form],
+         "vs_bh1": steps["block_h=1"] / steps[form] if "block_h=1" in steps else None,
+         "vs_gather": steps["gather"] / steps[form], "max_diff": (outs[form] - outs["gather"]).abs().max().item()}
+        for form in forms
+    ] + refused  # fmt: skip
+
+
+def knn_kernel_table(rows: Sequence[dict]) -> list[list]:
+    """:data:`KNN_KERNEL_HEADERS`' rows of :func:`knn_kernel_rows` (a skipped form: its reason)."""
+    out = []
+    for r in rows:
+        head = [r[k] for k in ("shape", "B", "M", "N", "K", "H", "D", "form")]
+        if "skipped" in r:
+            out.append([*head, f"not timed: {r['skipped']}", *["-"] * 4])
+            continue
+        ratio = lambda x: "-" if x is None else x  # noqa: E731
+        out.append([*head, r["fwd_ms"], r["step_ms"], ratio(r["vs_bh1"]), r["vs_gather"], r["max_diff"]])
+    return out
+
+
+def knn_kernel_fastest(rows: Sequence[dict]) -> dict | None:
+    """The ``block_h`` (as requested: a layer's default) whose forward + backward takes the least time summed over
+    the shapes of ``rows``: ``{"block_h", "step_ms", "sums"}`` (``sums``: each one's ``{"block_h", "step_ms"}``, in
+    order), among those that ran at every shape; None where none did."""
+    shapes = {r["shape"] for r in rows}
+    totals: dict[int, float] = {}
+    ran: dict[int, set] = {}
+    for r in rows:
+        if r.get("block_h") is not None and "skipped" not in r:
+            totals[r["block_h"]] = totals.get(r["block_h"], 0.0) + r["step_ms"]
+            ran.setdefault(r["block_h"], set()).add(r["shape"])
+    totals = {bh: ms for bh, ms in totals.items() if ran[bh] == shapes}
+    if not totals:
+        return None
+    best = min(totals, key=totals.get)
+    sums = [{"block_h": bh, "step_ms": ms} for bh, ms in sorted(totals.items())]
+    return {"block_h": best, "step_ms": totals[best], "sums": sums}

@@ -32,8 +32,8 @@ __all__ = [
 REPORT_KEYS = ("tool", "command", "commit", "machine", "args", "tables", "targets")
 DEVICE_ORDER = ("cpu", "cuda")
 # the page's order: the core ops, then the models by domain; a bench not listed here comes after them, by name
-TOOL_ORDER = ("bench_points", "bench_centroid", "bench_mixers", "bench_modelnet", "bench_partseg", "bench_vision",
-              "bench_capsules")  # fmt: skip
+TOOL_ORDER = ("bench_points", "bench_centroid", "bench_knn_attention", "bench_mixers", "bench_modelnet",
+              "bench_partseg", "bench_vision", "bench_capsules")  # fmt: skip
 
 _INTRO = """\
 # Benchmarks

@@ -11,7 +11,8 @@ Sections, each a subprocess with its own time limit (one failing or timing out d
   on CPU the ``gpu`` tests are collected and skip, which is what CI checks;
 * ``kernels``: the Triton kernels against the torch path they replace, in one process: FPS (B=32, N=1024, M=512)
   and the Cauchy / Vandermonde mixers (L = 4096, forward + backward);
-* ``bench_points``, ``bench_centroid``, ``bench_modelnet`` (bf16 AMP on CUDA), ``bench_vision`` (bf16 AMP on CUDA),
+* ``bench_points``, ``bench_centroid``, ``bench_knn_attention`` (the fused KNN-attention kernel's heads per program
+  at the ModelNet40 model's shapes), ``bench_modelnet`` (bf16 AMP on CUDA), ``bench_vision`` (bf16 AMP on CUDA),
   ``bench_mixers`` (softmax attention by matmul and by SDPA/flash as baselines, L up to 16K), ``bench_capsules``
   (the max-batch column against the GPU's memory): the tools/bench_*.py scripts with ``--device``, each printing
   ratios against a baseline measured in the same run, and each writing ``--json`` with its rows and its own targets;
@@ -84,6 +85,7 @@ SECTIONS = (
     "kernels",
     "bench_points",
     "bench_centroid",
+    "bench_knn_attention",
     "bench_modelnet",
     "bench_vision",
     "bench_mixers",
@@ -95,7 +97,7 @@ SECTIONS = (
 # The full check in two shorter runs, for machines that limit a job's length: ``--part 1``, then
 # ``--part 2`` into the same ``--out``; part 2 keeps part 1's sections and the summary covers both.
 PARTS = {
-    1: ("env", "tests", "kernels", "bench_points", "bench_centroid", "bench_modelnet"),
+    1: ("env", "tests", "kernels", "bench_points", "bench_centroid", "bench_knn_attention", "bench_modelnet"),
     2: ("env", "bench_vision", "bench_mixers", "bench_capsules", "train_modelnet", "train_capsules", "train_deit"),
 }
 # Seconds a bench section may take (quick, full), beyond the default (240, 600): the benches whose compiled rows
@@ -346,6 +348,10 @@ def bench_args(ctx: Ctx, name: str) -> list[str]:
             return [*d, "--points", "256", "--dim", "32", "--k", "8", "--repeats", "1"]
         # quick: both ends of the fused KNN step's target range (N = 1K-16K against SDPA)
         return [*d, "--points", "1024", "16384"] if quick else d
+    if name == "bench_knn_attention":
+        # CUDA: the ModelNet40 model's four shapes at batch 32 (the kernel at 1, 2 and 4 heads a program); CPU: the
+        # gather path at one small shape (the kernel's rows say why they are not timed)
+        return d if cuda else [*d, "--shape", "S", "64", "256", "8", "4", "16", "--repeats", "1"]
     if name == "bench_modelnet":
         few = ["centroid_transformer_modelnet40", "centroid_transformer_modelnet40_random", POINTNET2]
         if not cuda:
