@@ -36,6 +36,7 @@ from engine.bench import (
     target,
     time_fn,
     time_round_robin,
+    unit_sphere_clouds,
 )
 
 from . import backends, points
@@ -76,6 +77,7 @@ __all__ = [
     "kernel_targets",
     "knn_kernel_fastest",
     "knn_kernel_rows",
+    "knn_kernel_shapes",
     "knn_kernel_table",
     "large_cloud_rows",
     "large_clouds",
@@ -845,32 +847,15 @@ KNN_KERNEL_HEADERS = ["shape", "B", "M", "N", "K", "H", "D", "form", "fwd ms", "
                       "vs gather", "max |out - gather|"]  # fmt: skip
 
 
-def knn_kernel_rows(
-    preset: str | Sequence[tuple[str, int, int, int, int, int]],
-    device: torch.device | str,
-    *,
-    batch: int | None = None,
-    block_hs: Sequence[int] = (1, 2, 4),
-    dtype: torch.dtype = torch.float32,
-    repeats: int = 5,
-    inner: int = 1,
+def knn_kernel_shapes(
+    preset: str | Sequence[tuple[str, int, int, int, int, int]], batch: int | None = None
 ) -> list[dict]:
-    """The fused KNN-attention kernel (:func:`attention.kernels.knn_attention_triton.knn_attention_triton`) at each
-    heads-per-program of ``block_hs``, against the gather path (``centroid_attention(..., backend="gather")``), at the
-    shapes of :data:`KNN_KERNEL_PRESETS` ``[preset]`` (batch: ``batch`` or the preset's), or at ``preset`` given as
-    shapes ``(name, M, N, K, H, D)`` (batch: ``batch`` or 1).
+    """The shapes :func:`knn_kernel_rows` times: :data:`KNN_KERNEL_PRESETS` ``[preset]`` at ``batch`` (default: the
+    preset's, :data:`KNN_KERNEL_BATCH`), or ``preset`` given as ``(name, M, N, K, H, D)`` tuples (batch default 1),
+    each as ``{"shape", "B", "M", "N", "K", "H", "D"}``.
 
-    Inputs are random, in the layer's layout (q, k, v ``(B, H, *, D)`` views of ``(B, *, H, D)`` tensors), each
-    centroid with K distinct random neighbours. Per shape the forms are timed round-robin
-    (:func:`engine.bench.time_round_robin`), each call ``inner`` times a round (a GPU then runs the launches back to
-    back), the median round per call: ``fwd_ms`` (no grad) and ``step_ms`` (forward + backward from a random output
-    gradient). The kernel's rows run on CUDA, or on CPU under ``TRITON_INTERPRET=1``; elsewhere one row per shape
-    carries ``skipped`` (why).
-
-    Returns:
-        One dict per (shape, form): ``shape``, ``B``, ``M``, ``N``, ``K``, ``H``, ``D``, ``form`` (``"gather"`` or
-        ``"block_h=n"``), ``block_h``, ``fwd_ms``, ``step_ms``, ``vs_bh1`` and ``vs_gather`` (the step's speedup),
-        ``max_diff`` (the output against the gather path's), or ``skipped``.
+    Raises:
+        ValueError: an unknown preset, or a shape without M, N, K, H, D, B >= 1 and K <= N.
     """
     if isinstance(preset, str):
         if preset not in KNN_KERNEL_PRESETS:
@@ -878,14 +863,46 @@ def knn_kernel_rows(
         shapes, batch = KNN_KERNEL_PRESETS[preset], batch or KNN_KERNEL_BATCH[preset]
     else:
         shapes, batch = preset, batch or 1
+    out = []
     for name, M, N, K, H, D in shapes:
-        if not (min(M, N, K, H, D) >= 1 and K <= N):
-            raise ValueError(f"shape {name}: need M, N, K, H, D >= 1 and K <= N, got {(M, N, K, H, D)}")
+        if not (min(batch, M, N, K, H, D) >= 1 and K <= N):
+            raise ValueError(f"shape {name}: need B, M, N, K, H, D >= 1 and K <= N, got {(batch, M, N, K, H, D)}")
+        out.append({"shape": name, "B": batch, "M": M, "N": N, "K": K, "H": H, "D": D})
+    return out
+
+
+def knn_kernel_rows(
+    shapes: Sequence[dict],
+    device: torch.device | str,
+    *,
+    block_hs: Sequence[int] = (1, 2, 4),
+    dtype: torch.dtype = torch.float32,
+    repeats: int = 5,
+    inner: int = 1,
+) -> list[dict]:
+    """The fused KNN-attention kernel (:func:`attention.kernels.knn_attention_triton.knn_attention_triton`) at each
+    heads-per-program of ``block_hs``, against the gather path (the layer's form without the kernel,
+    :func:`attention.centroid.functional.knn_centroid_attention`), at each of ``shapes`` (:func:`knn_kernel_shapes`).
+
+    Inputs are in the layer's layout: q a ``(B, H, M, D)`` view of ``(B, M, H, D)``, k and v views of one
+    ``(B, N, 2, H, D)`` tensor (the layer's ``kv`` projection), random values; each centroid attends to its K nearest
+    of N random points (the first M points are the centroids: neighbour sets that nearby centroids share, as a KNN
+    search gives). Per shape the forms are timed round-robin (:func:`engine.bench.time_round_robin`), each call
+    ``inner`` times a round (a GPU then runs the launches back to back), the median round per call: ``fwd_ms`` (no
+    grad) and ``step_ms`` (forward + backward from a random output gradient). The kernel's rows run on CUDA, or on
+    CPU under ``TRITON_INTERPRET=1``; elsewhere one row per shape says why they did not.
+
+    Returns:
+        One dict per (shape, form), with the shape's keys and ``form``: ``"gather"``, ``"block_h=n"``, or ``"block_h=n
+        (runs as m)"`` where n is past H's next power of two m (the kernel counts it as m). A timed row has
+        ``block_h`` (n; None for gather), ``fwd_ms``, ``step_ms``, ``vs_bh1`` and ``vs_gather`` (the step's speedup
+        over block_h=1's and the gather path's) and ``max_diff`` (its output against the gather path's); a block size
+        the kernel refuses for the shape, and the kernel's row where it cannot run, have ``skipped`` (the reason).
+    """
     device = torch.device(device)
     kernel_ok = backends.available("knn_attention", "triton", device)
     rows: list[dict] = []
-    for name, M, N, K, H, D in shapes:
-        shape = {"shape": name, "B": batch, "M": M, "N": N, "K": K, "H": H, "D": D}
+    for shape in shapes:
         rows += _knn_kernel_shape(shape, device, block_hs if kernel_ok else (), dtype, repeats, inner)
         if not kernel_ok:
             why = "the Triton kernel runs on CUDA (or on CPU under TRITON_INTERPRET=1)"
@@ -900,13 +917,15 @@ def _knn_kernel_shape(
     """:func:`knn_kernel_rows`' rows of one shape: the gather path and the kernel at each of ``block_hs``."""
     B, M, N, K, H, D = (shape[k] for k in ("B", "M", "N", "K", "H", "D"))
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(B, n, H, D, generator=gen).to(device, dtype).transpose(1, 2) for n in (M, N, N))
-    pick = torch.rand(B, M, N, generator=torch.Generator(device).manual_seed(0), device=device)
-    idx = pick.topk(K, dim=-1).indices  # K distinct random neighbours per centroid
+    q_rows = torch.randn(B, M, H, D, generator=gen).to(device, dtype).requires_grad_(True)
+    kv_rows = torch.randn(B, N, 2, H, D, generator=gen).to(device, dtype).requires_grad_(True)
     grad = torch.randn(B, M, H, D, generator=gen).to(device, dtype).transpose(1, 2)
-    leaves = [t.requires_grad_(True) for t in (q, k, v)]
+    q = q_rows.transpose(1, 2)
+    k, v = (t.transpose(1, 2) for t in kv_rows.unbind(2))
+    pos = unit_sphere_clouds(B, N, seed=0).to(device)
+    _, idx = points.knn(pos[:, :M], pos, K)  # (B, M, K)
     forms: dict[str, Callable[[], Tensor]] = {
-        "gather": partial(centroid_functional.centroid_attention, q, k, v, idx, backend="gather")
+        "gather": partial(centroid_functional.knn_centroid_attention, q, k, v, idx)
     }
     if block_hs:
         from .kernels.knn_attention_triton import knn_attention_triton
@@ -915,14 +934,15 @@ def _knn_kernel_shape(
             runs_as = min(bh, 1 << (H - 1).bit_length())  # the kernel counts a block_h past H's power of two as that
             label = f"block_h={bh}" if runs_as == bh else f"block_h={bh} (runs as {runs_as})"
             forms[label] = partial(knn_attention_triton, q, k, v, idx, block_h=bh)
+    block_h = lambda form: None if form == "gather" else int(form.split("=")[1].split()[0])  # noqa: E731
     outs, refused = {}, []
     with torch.no_grad():
         for form, fn in list(forms.items()):
             try:
                 outs[form] = fn().float()
             except ValueError as e:  # block sizes the kernel refuses for this shape (its message says why)
-                bh = int(form.split("=")[1].split()[0])
-                refused.append({**shape, "form": form, "block_h": bh, "skipped": str(e)})
+                refused.append({**shape, "form": f"block_h={block_h(form)}", "block_h": block_h(form),
+                                "skipped": str(e)})  # fmt: skip
                 del forms[form]
 
     def infer(fn: Callable[[], Tensor]) -> None:
@@ -933,15 +953,13 @@ def _knn_kernel_shape(
     def step(fn: Callable[[], Tensor]) -> None:
         for _ in range(inner):
             fn().backward(grad)
-            for t in leaves:
-                t.grad = None
+            q_rows.grad = kv_rows.grad = None
 
     fns = [partial(kind, fn) for kind in (infer, step) for fn in forms.values()]
     medians = [statistics.median(t) / inner for t in time_round_robin(fns, device, repeats, warmup=1)]
     fwd, steps = dict(zip(forms, medians[: len(forms)])), dict(zip(forms, medians[len(forms) :]))
     return [
-        {**shape, "form": form, "block_h": None if form == "gather" else int(form.split("=")[1].split()[0]),
-         "fwd_ms": fwd[form], "step_ms": steps[form],
+        {**shape, "form": form, "block_h": block_h(form), "fwd_ms": fwd[form], "step_ms": steps[form],
          "vs_bh1": steps["block_h=1"] / steps[form] if "block_h=1" in steps else None,
          "vs_gather": steps["gather"] / steps[form], "max_diff": (outs[form] - outs["gather"]).abs().max().item()}
         for form in forms

@@ -30,6 +30,7 @@ from attention.bench import (
     KNN_KERNEL_PRESETS,
     knn_kernel_fastest,
     knn_kernel_rows,
+    knn_kernel_shapes,
     knn_kernel_table,
 )
 from engine.bench import describe_machine, finish, print_table
@@ -56,14 +57,19 @@ def main(argv: list[str] | None = None) -> dict:
     bad = [b for b in args.block_h if b < 1 or b & (b - 1)]
     if bad:
         parser.error(f"--block-h takes powers of two, got {bad}")
-    if args.batch is not None and args.batch < 1:
-        parser.error(f"--batch must be >= 1, got {args.batch}")
-    shapes = args.preset
+    for flag, value in (("--batch", args.batch), ("--repeats", args.repeats), ("--inner", args.inner)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
+    preset = args.preset
     if args.shape:
         try:
-            shapes = [(name, *(int(n) for n in sizes)) for name, *sizes in args.shape]
+            preset = [(name, *(int(n) for n in sizes)) for name, *sizes in args.shape]
         except ValueError:
             parser.error(f"--shape takes a name and five integers M N K H D, got {args.shape}")
+    try:
+        shapes = knn_kernel_shapes(preset, args.batch)
+    except ValueError as e:
+        parser.error(str(e))
     logging.basicConfig(level=logging.INFO, format="  %(message)s")  # each shape as it is timed, on stderr
     cuda = args.device == "cuda"
     dtype = DTYPES[args.dtype or ("bf16" if cuda else "fp32")]
@@ -71,11 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"# bench_knn_attention on {args.device}: {describe_machine(args.device)}")
     what = "shapes of --shape" if args.shape else f"preset {args.preset}"
     print(f"# {what}, {dtype}, median of {args.repeats} rounds of {inner} calls\n", flush=True)
-    try:
-        rows = knn_kernel_rows(shapes, args.device, batch=args.batch, block_hs=args.block_h, dtype=dtype,
-                               repeats=args.repeats, inner=inner)  # fmt: skip
-    except ValueError as e:
-        parser.error(str(e))
+    rows = knn_kernel_rows(shapes, args.device, block_hs=args.block_h, dtype=dtype, repeats=args.repeats, inner=inner)
     tables: list[dict] = []
     print_table(KNN_KERNEL_HEADERS, knn_kernel_table(rows), tables)
     fastest = knn_kernel_fastest(rows)

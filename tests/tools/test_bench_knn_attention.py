@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attention.centroid.layer as centroid_layer
-from attention.bench import KNN_KERNEL_BATCH, KNN_KERNEL_PRESETS, knn_kernel_fastest
+from attention.bench import KNN_KERNEL_PRESETS, knn_kernel_fastest
 from engine.testing import run_tool
 
 
@@ -30,7 +30,6 @@ def test_the_modelnet_preset_is_the_point_models_attention_shapes(monkeypatch) -
     with torch.no_grad():
         model(torch.rand(2, 1024, 3))
     assert seen == [shape[1:] for shape in KNN_KERNEL_PRESETS["modelnet"]]
-    assert KNN_KERNEL_BATCH["modelnet"] == 32  # tools/bench_modelnet.py's first batch size
 
 
 def test_a_cpu_run_times_the_gather_path_and_says_why_the_kernel_is_not(tmp_path: Path, monkeypatch) -> None:
@@ -59,10 +58,10 @@ def test_the_kernels_rows_under_the_interpreter_equal_the_gather_path(tmp_path: 
     rows = {(r["shape"], r["form"]): r for r in payload["results"]}
     assert set(rows) == {
         ("odd", "gather"), ("odd", "block_h=1"), ("odd", "block_h=2"), ("odd", "block_h=8 (runs as 4)"),
-        ("wide", "gather"), ("wide", "block_h=1"), ("wide", "block_h=2"), ("wide", "block_h=8 (runs as 4)"),
+        ("wide", "gather"), ("wide", "block_h=1"), ("wide", "block_h=2"), ("wide", "block_h=8"),
     }  # fmt: skip
     # block_h=8 at D = 128: past the kernel's tile budget (it checks the value asked for), refused with its reason
-    assert "block_h * next_pow2(D) must be <= 512" in rows[("wide", "block_h=8 (runs as 4)")]["skipped"]
+    assert "block_h * next_pow2(D) must be <= 512" in rows[("wide", "block_h=8")]["skipped"]
     for (shape, form), r in rows.items():
         if "skipped" not in r:
             assert r["max_diff"] < 1e-5 and r["step_ms"] > 0, (shape, form)
@@ -79,6 +78,9 @@ def test_bad_flags_are_refused_by_name() -> None:
     run = run_tool("bench_knn_attention", ["--block-h", "3"])
     assert run.returncode == 2 and "--block-h takes powers of two, got [3]" in run.stderr
     run = run_tool("bench_knn_attention", ["--shape", "S", "8", "4", "9", "2", "8"])
-    assert run.returncode == 2 and "need M, N, K, H, D >= 1 and K <= N" in run.stderr
+    assert run.returncode == 2 and "need B, M, N, K, H, D >= 1 and K <= N" in run.stderr
+    for flag in ("--repeats", "--inner", "--batch"):
+        run = run_tool("bench_knn_attention", [flag, "0"])
+        assert run.returncode == 2 and f"{flag} must be >= 1, got 0" in run.stderr
     run = run_tool("bench_knn_attention", ["--shape", "S", "8", "x", "4", "2", "8"])
     assert run.returncode == 2 and "--shape takes a name and five integers M N K H D" in run.stderr

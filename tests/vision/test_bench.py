@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.bench import RECOMPILE_LIMIT
 from vision.bench import BASELINES, OURS_1, benchmark, model_names, ours_target, registered, table
 
 
@@ -55,6 +56,24 @@ def test_ours_target_over_several_batches_reads_each_model_at_its_best_batch() -
     assert one_batch["measured"] == pytest.approx(1.4) and one_batch["detail"] == ""
 
 
+def test_over_several_batches_a_batch_where_a_model_failed_is_not_one_of_its_candidates() -> None:
+    """Ours-1 out of memory at 2048: its best is at 512, against DeiT-tiny's best at 2048 (not the 512 ratio)."""
+    deit, ours = BASELINES["tiny"], OURS_1
+    rows = [{"model": deit, "batch": 512, "infer_ips": 30000.0, "infer_vs_deit": 1.0},
+            {"model": ours, "batch": 512, "infer_ips": 45000.0, "infer_vs_deit": 1.5},
+            {"model": deit, "batch": 2048, "infer_ips": 40000.0, "infer_vs_deit": 1.0},
+            {"model": ours, "batch": 2048, "error": "OutOfMemoryError: CUDA out of memory"}]  # fmt: skip
+    verdict = ours_target(rows, "cuda")
+    assert verdict["measured"] == pytest.approx(45000 / 40000) and verdict["met"] is False
+    assert verdict["detail"] == "(batch 512; DeiT-tiny's 2048)"
+    # DeiT-tiny out of memory at 2048 instead: Ours-1's row there has no same-batch ratio, but is its best
+    rows[2], rows[3] = {"model": deit, "batch": 2048, "error": "OutOfMemoryError"}, {
+        "model": ours, "batch": 2048, "infer_ips": 60000.0, "infer_vs_deit": None}  # fmt: skip
+    verdict = ours_target(rows, "cuda")
+    assert verdict["measured"] == pytest.approx(2.0) and verdict["detail"] == "(batch 2048; DeiT-tiny's 512)"
+    assert ours_target([r for r in rows if r["model"] == ours], "cuda")["measured"] is None  # no DeiT-tiny row
+
+
 def test_registered_lists_every_vision_model() -> None:
     names = registered()
     assert "centroid_deit_tiny_c6_patch16_224" in names and "linformer_deit_small_patch16_224" in names
@@ -90,13 +109,16 @@ def test_compile_both_times_each_model_both_ways_against_deit_run_the_same_way(m
 
     monkeypatch.setattr(torch, "compile", spy)
     settings = dict(batch=2, img_size=32, repeats=1, warmup=0, stat="median", amp=False, compile_models="both")
-    results = benchmark(model_names([OURS_1]), "cpu", **settings, train=False, compile_mode="reduce-overhead")
+    with torch._dynamo.config.patch(recompile_limit=8):  # dynamo's default
+        results = benchmark(model_names([OURS_1]), "cpu", **settings, train=False, compile_mode="reduce-overhead")
+        raised = torch._dynamo.config.recompile_limit
     assert [(r["label"], r["compiled"]) for r in results] == [
         (BASELINES["tiny"], False), (f"{BASELINES['tiny']} compiled", True),
         (OURS_1, False), (f"{OURS_1} compiled", True),
     ]  # fmt: skip
-    # static shapes: a second batch size compiles a graph of its own, not a dynamic-batch one
+    # room for a graph per model and grad mode; static shapes: a second batch size compiles a graph of its own
     assert compiled == [("VisionTransformer", "reduce-overhead", False), ("CentroidViT", "reduce-overhead", False)]
+    assert raised == RECOMPILE_LIMIT
     # CUDA graphs: three untimed calls each (compile, record, replay) before the timed round's one
     assert calls == ["VisionTransformer"] * 3 + ["CentroidViT"] * 3 + ["VisionTransformer", "CentroidViT"]
     by = {r["label"]: r for r in results}
