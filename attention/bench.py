@@ -927,22 +927,22 @@ def _knn_kernel_shape(
     forms: dict[str, Callable[[], Tensor]] = {
         "gather": partial(centroid_functional.knn_centroid_attention, q, k, v, idx)
     }
+    block_h: dict[str, int | None] = {"gather": None}  # each form's block_h as asked for
     if block_hs:
         from .kernels.knn_attention_triton import knn_attention_triton
 
         for bh in dict.fromkeys(block_hs):
             runs_as = min(bh, 1 << (H - 1).bit_length())  # the kernel counts a block_h past H's power of two as that
             label = f"block_h={bh}" if runs_as == bh else f"block_h={bh} (runs as {runs_as})"
-            forms[label] = partial(knn_attention_triton, q, k, v, idx, block_h=bh)
-    block_h = lambda form: None if form == "gather" else int(form.split("=")[1].split()[0])  # noqa: E731
+            forms[label], block_h[label] = partial(knn_attention_triton, q, k, v, idx, block_h=bh), bh
     outs, refused = {}, []
     with torch.no_grad():
         for form, fn in list(forms.items()):
             try:
                 outs[form] = fn().float()
             except ValueError as e:  # block sizes the kernel refuses for this shape (its message says why)
-                refused.append({**shape, "form": f"block_h={block_h(form)}", "block_h": block_h(form),
-                                "skipped": str(e)})  # fmt: skip
+                bh = block_h[form]
+                refused.append({**shape, "form": f"block_h={bh}", "block_h": bh, "skipped": str(e)})
                 del forms[form]
 
     def infer(fn: Callable[[], Tensor]) -> None:
@@ -959,7 +959,7 @@ def _knn_kernel_shape(
     medians = [statistics.median(t) / inner for t in time_round_robin(fns, device, repeats, warmup=1)]
     fwd, steps = dict(zip(forms, medians[: len(forms)])), dict(zip(forms, medians[len(forms) :]))
     return [
-        {**shape, "form": form, "block_h": block_h(form), "fwd_ms": fwd[form], "step_ms": steps[form],
+        {**shape, "form": form, "block_h": block_h[form], "fwd_ms": fwd[form], "step_ms": steps[form],
          "vs_bh1": steps["block_h=1"] / steps[form] if "block_h=1" in steps else None,
          "vs_gather": steps["gather"] / steps[form], "max_diff": (outs[form] - outs["gather"]).abs().max().item()}
         for form in forms
