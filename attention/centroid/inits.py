@@ -3,7 +3,9 @@
 Wu et al., "Centroid Transformers", arXiv:2102.08606, section 3.1. Every init takes ``(x, pos=None, mask=None)`` and
 returns a :class:`CentroidOutput` ``(x, pos, index)``; :data:`CENTROID_INITS` maps names to classes.
 :class:`DWConv2dInit` (the vision models' init) is plain tensor code that FX, TorchScript and dynamo follow; its
-input validation runs in eager mode only (:func:`attention.checks.checks_active`).
+input validation runs in eager mode only (:func:`attention.checks.checks_active`). Under ``torch.compile`` its conv is
+written as k * k shifted multiply-adds, which the compiler fuses with the ops around it; eager mode, FX, TorchScript
+and ``torch.export`` keep ``nn.Conv2d``.
 """
 
 import math
@@ -13,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checks import checks_active
+from ..checks import checks_active, is_compiling
 from ..points import farthest_point_sample, gather, knn
 
 __all__ = [
@@ -213,6 +215,31 @@ class LinearInit(nn.Module):
         return CentroidOutput(u, p, None)
 
 
+def _depthwise_conv_taps(
+    x: Tensor, weight: Tensor, bias: Tensor | None, grid_size: tuple[int, int], stride: int
+) -> Tensor:
+    """``Conv2d(C, C, k, stride, padding=k // 2, groups=C)`` on row-major grid tokens, as k * k strided slices.
+
+    Shapes:
+        x: ``(B, H * W, C)``; weight: ``(C, 1, k, k)``; bias: ``(C,)``; output: ``(B, M, C)`` with
+        ``M = ((H - 1) // stride + 1) * ((W - 1) // stride + 1)``, the conv's output grid in row-major order.
+    """
+    B, _, C = x.shape
+    gh, gw = grid_size
+    k = weight.shape[-1]
+    p = k // 2
+    oh, ow = (gh - 1) // stride + 1, (gw - 1) // stride + 1
+    g = F.pad(x.reshape(B, gh, gw, C), (0, 0, p, p, p, p))  # (B, H + 2p, W + 2p, C), zeros around the grid
+    w = weight.reshape(C, k * k)
+    u = g[:, 0 : stride * (oh - 1) + 1 : stride, 0 : stride * (ow - 1) + 1 : stride] * w[:, 0]
+    for t in range(1, k * k):
+        i, j = divmod(t, k)
+        u = u + g[:, i : i + stride * (oh - 1) + 1 : stride, j : j + stride * (ow - 1) + 1 : stride] * w[:, t]
+    if bias is not None:
+        u = u + bias
+    return u.reshape(B, oh * ow, C)
+
+
 class DWConv2dInit(nn.Module):
     """Centroids from a token grid: a depth-wise conv (kernel 3, stride 2, padding 1) on the ``(H, W)`` grid.
 
@@ -247,14 +274,25 @@ class DWConv2dInit(nn.Module):
             raise ValueError(f"DWConv2dInit expects N = {gh} x {gw} = {gh * gw} grid tokens, got x {tuple(x.shape)}")
         _masked_or_plain(mask, "dwconv2d")
 
+    def _conv_tokens(self, x: Tensor) -> Tensor:
+        """The conv on ``(B, N, C)`` grid tokens, returned as ``(B, M, C)`` tokens."""
+        if not torch.jit.is_scripting():  # nested: TorchScript skips the whole branch, condition included
+            if is_compiling():
+                # The same conv as k * k shifted multiply-adds, which inductor fuses into the kernel that reads the
+                # tokens. The library conv needs its own launch and first a copy of the (B, N, C) slice into an image
+                # layout: a third of the centroid block's GPU time at batch 512 (tools/bench_vision.py --profile).
+                return _depthwise_conv_taps(x, self.conv.weight, self.conv.bias, self.grid_size, self.stride)
+        B, N, C = x.shape
+        grid = x.transpose(1, 2).reshape(B, C, self.grid_size[0], self.grid_size[1])  # (B, C, H, W)
+        return self.conv(grid).flatten(2).transpose(1, 2)
+
     def forward(self, x: Tensor, pos: Tensor | None = None, mask: Tensor | None = None) -> CentroidOutput:
         if not torch.jit.is_scripting():  # nested: TorchScript skips the whole branch, condition included
             if checks_active():
                 self.check_inputs(x, mask)
         B, N, C = x.shape
         gh, gw = self.grid_size
-        grid = x.transpose(1, 2).reshape(B, C, gh, gw)  # (B, C, H, W)
-        u = self.conv(grid).flatten(2).transpose(1, 2)  # (B, M, C)
+        u = self._conv_tokens(x)  # (B, M, C)
         p: Tensor | None = None
         if pos is not None:
             P = pos.shape[-1]

@@ -514,6 +514,36 @@ def test_fps_init_with_mask_starts_at_a_real_point_and_dwconv_pos_follows_the_co
     assert res.x.shape == (1, 4, 4) and res.pos.shape == (1, 4, 3) and dw.num_centroids == 4
 
 
+@pytest.mark.parametrize("grid,kernel,stride", [((14, 14), 3, 2), ((7, 9), 3, 2), ((8, 8), 5, 4), ((5, 6), 3, 1)])
+def test_dwconv_init_compiled_equals_the_library_conv_in_outputs_and_gradients(grid, kernel, stride) -> None:
+    """Under torch.compile the init's conv is written as shifted multiply-adds (no convolution in the graph); eager
+    mode runs nn.Conv2d, the reference: outputs and the gradients of the tokens, the weight and the bias agree."""
+    torch.manual_seed(0)
+    dw = build_centroid_init("dwconv2d", dim=6, grid_size=grid, kernel_size=kernel, stride=stride)
+    nn.init.normal_(dw.conv.weight)
+    nn.init.normal_(dw.conv.bias)
+    base = torch.randn(3, 1 + grid[0] * grid[1], 6)  # a class token first, as the vision block slices it off
+    ops = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs):
+        ops.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(dw, backend=backend, fullgraph=True)
+    results = []
+    for fn in (dw, compiled):
+        dw.zero_grad()
+        x = base.clone().requires_grad_(True)
+        u = fn(x[:, 1:]).x
+        (u * torch.linspace(-1, 1, u.numel()).view_as(u)).sum().backward()
+        results.append((u, x.grad, dw.conv.weight.grad.clone(), dw.conv.bias.grad.clone()))
+    assert ops and not any("conv" in op for op in ops), ops
+    assert results[0][0].shape == (3, dw.num_centroids, 6)
+    for ref, out in zip(*results):
+        assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_kmeans_init_takes_separate_fps_and_knn_backends() -> None:
     init = build_centroid_init("kmeans", num_centroids=4, fps_backend="torch", knn_backend="torch")
     assert init(torch.randn(1, 20, 4), pos=torch.rand(1, 20, 3)).x.shape == (1, 4, 4)
