@@ -201,7 +201,8 @@ def prepare(
         allow_recompiles()
 
     def forward_backward() -> None:
-        model.train()
+        if not model.training:  # Module.train() walks every submodule: host time, not the step's
+            model.train()
         with chunk_budget(chunk_mb):  # (the backward pass reuses the chunk rows its forward chose)
             with autocast:
                 loss = F.cross_entropy(run(points).float(), labels)
@@ -213,7 +214,8 @@ def prepare(
         optimizer.zero_grad(set_to_none=True)
 
     def infer() -> None:
-        model.eval()
+        if model.training:
+            model.eval()
         with torch.no_grad(), autocast, chunk_budget(chunk_mb):
             run(points)
 

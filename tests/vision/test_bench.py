@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.bench import RECOMPILE_LIMIT
-from vision.bench import BASELINES, OURS_1, benchmark, model_names, ours_target, registered, table
+from vision.bench import BASELINES, OURS_1, benchmark, model_names, ours_target, registered, table, timed_calls
 
 
 def test_ours_target_is_per_device_and_needs_the_row() -> None:
@@ -94,6 +94,28 @@ def test_inference_only_rows_have_no_train_columns() -> None:
     assert results[1]["infer_vs_deit"] == pytest.approx(results[1]["infer_ips"] / results[0]["infer_ips"])
     headers, rows = table(results, train=False)
     assert headers[-1] == "infer vs DeiT" and len(rows[1]) == len(headers)
+
+
+def test_timed_calls_switch_the_model_mode_only_when_it_is_in_the_other(monkeypatch) -> None:
+    """Module.eval() / train() walk every submodule: host time a timed call should not count. A train step after an
+    inference call still trains (dropout and DropPath on) and an inference call after a train step still evaluates."""
+    import torch
+
+    modes, switches, train_mode = [], [], torch.nn.Module.train
+
+    def spy(self, mode=True):
+        if self is model:
+            switches.append(mode)
+        return train_mode(self, mode)
+
+    monkeypatch.setattr(torch.nn.Module, "train", spy)  # Module.eval() calls train(False)
+    fwd = lambda x: modes.append(model.training) or model(x)  # noqa: E731
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Dropout(0.5), torch.nn.Linear(12, 1000))
+    fns = timed_calls(model, fwd, torch.randn(2, 3, 2, 2), torch.tensor([1, 2]), amp=False, train=True)
+    for name in ("infer", "infer", "infer", "train", "train", "infer", "infer"):
+        fns[name]()
+    assert modes == [False, False, False, True, True, False, False]
+    assert switches == [False, True, False]  # one per change of mode, none per call
 
 
 def test_compile_both_times_each_model_both_ways_against_deit_run_the_same_way(monkeypatch) -> None:
