@@ -15,8 +15,9 @@ convolution for the fixed shapes (``torch.backends.cudnn.benchmark``, as timm's 
 * inference: eval mode, ``torch.no_grad``;
 * train step: train mode, forward + cross-entropy + backward + AdamW step;
 * rows are timed round-robin (:func:`vision.bench.benchmark`) over ``--repeats`` rounds after ``--warmup`` untimed
-  calls each, so a change in background load hits every row alike; images/s = batch / the median (or ``--stat min``)
-  time of a round;
+  calls each, so a change in background load hits every row alike (every row's train steps, then every row's
+  inference calls, so that no timed call switches its model's mode); images/s = batch / the median (or
+  ``--stat min``) time of a round;
 * ``vs DeiT`` = images/s over the same-width DeiT's images/s in the same run (tiny rows against DeiT-tiny, small
   rows against DeiT-small);
 * ``--batch`` takes several sizes: every row at each, one table per size.

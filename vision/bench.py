@@ -156,16 +156,17 @@ def benchmark(
     channels_last: bool = False,
     profile: str | None = None,
 ) -> list[dict]:
-    """Images/s of every model of ``names`` (1000 classes, random images), all rows timed round-robin after
-    ``warmup`` untimed calls each (:func:`engine.bench.time_round_robin`), images/s = batch / the median (or
-    ``stat="min"``: fastest) round. The settings are ``tools/bench_vision.py``'s flags (its defaults); ``amp`` is
-    bf16 autocast; ``compile_models`` (a key of :data:`COMPILE_CHOICES`, or a bool) runs every model eager
-    (``"no"``), wrapped in ``torch.compile`` (``"yes"``), or both ways, as two rows (``"both"``), compiled in
-    ``compile_mode`` (``"reduce-overhead"``: CUDA graphs too; the row's ``compile_mode``), with static shapes, after
-    ``torch.compiler.reset()`` (the process's earlier compiled graphs go). ``channels_last`` puts
-    the images and every model's weights in that memory format (timm's ``benchmark.py --channels-last``): the patch
-    embedding's convolution then reads NHWC data. With a ``profile`` folder, each row's inference call (what the
-    target reads) is profiled after timing (:func:`engine.bench.profile_step`, ``"profile"``).
+    """Images/s of every model of ``names`` (1000 classes, random images), all rows timed round-robin after ``warmup``
+    untimed calls each (:func:`engine.bench.time_round_robin`; every row's train steps, then every row's inference
+    calls), images/s = batch / the median (or ``stat="min"``: fastest) round. The settings are
+    ``tools/bench_vision.py``'s flags (its defaults); ``amp`` is bf16 autocast; ``compile_models`` (a key of
+    :data:`COMPILE_CHOICES`, or a bool) runs every model eager (``"no"``), wrapped in ``torch.compile`` (``"yes"``),
+    or both ways, as two rows (``"both"``), compiled in ``compile_mode`` (``"reduce-overhead"``: CUDA graphs too;
+    the row's ``compile_mode``), with static shapes, after ``torch.compiler.reset()`` (the process's earlier
+    compiled graphs go). ``channels_last`` puts the images and every model's weights in that memory format (timm's
+    ``benchmark.py --channels-last``): the patch embedding's convolution then reads NHWC data. With a ``profile``
+    folder, each row's inference call (what the target reads) is profiled after timing
+    (:func:`engine.bench.profile_step`, ``"profile"``).
 
     Returns:
         One dict per model and mode: ``label`` (the name, `` compiled`` added in a ``"both"`` run's compiled rows),
@@ -212,14 +213,19 @@ def benchmark(
                 continue
             rows[label] = {**row, "fns": fns}
             _logger.info("built %s", label)
-    fns = [fn for row in rows.values() for fn in row.get("fns", {}).values()]
-    rounds = iter(time_round_robin(fns, device, repeats))  # (each fn was warmed up as it was built)
+    # every model's train steps round-robin, then every model's inference calls: a model stays in one mode through
+    # the timed calls of a kind (each fn was warmed up as it was built)
+    times = {}
+    for kind in ("train", "infer"):
+        timed = [label for label, row in rows.items() if kind in row.get("fns", {})]
+        fns = [rows[label]["fns"][kind] for label in timed]
+        times |= {(label, kind): t for label, t in zip(timed, time_round_robin(fns, device, repeats) if fns else [])}
     reduce = min if stat == "min" else statistics.median
     results = []
     for row in rows.values():
         res = {k: v for k, v in row.items() if k != "fns"}
         for kind in row.get("fns", {}):
-            res[f"{kind}_ms"] = reduce(next(rounds))
+            res[f"{kind}_ms"] = reduce(times[row["label"], kind])
             res[f"{kind}_ips"] = batch / (res[f"{kind}_ms"] / 1e3)
         if profile and "fns" in row:
             name = re.sub(r"[^\w.=-]+", "_", f"b{batch}-{row['label']}-infer")

@@ -220,10 +220,18 @@ def _depthwise_conv_taps(
 ) -> Tensor:
     """``Conv2d(C, C, k, stride, padding=k // 2, groups=C)`` on row-major grid tokens, as k * k strided slices.
 
+    Under autocast the operands are cast to autocast's dtype, as the conv's are, so the result has the conv's dtype.
+
     Shapes:
         x: ``(B, H * W, C)``; weight: ``(C, 1, k, k)``; bias: ``(C,)``; output: ``(B, M, C)`` with
         ``M = ((H - 1) // stride + 1) * ((W - 1) // stride + 1)``, the conv's output grid in row-major order.
     """
+    if torch.is_autocast_enabled(x.device.type):
+        dtype = torch.get_autocast_dtype(x.device.type)
+        x, weight = x.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+    elif x.dtype != weight.dtype:
+        raise ValueError(f"DWConv2dInit: tokens are {x.dtype} but the conv's weight is {weight.dtype}")
     B, _, C = x.shape
     gh, gw = grid_size
     k = weight.shape[-1]

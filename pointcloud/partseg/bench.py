@@ -88,7 +88,8 @@ def prepare(
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp)
 
     def train_step() -> None:
-        model.train()
+        if not model.training:  # Module.train() walks every submodule: host time, not the step's
+            model.train()
         with autocast:
             loss = F.cross_entropy(model(points, category).float().flatten(0, 1), labels.flatten())
         loss.backward()
@@ -96,7 +97,8 @@ def prepare(
         optimizer.zero_grad(set_to_none=True)
 
     def infer() -> None:
-        model.eval()
+        if model.training:
+            model.eval()
         with torch.no_grad(), autocast:
             model(points, category)
 

@@ -544,6 +544,23 @@ def test_dwconv_init_compiled_equals_the_library_conv_in_outputs_and_gradients(g
         assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_dwconv_init_compiled_under_autocast_returns_the_library_conv_dtype() -> None:
+    """bf16 autocast casts the conv to bf16: the compiled form's multiply-adds run on the same bf16 operands."""
+    torch.manual_seed(0)
+    dw = build_centroid_init("dwconv2d", dim=8, grid_size=(6, 6))
+    nn.init.normal_(dw.conv.weight)
+    x = torch.randn(2, 36, 8)
+    torch._dynamo.reset()
+    compiled = torch.compile(dw, backend="aot_eager", fullgraph=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref, out = dw(x).x, compiled(x).x
+    assert ref.dtype == out.dtype == torch.bfloat16
+    assert_close(out.float(), ref.float(), rtol=0.02, atol=0.02)
+    # without autocast, mixed dtypes fail as the conv's do in eager mode, not promoted silently
+    with pytest.raises(ValueError, match=r"tokens are torch\.bfloat16 but the conv's weight is torch\.float32"):
+        torch.compile(dw, backend="aot_eager")(x.bfloat16())
+
+
 def test_kmeans_init_takes_separate_fps_and_knn_backends() -> None:
     init = build_centroid_init("kmeans", num_centroids=4, fps_backend="torch", knn_backend="torch")
     assert init(torch.randn(1, 20, 4), pos=torch.rand(1, 20, 3)).x.shape == (1, 4, 4)

@@ -118,6 +118,25 @@ def test_timed_calls_switch_the_model_mode_only_when_it_is_in_the_other(monkeypa
     assert switches == [False, True, False]  # one per change of mode, none per call
 
 
+def test_every_rows_train_steps_are_timed_before_every_rows_inference_calls(monkeypatch) -> None:
+    """Timed round-robin by kind: a model stays in one mode through its timed calls of a kind (no mode switch is
+    timed), and each row's figures are its own calls' (here each call takes its row's position, in ms)."""
+    import vision.bench as vb
+
+    groups, real = [], vb.time_round_robin
+
+    def spy(fns, device, repeats, warmup=0):
+        groups.append([fn.__name__ for fn in fns])
+        real(fns, device, repeats, warmup)
+        return [[float(i + 1)] * repeats for i in range(len(fns))]
+
+    monkeypatch.setattr(vb, "time_round_robin", spy)
+    settings = dict(batch=2, img_size=32, repeats=2, warmup=0, stat="median", amp=False, compile_models=False)
+    results = benchmark(model_names([OURS_1]), "cpu", **settings, train=True)
+    assert groups == [["train_step", "train_step"], ["infer", "infer"]]
+    assert [(r["train_ms"], r["infer_ms"]) for r in results] == [(1.0, 1.0), (2.0, 2.0)]
+
+
 def test_compile_both_times_each_model_both_ways_against_deit_run_the_same_way(monkeypatch) -> None:
     """The compiled rows call torch.compile's wrapper (a spy here: compiling on a CPU takes minutes) and are compared
     with the compiled DeiT; the eager rows with the eager DeiT."""
