@@ -92,23 +92,27 @@ def time_round_robin(
 
 
 def time_train_and_infer(
-    prepared: Sequence[tuple[dict, Callable[[], object], Callable[[], object]]],
+    prepared: Sequence[tuple[dict, Callable[[], object] | None, Callable[[], object]]],
     device: torch.device | str,
     batch: int,
     repeats: int,
     warmup: int,
     stat: str = "median",
+    rate: str = "sps",
 ) -> list[dict]:
     """Times the train steps, then the inference calls, of ``prepared`` rows ``(row, train_step, infer)``
-    round-robin (:func:`time_round_robin`) and adds to each row ``{train,infer}_ms`` (the median round, or the
-    fastest with ``stat="min"``), ``{train,infer}_ms_rounds`` (every round) and ``{train,infer}_sps`` (``batch``
-    samples per call). Returns the rows."""
+    round-robin (:func:`time_round_robin`), so that no timed call finds its model in the other mode, and adds to
+    each row ``{train,infer}_ms`` (the median round, or the fastest with ``stat="min"``), ``{train,infer}_ms_rounds``
+    (every round) and ``{train,infer}_<rate>`` (``batch`` samples per call; ``rate="ips"``: images). A row whose
+    ``train_step`` is None is timed in inference only. Returns the rows."""
     results = [row for row, _, _ in prepared]
     for key, column in (("train", 1), ("infer", 2)):
-        fns = [p[column] for p in prepared]
-        for r, times in zip(results, time_round_robin(fns, device, repeats, warmup)):
+        timed = [p for p in prepared if p[column] is not None]
+        if not timed:
+            continue
+        for (r, *_), times in zip(timed, time_round_robin([p[column] for p in timed], device, repeats, warmup)):
             ms = min(times) if stat == "min" else statistics.median(times)
-            r[f"{key}_ms"], r[f"{key}_ms_rounds"], r[f"{key}_sps"] = ms, times, batch / (ms / 1e3)
+            r[f"{key}_ms"], r[f"{key}_ms_rounds"], r[f"{key}_{rate}"] = ms, times, batch / (ms / 1e3)
     return results
 
 

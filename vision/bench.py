@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import logging
 import re
-import statistics
 from collections.abc import Callable, Sequence
 
 import timm
 import torch
 import torch.nn.functional as F
 
-from engine.bench import allow_recompiles, profile_step, target, time_round_robin
+from engine.bench import allow_recompiles, profile_step, target, time_train_and_infer
 from engine.stats import count_gmacs, count_params
 
 __all__ = [
@@ -157,8 +156,8 @@ def benchmark(
     profile: str | None = None,
 ) -> list[dict]:
     """Images/s of every model of ``names`` (1000 classes, random images), all rows timed round-robin after ``warmup``
-    untimed calls each (:func:`engine.bench.time_round_robin`; every row's train steps, then every row's inference
-    calls), images/s = batch / the median (or ``stat="min"``: fastest) round. The settings are
+    untimed calls each (:func:`engine.bench.time_train_and_infer`: every row's train steps, then every row's
+    inference calls), images/s = batch / the median (or ``stat="min"``: fastest) round. The settings are
     ``tools/bench_vision.py``'s flags (its defaults); ``amp`` is bf16 autocast; ``compile_models`` (a key of
     :data:`COMPILE_CHOICES`, or a bool) runs every model eager (``"no"``), wrapped in ``torch.compile`` (``"yes"``),
     or both ways, as two rows (``"both"``), compiled in ``compile_mode`` (``"reduce-overhead"``: CUDA graphs too;
@@ -213,20 +212,12 @@ def benchmark(
                 continue
             rows[label] = {**row, "fns": fns}
             _logger.info("built %s", label)
-    # every model's train steps round-robin, then every model's inference calls: a model stays in one mode through
-    # the timed calls of a kind (each fn was warmed up as it was built)
-    times = {}
-    for kind in ("train", "infer"):
-        timed = [label for label, row in rows.items() if kind in row.get("fns", {})]
-        fns = [rows[label]["fns"][kind] for label in timed]
-        times |= {(label, kind): t for label, t in zip(timed, time_round_robin(fns, device, repeats) if fns else [])}
-    reduce = min if stat == "min" else statistics.median
+    built = [row for row in rows.values() if "fns" in row]  # (each fn was warmed up as it was built)
+    prepared = [(row, row["fns"].get("train"), row["fns"]["infer"]) for row in built]
+    time_train_and_infer(prepared, device, batch, repeats, warmup=0, stat=stat, rate="ips")
     results = []
     for row in rows.values():
         res = {k: v for k, v in row.items() if k != "fns"}
-        for kind in row.get("fns", {}):
-            res[f"{kind}_ms"] = reduce(times[row["label"], kind])
-            res[f"{kind}_ips"] = batch / (res[f"{kind}_ms"] / 1e3)
         if profile and "fns" in row:
             name = re.sub(r"[^\w.=-]+", "_", f"b{batch}-{row['label']}-infer")
             res["profile"] = profile_step(row["fns"]["infer"], device, profile, name)

@@ -121,16 +121,16 @@ def test_timed_calls_switch_the_model_mode_only_when_it_is_in_the_other(monkeypa
 def test_every_rows_train_steps_are_timed_before_every_rows_inference_calls(monkeypatch) -> None:
     """Timed round-robin by kind: a model stays in one mode through its timed calls of a kind (no mode switch is
     timed), and each row's figures are its own calls' (here each call takes its row's position, in ms)."""
-    import vision.bench as vb
+    import engine.bench as eb
 
-    groups, real = [], vb.time_round_robin
+    groups, real = [], eb.time_round_robin
 
     def spy(fns, device, repeats, warmup=0):
         groups.append([fn.__name__ for fn in fns])
         real(fns, device, repeats, warmup)
         return [[float(i + 1)] * repeats for i in range(len(fns))]
 
-    monkeypatch.setattr(vb, "time_round_robin", spy)
+    monkeypatch.setattr(eb, "time_round_robin", spy)
     settings = dict(batch=2, img_size=32, repeats=2, warmup=0, stat="median", amp=False, compile_models=False)
     results = benchmark(model_names([OURS_1]), "cpu", **settings, train=True)
     assert groups == [["train_step", "train_step"], ["infer", "infer"]]
