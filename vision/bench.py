@@ -116,8 +116,8 @@ def timed_calls(
 ) -> dict[str, Callable[[], None]]:
     """The timed calls of one model: ``infer`` (eval mode, no grad) and, with ``train``, ``train`` (forward +
     cross-entropy + backward + AdamW step), under bf16 autocast where ``amp``. Each switches the model's mode only
-    when it is in the other one: ``Module.eval()`` walks every submodule, a few hundred microseconds of host time
-    that a timed call would otherwise count, alike for every model."""
+    when it is in the other one: ``Module.eval()`` walks every submodule, host time that a timed call would
+    otherwise count."""
     device_type = images.device.type
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
