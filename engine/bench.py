@@ -61,6 +61,40 @@ def capture_graphs(module: torch.nn.Module, *sample_args: torch.Tensor) -> torch
     return torch.cuda.make_graphed_callables(module, sample_args)
 
 
+def capture_call(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3) -> Callable[..., Any]:
+    """``fn`` (a call that records no autograd graph: inference under ``torch.no_grad``) captured whole into one CUDA
+    graph: ``warmup`` calls on a side stream (a compiled ``fn`` compiles there, cuDNN picks its algorithms), then the
+    capture, on copies of ``sample_args``. The returned callable copies its tensor arguments into those static inputs
+    (a new batch each call, as a data loader would give) and replays the graph: no Python of ``fn`` runs, no compiler
+    guard and no cudagraph-tree bookkeeping, only the copies and one launch. It returns the output ``fn`` returned at
+    capture, which the next replay overwrites.
+
+    ``fn`` must not read values back to the host, and runs its kernels on the arguments' shapes only: a call with
+    other shapes, dtypes or devices raises. For a train step (autograd) use :func:`capture_graphs`."""
+    static = [a.clone() for a in sample_args]  # the graph's inputs (clone keeps each one's memory format)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*static)
+    spec = [(s.shape, s.dtype, s.device) for s in static]
+
+    def replay(*args: torch.Tensor) -> Any:
+        got = [(a.shape, a.dtype, a.device) for a in args]
+        if got != spec:
+            raise ValueError(f"a captured call takes tensors of (shape, dtype, device) {spec}, got {got}")
+        for s, a in zip(static, args):
+            s.copy_(a)
+        graph.replay()
+        return out
+
+    return replay
+
+
 def time_fn(fn: Callable[[], object], device: torch.device | str, repeats: int = 5, warmup: int = 1) -> float:
     """Median wall time of ``fn`` in milliseconds, after ``warmup`` untimed calls."""
     for _ in range(warmup):

@@ -371,8 +371,11 @@ def bench_args(ctx: Ctx, name: str) -> list[str]:
         # throughput in DeiT's sense (each model at its best batch): at small batches a fast GPU runs DeiT-tiny's
         # eager forward in the time its ~200 kernel launches take, so every model of that size would measure the same
         amp = [*d, "--amp", "--batch", "512", "2048"]
-        # the target's pair eager and compiled (its verdict takes the better mode); the full run: every model eager
-        return [*amp, "--compile", "both", "--models", DEIT_TINY, OURS_1] if quick else amp
+        # the target's pair eager and compiled, each inference call captured whole in a CUDA graph (the rows time
+        # the GPU's work, not the host's), channels-last (a fast stem convolution for both); its verdict takes the
+        # better mode. The full run: every model eager, train steps too
+        pair = ["--compile", "both", "--capture", "--no-train", "--channels-last", "--models", DEIT_TINY, OURS_1]
+        return [*amp, *pair] if quick else amp
     if name == "bench_mixers":
         if not cuda:  # a compiled row (tens of seconds to compile on CPU) and the skipped line of a torch row
             mixers = ["fsat", "fsat-torch", "fsat-compiled", "hydra", "cauchy"]

@@ -33,6 +33,15 @@ it with every row::
     python tools/bench_vision.py --device cuda --amp --batch 512 2048 --compile both \\
         --models deit_tiny_patch16_224 centroid_deit_tiny_c6_patch16_224
 
+``--capture`` (CUDA, ``--no-train``) captures each row's inference call, eager or compiled (``--compile-mode
+default``), whole into one CUDA graph: a timed call copies the batch into the graph's input and replays it, so the
+rows time the models' kernels and not the host's launches, guards or cudagraph-tree bookkeeping (a
+``reduce-overhead`` row still times those: each timed call ends in a synchronize, as in timm's ``benchmark.py``, so
+host work before the replay adds to it)::
+
+    python tools/bench_vision.py --device cuda --amp --batch 512 2048 --compile both --capture --no-train \\
+        --channels-last --models deit_tiny_patch16_224 centroid_deit_tiny_c6_patch16_224
+
 ``--profile DIR`` profiles each row's inference call after timing it: an op table and a Chrome trace per row, and a
 table of device time against the call's time (what bounds it: launches or the GPU's work).
 """
@@ -46,7 +55,7 @@ import torch
 
 from engine import COMPILE_MODES
 from engine.bench import PROFILE_HEADERS, add_profile_option, describe_machine, finish, print_table, profile_rows
-from vision.bench import COMPILE_CHOICES, benchmark, model_names, ours_target, table
+from vision.bench import COMPILE_CHOICES, GRAPH_MODES, benchmark, model_names, ours_target, table
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -68,6 +77,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--channels-last", action="store_true",
                         help="images and weights in channels-last memory format, every model (timm's benchmark.py "
                         "offers it)")  # fmt: skip
+    parser.add_argument("--capture", action="store_true",
+                        help="CUDA, with --no-train: capture each row's inference call whole into a CUDA graph, "
+                        "eager and compiled rows alike (a call copies the batch in and replays it)")  # fmt: skip
     parser.add_argument("--no-train", action="store_true", help="inference only")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None, help="also write the rows and the target to this JSON file")
@@ -75,6 +87,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     if args.compile == "no" and args.compile_mode != "default":
         parser.error(f"--compile-mode {args.compile_mode} needs compiled rows: add --compile (or --compile both)")
+    if args.capture and (torch.device(args.device).type != "cuda" or not args.no_train):
+        parser.error("--capture times inference calls on a GPU: add --device cuda and --no-train")
+    if args.capture and args.compile != "no" and args.compile_mode in GRAPH_MODES:
+        parser.error(f"--capture replaces the CUDA graphs of --compile-mode {args.compile_mode}: use default")
     logging.basicConfig(level=logging.INFO, format="  %(message)s")  # each model as it is built, on stderr
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -85,6 +101,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     compile_what = args.compile if args.compile == "no" else f"{args.compile} ({args.compile_mode})"
     what = f"bf16 autocast {amp}, compile {compile_what}, {args.stat} of {args.repeats} rounds"
     what += ", channels last" if args.channels_last else ""
+    what += ", inference captured in CUDA graphs" if args.capture else ""
     print(f"# bench_vision on {device}: {describe_machine(device)}")
     print(f"# batch {' and '.join(map(str, args.batch))}, {args.img_size} px, fp32 weights, {what}\n", flush=True)
     results: list[dict] = []
@@ -94,7 +111,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         measured = benchmark(model_names(args.models), device, batch=batch, img_size=args.img_size,
                              repeats=args.repeats, warmup=args.warmup, stat=args.stat, amp=amp,
                              compile_models=args.compile, train=not args.no_train, compile_mode=args.compile_mode,
-                             channels_last=args.channels_last, profile=args.profile)  # fmt: skip
+                             channels_last=args.channels_last, capture=args.capture,
+                             profile=args.profile)  # fmt: skip
         results += [{"batch": batch, **r} for r in measured]
         print_table(*table(measured, train=not args.no_train), tables, title=f"batch {batch}" if several else None)
         if args.profile:

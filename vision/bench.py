@@ -12,7 +12,7 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from engine.bench import allow_recompiles, profile_step, target, time_train_and_infer
+from engine.bench import allow_recompiles, capture_call, profile_step, target, time_train_and_infer
 from engine.stats import count_gmacs, count_params
 
 __all__ = [
@@ -73,7 +73,10 @@ def ours_target(results: Sequence[dict], device: torch.device | str) -> dict:
     best = max(rows, key=lambda r: r["infer_vs_deit"])
     detail = ""
     if len(rows) > 1:  # --compile both: both models eager, and both compiled
-        mode = lambda r: f"compiled ({r.get('compile_mode') or 'default'})" if r.get("compiled") else "eager"  # noqa: E731
+        mode = lambda r: (  # noqa: E731
+            (f"compiled ({r.get('compile_mode') or 'default'})" if r.get("compiled") else "eager")
+            + (", captured" if r.get("captured") else "")
+        )
         ratios = (f"{mode(r)} {r['infer_vs_deit']:.3g}{r.get('batches', '')}" for r in rows)
         detail = f"{mode(best)}; " + ", ".join(ratios)
     elif "batches" in best:
@@ -85,7 +88,7 @@ def _at_best_batches(results: Sequence[dict]) -> list[dict]:
     """One row per mode that both Ours-1 and DeiT-tiny ran in, at any of several batch sizes: ``infer_vs_deit`` =
     Ours-1's best images/s over the batches where it ran / DeiT-tiny's best in the same mode, ``batches`` names the
     two batch sizes (a batch where a model failed, e.g. out of memory, is not one of its candidates)."""
-    mode = lambda r: (bool(r.get("compiled")), r.get("compile_mode"))  # noqa: E731
+    mode = lambda r: (bool(r.get("compiled")), r.get("compile_mode"), bool(r.get("captured")))  # noqa: E731
     fastest = lambda rs: max(rs, key=lambda r: r["infer_ips"])  # noqa: E731
     ran = [r for r in results if "error" not in r and r.get("infer_ips")]
     ours = [r for r in ran if r["model"] == OURS_1]
@@ -113,19 +116,19 @@ def model_names(models: Sequence[str] | None = None) -> list[str]:
 
 def timed_calls(
     model: torch.nn.Module, fwd: Callable, images: torch.Tensor, labels: torch.Tensor, amp: bool, train: bool
-) -> dict[str, Callable[[], None]]:
-    """The timed calls of one model: ``infer`` (eval mode, no grad) and, with ``train``, ``train`` (forward +
-    cross-entropy + backward + AdamW step), under bf16 autocast where ``amp``. Each switches the model's mode only
-    when it is in the other one: ``Module.eval()`` walks every submodule, host time that a timed call would
-    otherwise count."""
+) -> dict[str, Callable[..., object]]:
+    """The timed calls of one model: ``infer`` (eval mode, no grad; of ``images``, or of the batch it is given) and,
+    with ``train``, ``train`` (forward + cross-entropy + backward + AdamW step), under bf16 autocast where ``amp``.
+    Each switches the model's mode only when it is in the other one: ``Module.eval()`` walks every submodule, host
+    time that a timed call would otherwise count."""
     device_type = images.device.type
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-    def infer() -> None:
+    def infer(batch: torch.Tensor = images) -> torch.Tensor:
         if model.training:
             model.eval()
         with torch.no_grad(), torch.autocast(device_type, torch.bfloat16, enabled=amp):
-            fwd(images)
+            return fwd(batch)
 
     def train_step() -> None:
         if not model.training:
@@ -153,6 +156,7 @@ def benchmark(
     train: bool,
     compile_mode: str = "default",
     channels_last: bool = False,
+    capture: bool = False,
     profile: str | None = None,
 ) -> list[dict]:
     """Images/s of every model of ``names`` (1000 classes, random images), all rows timed round-robin after ``warmup``
@@ -163,17 +167,25 @@ def benchmark(
     or both ways, as two rows (``"both"``), compiled in ``compile_mode`` (``"reduce-overhead"``: CUDA graphs too;
     the row's ``compile_mode``), with static shapes, after ``torch.compiler.reset()`` (the process's earlier
     compiled graphs go). ``channels_last`` puts the images and every model's weights in that memory format (timm's
-    ``benchmark.py --channels-last``): the patch embedding's convolution then reads NHWC data. With a ``profile``
-    folder, each row's inference call (what the target reads) is profiled after timing
+    ``benchmark.py --channels-last``): the patch embedding's convolution then reads NHWC data. ``capture`` (CUDA, with
+    ``train`` False and a ``compile_mode`` without CUDA graphs of its own) captures every row's inference call, eager
+    or compiled, whole into one CUDA graph (:func:`engine.bench.capture_call`): a timed call copies the batch into the
+    graph's input and replays it, so a row's time is its kernels' and not the host's (``captured`` ends its label).
+    With a ``profile`` folder, each row's inference call (what the target reads) is profiled after timing
     (:func:`engine.bench.profile_step`, ``"profile"``).
 
     Returns:
         One dict per model and mode: ``label`` (the name, `` compiled`` added in a ``"both"`` run's compiled rows),
-        ``model``, ``compiled``, ``params_m``, ``gmacs`` (per image), ``infer_ms``, ``infer_ips`` and
-        ``infer_vs_deit`` (over the same-width DeiT's run the same way, which ``names`` must hold:
+        ``model``, ``compiled``, ``compile_mode``, ``captured``, ``params_m``, ``gmacs`` (per image), ``infer_ms``,
+        ``infer_ips`` and ``infer_vs_deit`` (over the same-width DeiT's run the same way, which ``names`` must hold:
         :func:`model_names`), and with ``train`` the same for the train step; with ``profile``, ``"profile"``.
     """
     modes = COMPILE_CHOICES[{False: "no", True: "yes"}.get(compile_models, compile_models)]
+    if capture and (torch.device(device).type != "cuda" or train or (any(modes) and compile_mode in GRAPH_MODES)):
+        raise ValueError(
+            "capture takes CUDA, inference only (train=False) and a compile mode without CUDA graphs of its own "
+            f"(not {' or '.join(GRAPH_MODES)}); got device {device}, train={train}, compile_mode={compile_mode!r}"
+        )
     if any(modes):
         # a fresh start for this call's graphs (a caller's earlier batch size: its graphs and CUDA-graph pools go),
         # and room for one graph per model and grad mode: models of one class share the forward dynamo counts
@@ -189,7 +201,8 @@ def benchmark(
     for name in names:
         for compiled in modes:
             label = f"{name} compiled" if compiled and len(modes) > 1 else name
-            row = {"label": label, "model": name, "compiled": compiled}
+            label += " captured" if capture else ""
+            row = {"label": label, "model": name, "compiled": compiled, "captured": capture}
             row["compile_mode"] = compile_mode if compiled else None
             try:
                 torch.manual_seed(0)
@@ -202,6 +215,9 @@ def benchmark(
                 # dynamic=False: a second batch size would otherwise recompile with a dynamic batch dimension
                 fwd = torch.compile(model, mode=compile_mode, dynamic=False) if compiled else model
                 fns = timed_calls(model, fwd, images, labels, amp, train)
+                if capture:  # the capture's warm-up calls compile a compiled row
+                    graphed = capture_call(fns["infer"], images)
+                    fns["infer"] = lambda graphed=graphed: graphed(images)
                 for fn in fns.values():
                     # a compiled row compiles here, never in a round; CUDA graphs record on the second call
                     for _ in range(max(warmup, 3 if compiled and compile_mode in GRAPH_MODES else int(compiled))):

@@ -213,6 +213,28 @@ def test_profile_step_on_cuda_sums_the_kernels_of_a_step(tmp_path) -> None:
 
 
 @pytest.mark.gpu
+def test_capture_call_replays_an_inference_call_on_each_new_batch() -> None:
+    """capture_call: an eager and a compiled no-grad call under bf16 autocast, captured once, give the call's output
+    on every new batch copied in (channels-last input kept), and a batch of another shape is refused."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 4, 4), torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 5))
+    model = model.cuda().eval().to(memory_format=torch.channels_last)
+
+    def infer(fwd, x):
+        with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+            return fwd(x)
+
+    batch = lambda: torch.randn(6, 3, 16, 16, device="cuda").contiguous(memory_format=torch.channels_last)  # noqa: E731
+    for fwd in (model, torch.compile(model, dynamic=False)):
+        graphed = benchutil.capture_call(lambda x, fwd=fwd: infer(fwd, x), batch())
+        for _ in range(3):
+            x = batch()
+            torch.testing.assert_close(graphed(x).clone(), infer(model, x))
+        with pytest.raises(ValueError, match="a captured call takes tensors of"):
+            graphed(torch.randn(5, 3, 16, 16, device="cuda"))
+
+
+@pytest.mark.gpu
 def test_captured_graphs_replay_the_eager_step_of_the_fused_layers() -> None:
     """capture_graphs: the KNN centroid step (the fused kernels: search and attention), FSAT's edge kernel and Hydra's
     scan, captured whole (their input checks stand aside during the capture) and replayed on new inputs, give the

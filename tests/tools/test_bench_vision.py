@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from engine.testing import run_tool
 from vision.bench import OURS_1
 
@@ -42,6 +44,31 @@ def test_a_compile_mode_without_compiled_rows_is_refused_by_name() -> None:
     run = run_tool("bench_vision", ["--compile-mode", "reduce-overhead", "--models", OURS_1])
     assert run.returncode == 2
     assert "--compile-mode reduce-overhead needs compiled rows: add --compile (or --compile both)" in run.stderr
+
+
+def test_capture_is_refused_by_name_off_a_gpu_with_train_steps_or_with_a_cuda_graph_compile_mode() -> None:
+    graphs = ["--compile", "--compile-mode", "reduce-overhead"]
+    for argv, says in (
+        (["--capture", "--no-train"], "--capture times inference calls on a GPU: add --device cuda"),
+        (["--capture", "--device", "cuda"], "add --device cuda and --no-train"),
+        (["--capture", "--device", "cuda", "--no-train", *graphs], "--capture replaces the CUDA graphs of --compile"),
+    ):
+        run = run_tool("bench_vision", [*argv, "--models", OURS_1])
+        assert run.returncode == 2 and says in run.stderr, run.stderr
+
+
+@pytest.mark.gpu
+def test_captured_rows_on_cuda_replay_each_models_inference(tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    argv = ["--device", "cuda", "--amp", "--capture", "--no-train", "--batch", "2", "--img-size", "32", "--repeats",
+            "2", "--models", OURS_1, "--json", str(path)]  # fmt: skip
+    run = run_tool("bench_vision", argv)
+    assert run.returncode == 0, run.stderr
+    results = json.loads(path.read_text())["results"]
+    assert {r["label"] for r in results} == {f"{OURS_1} captured", "deit_tiny_patch16_224 captured"}
+    assert all(r["captured"] and r["infer_ips"] > 0 and "error" not in r for r in results), results
+    (target,) = json.loads(path.read_text())["targets"]
+    assert target["measured"] is not None and ", inference captured in CUDA graphs" in run.stdout
 
 
 def test_channels_last_runs_every_model_in_that_format(tmp_path: Path) -> None:

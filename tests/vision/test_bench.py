@@ -26,6 +26,31 @@ def test_ours_target_takes_the_better_mode_of_a_both_run() -> None:
     assert best["detail"] == "compiled (reduce-overhead); eager 1.36, compiled (reduce-overhead) 1.52"
 
 
+def test_ours_target_names_captured_rows_as_their_own_mode() -> None:
+    """``--capture``: rows whose inference calls replay a CUDA graph are a mode of their own in the verdict's detail,
+    and over several batches a captured Ours-1 row is read against captured DeiT-tiny rows only."""
+    rows = [{"model": OURS_1, "compiled": False, "captured": True, "infer_vs_deit": 1.41},
+            {"model": OURS_1, "compiled": True, "compile_mode": "default", "captured": True,
+             "infer_vs_deit": 1.47}]  # fmt: skip
+    best = ours_target(rows, "cuda")
+    assert best["measured"] == 1.47 and best["met"] is False
+    assert best["detail"] == "compiled (default), captured; eager, captured 1.41, compiled (default), captured 1.47"
+    ips = {(OURS_1, False): 1500.0, (OURS_1, True): 1000.0, (BASELINES["tiny"], False): 1000.0,
+           (BASELINES["tiny"], True): 500.0}  # fmt: skip
+    several = [{"batch": b, "model": m, "compiled": False, "captured": c, "infer_ips": ips[m, c] * b}
+               for b in (1, 2) for m in (OURS_1, BASELINES["tiny"]) for c in (False, True)]  # fmt: skip
+    got = ours_target(several, "cuda")
+    assert got["measured"] == 2.0 and got["detail"].startswith("eager, captured; eager 1.5 (batch 2")
+
+
+def test_capture_is_refused_off_a_gpu_with_train_steps_or_with_cuda_graph_compile_modes() -> None:
+    common = dict(batch=1, img_size=32, repeats=1, warmup=0, stat="median", amp=False, capture=True)
+    for device, train, compile_models, mode in (("cpu", False, "no", "default"), ("cuda", True, "no", "default"),
+                                                ("cuda", False, "both", "reduce-overhead")):  # fmt: skip
+        with pytest.raises(ValueError, match="capture takes CUDA, inference only"):
+            benchmark([OURS_1], device, train=train, compile_models=compile_models, compile_mode=mode, **common)
+
+
 def test_ours_target_over_several_batches_reads_each_model_at_its_best_batch() -> None:
     """Throughput as DeiT and Token Merging report it: each model's images/s at its best batch size, per mode."""
     deit, ours = BASELINES["tiny"], OURS_1
