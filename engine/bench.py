@@ -63,14 +63,26 @@ def capture_graphs(module: torch.nn.Module, *sample_args: torch.Tensor) -> torch
 
 def capture_call(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int = 3) -> Callable[..., Any]:
     """``fn`` (a call that records no autograd graph: inference under ``torch.no_grad``) captured whole into one CUDA
-    graph: ``warmup`` calls on a side stream (a compiled ``fn`` compiles there, cuDNN picks its algorithms), then the
-    capture, on copies of ``sample_args``. The returned callable copies its tensor arguments into those static inputs
-    (a new batch each call, as a data loader would give) and replays the graph: no Python of ``fn`` runs, no compiler
-    guard and no cudagraph-tree bookkeeping, only the copies and one launch. It returns the output ``fn`` returned at
-    capture, which the next replay overwrites.
+    graph: ``warmup`` (>= 1) calls on a side stream (a compiled ``fn`` compiles there; with ``cudnn.benchmark`` cuDNN
+    picks its algorithms), then the capture, on copies of ``sample_args``. The returned callable copies its tensor
+    arguments into those static inputs (a new batch each call, as a data loader would give; cudagraph trees copy
+    their inputs too) and replays the graph: no Python of ``fn`` runs, no compiler guard and no cudagraph-tree
+    bookkeeping, only the copies and one launch. It returns the output ``fn`` returned at capture, which the next
+    replay overwrites. The graph holds its memory pool for as long as the returned callable lives.
 
-    ``fn`` must not read values back to the host, and runs its kernels on the arguments' shapes only: a call with
-    other shapes, dtypes or devices raises. For a train step (autograd) use :func:`capture_graphs`."""
+    ``fn`` must not read values back to the host, and must enter autocast itself: casts cached by an autocast
+    entered outside it would be freed under the graph (refused, as ``torch.cuda.make_graphed_callables`` does). A
+    call with other shapes, strides (memory format), dtypes or devices than ``sample_args`` raises. For a train step
+    (autograd) use :func:`capture_graphs`."""
+    if warmup < 1:
+        raise ValueError(f"capture_call needs warmup >= 1 (a compiled fn compiles before the capture), got {warmup}")
+    if torch.is_autocast_enabled("cuda") and torch.is_autocast_cache_enabled():
+        raise RuntimeError(
+            "capture_call under an autocast with its cache enabled: enter autocast inside fn (or pass "
+            "cache_enabled=False), so that no cast the graph reads is freed when the outer autocast exits"
+        )
+    if not all(isinstance(a, torch.Tensor) for a in sample_args):
+        raise TypeError(f"capture_call takes tensors as sample_args, got {[type(a).__name__ for a in sample_args]}")
     static = [a.clone() for a in sample_args]  # the graph's inputs (clone keeps each one's memory format)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -79,14 +91,24 @@ def capture_call(fn: Callable[..., Any], *sample_args: torch.Tensor, warmup: int
             fn(*static)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn(*static)
-    spec = [(s.shape, s.dtype, s.device) for s in static]
+    failure: BaseException | None = None
+    try:
+        with torch.cuda.graph(graph):
+            try:
+                out = fn(*static)
+            except Exception as e:  # ending the broken capture raises again: report fn's error, not that one
+                failure = e
+    except Exception:
+        if failure is None:
+            raise
+    if failure is not None:
+        raise RuntimeError(f"fn failed while being captured: {type(failure).__name__}: {failure}") from failure
+    spec = [(tuple(s.shape), s.stride(), s.dtype, s.device) for s in static]
 
     def replay(*args: torch.Tensor) -> Any:
-        got = [(a.shape, a.dtype, a.device) for a in args]
+        got = [(tuple(a.shape), a.stride(), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args]
         if got != spec:
-            raise ValueError(f"a captured call takes tensors of (shape, dtype, device) {spec}, got {got}")
+            raise ValueError(f"a captured call takes tensors of (shape, strides, dtype, device) {spec}, got {got}")
         for s, a in zip(static, args):
             s.copy_(a)
         graph.replay()

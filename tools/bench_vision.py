@@ -87,8 +87,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     if args.compile == "no" and args.compile_mode != "default":
         parser.error(f"--compile-mode {args.compile_mode} needs compiled rows: add --compile (or --compile both)")
-    if args.capture and (torch.device(args.device).type != "cuda" or not args.no_train):
-        parser.error("--capture times inference calls on a GPU: add --device cuda and --no-train")
+    if args.capture and torch.device(args.device).type != "cuda":
+        parser.error("--capture times inference calls captured in CUDA graphs: add --device cuda")
+    if args.capture and not args.no_train:
+        parser.error("--capture times inference calls only: add --no-train")
     if args.capture and args.compile != "no" and args.compile_mode in GRAPH_MODES:
         parser.error(f"--capture replaces the CUDA graphs of --compile-mode {args.compile_mode}: use default")
     logging.basicConfig(level=logging.INFO, format="  %(message)s")  # each model as it is built, on stderr

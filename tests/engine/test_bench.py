@@ -215,7 +215,9 @@ def test_profile_step_on_cuda_sums_the_kernels_of_a_step(tmp_path) -> None:
 @pytest.mark.gpu
 def test_capture_call_replays_an_inference_call_on_each_new_batch() -> None:
     """capture_call: an eager and a compiled no-grad call under bf16 autocast, captured once, give the call's output
-    on every new batch copied in (channels-last input kept), and a batch of another shape is refused."""
+    on every new batch copied in (channels-last input kept) from a replay, not a call (fn runs only in the warm-up and
+    the capture; the output is the captured tensor), and a batch of another shape or layout is refused, as is a
+    capture under an outer autocast that caches casts."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 4, 4), torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 5))
     model = model.cuda().eval().to(memory_format=torch.channels_last)
@@ -226,12 +228,33 @@ def test_capture_call_replays_an_inference_call_on_each_new_batch() -> None:
 
     batch = lambda: torch.randn(6, 3, 16, 16, device="cuda").contiguous(memory_format=torch.channels_last)  # noqa: E731
     for fwd in (model, torch.compile(model, dynamic=False)):
-        graphed = benchutil.capture_call(lambda x, fwd=fwd: infer(fwd, x), batch())
+        calls = []
+
+        def counted(x, fwd=fwd, calls=calls):
+            calls.append(1)
+            return infer(fwd, x)
+
+        graphed = benchutil.capture_call(counted, batch(), warmup=2)
+        outs = []
         for _ in range(3):
             x = batch()
-            torch.testing.assert_close(graphed(x).clone(), infer(model, x))
+            outs.append(graphed(x))
+            torch.testing.assert_close(outs[-1].clone(), infer(model, x))
+        assert len(calls) == 3 and all(o is outs[0] for o in outs)  # 2 warm-up calls and the capture, then replays
+        assert outs[0].dtype == torch.bfloat16
         with pytest.raises(ValueError, match="a captured call takes tensors of"):
             graphed(torch.randn(5, 3, 16, 16, device="cuda"))
+        with pytest.raises(ValueError, match="a captured call takes tensors of"):
+            graphed(batch().contiguous())  # the same shape in another memory format
+    with torch.autocast("cuda", torch.bfloat16), pytest.raises(RuntimeError, match="enter autocast inside fn"):
+        benchutil.capture_call(model, batch())
+
+
+def test_capture_call_refuses_a_capture_without_warm_up_or_of_non_tensors_before_touching_a_gpu() -> None:
+    with pytest.raises(ValueError, match="needs warmup >= 1"):
+        benchutil.capture_call(torch.nn.Identity(), torch.zeros(1), warmup=0)
+    with pytest.raises(TypeError, match=r"takes tensors as sample_args, got \['Tensor', 'int'\]"):
+        benchutil.capture_call(torch.nn.Identity(), torch.zeros(1), 3)
 
 
 @pytest.mark.gpu

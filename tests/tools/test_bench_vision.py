@@ -49,8 +49,8 @@ def test_a_compile_mode_without_compiled_rows_is_refused_by_name() -> None:
 def test_capture_is_refused_by_name_off_a_gpu_with_train_steps_or_with_a_cuda_graph_compile_mode() -> None:
     graphs = ["--compile", "--compile-mode", "reduce-overhead"]
     for argv, says in (
-        (["--capture", "--no-train"], "--capture times inference calls on a GPU: add --device cuda"),
-        (["--capture", "--device", "cuda"], "add --device cuda and --no-train"),
+        (["--capture", "--no-train"], "--capture times inference calls captured in CUDA graphs: add --device cuda"),
+        (["--capture", "--device", "cuda"], "--capture times inference calls only: add --no-train"),
         (["--capture", "--device", "cuda", "--no-train", *graphs], "--capture replaces the CUDA graphs of --compile"),
     ):
         run = run_tool("bench_vision", [*argv, "--models", OURS_1])

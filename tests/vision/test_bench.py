@@ -121,6 +121,33 @@ def test_inference_only_rows_have_no_train_columns() -> None:
     assert headers[-1] == "infer vs DeiT" and len(rows[1]) == len(headers)
 
 
+@pytest.mark.gpu
+def test_captured_inference_calls_of_both_models_equal_their_eager_calls() -> None:
+    """What a ``--capture`` row replays: each model's inference call (bf16 autocast, channels-last), eager and for
+    Ours-1 compiled too (the centroid block's conv as fused taps), captured once, gives the eager call's logits on a
+    new batch copied in."""
+    import timm
+    import torch
+
+    from engine.bench import capture_call
+
+    torch.manual_seed(0)
+    fmt = torch.channels_last
+    batch = lambda: torch.randn(4, 3, 64, 64, device="cuda").contiguous(memory_format=fmt)  # noqa: E731
+    labels = torch.zeros(4, dtype=torch.long, device="cuda")
+    for name, compiled in ((BASELINES["tiny"], False), (OURS_1, False), (OURS_1, True)):
+        model = timm.create_model(name, img_size=64).cuda().to(memory_format=fmt)
+        fwd = torch.compile(model, dynamic=False) if compiled else model
+        images = batch()
+        infer = timed_calls(model, fwd, images, labels, amp=True, train=False)["infer"]
+        graphed = capture_call(infer, images)
+        eager = timed_calls(model, model, images, labels, amp=True, train=False)["infer"]
+        for _ in range(2):
+            x = batch()
+            got, want = graphed(x).float(), eager(x).float()
+            torch.testing.assert_close(got, want, rtol=0.05, atol=0.05, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def test_timed_calls_switch_the_model_mode_only_when_it_is_in_the_other(monkeypatch) -> None:
     """Module.eval() / train() walk every submodule: host time a timed call should not count. A train step after an
     inference call still trains (dropout and DropPath on) and an inference call after a train step still evaluates."""
