@@ -231,10 +231,10 @@ def _measured(row: dict, key: str) -> bool:
 def mixer_kernel_targets(results: Sequence[dict], device: str, batch: int | None = None) -> list[dict]:
     """The targets of the fused FSAT and Hydra kernels, from ``tools/bench_mixers.py``'s rows of ``fsat`` and
     ``hydra`` (what "auto" runs; each row's ``path`` names the backend), or of their ``-fused-compiled``,
-    ``-fused-graphs`` and ``-fused-captured`` rows where those ran faster (the detail names the row): FSAT's time and
-    peak memory as fractions of vanilla attention's at 4K, FSAT's and Hydra's time as fractions of SDPA's from
-    8K / 4K on (the largest), and Hydra's time growth from 8K to 16K. No verdict for a row not measured (the detail
-    says which). ``batch``, where given, goes into the names."""
+    ``-fused-graphs``, ``-fused-captured`` and ``-fused-compiled-captured`` rows where those ran faster (the detail
+    names the row): FSAT's time and peak memory as fractions of vanilla attention's at 4K, FSAT's and Hydra's time
+    as fractions of SDPA's from 8K / 4K on (the largest), and Hydra's time growth from 8K to 16K. No verdict for a
+    row not measured (the detail says which). ``batch``, where given, goes into the names."""
     by = {(r["L"], r["mixer"]): r for r in results}
     b = _at_batch(batch)
 
@@ -663,15 +663,19 @@ MIXER_BASELINES = ("attention-matmul", "attention-sdpa")
 # alone gives), "<name>-fused-compiled" the kernels under torch.compile (inductor fuses the ops around them: what
 # "auto" runs in a compiled model), "<name>-fused-graphs" the same compiled with mode="reduce-overhead" (CUDA graphs
 # replay the whole step: no CPU cost a launch, which bounds a small batch), "<name>-fused-captured" the eager kernels
-# captured whole into CUDA graphs (engine.bench.capture_graphs: no compiler and no guards, the least host work a step).
+# captured whole into CUDA graphs (engine.bench.capture_graphs: no compiler and no guards, the least host work a step),
+# "<name>-fused-compiled-captured" the compiled step (inductor's kernels, mode="default") captured the same way.
 KERNEL_MIXERS = {"fsat": ("fsat_edges", "edge_backend"), "hydra": ("quasiseparable_mix", "backend")}
 BENCH_MIXERS = (*MIXER_BASELINES, "fsat", "fsat-torch", "fsat-compiled", "fsat-fused-compiled", "fsat-fused-graphs",
-                "fsat-fused-captured", "fat", "linear", "lowrank", "toeplitz", "hydra", "hydra-torch", "hydra-compiled",
-                "hydra-fused-compiled", "hydra-fused-graphs", "hydra-fused-captured", "cauchy",
-                "vandermonde")  # fmt: skip
-_FUSED_VARIANTS = ("fused-compiled", "fused-graphs", "fused-captured")  # the kernels compiled, or captured
+                "fsat-fused-captured", "fsat-fused-compiled-captured", "fat", "linear", "lowrank", "toeplitz", "hydra",
+                "hydra-torch", "hydra-compiled", "hydra-fused-compiled", "hydra-fused-graphs", "hydra-fused-captured",
+                "hydra-fused-compiled-captured", "cauchy", "vandermonde")  # fmt: skip
+# the kernels compiled, captured, or both
+_FUSED_VARIANTS = ("fused-compiled", "fused-graphs", "fused-captured", "fused-compiled-captured")
 _FUSED_SUFFIXES = tuple(f"-{v}" for v in _FUSED_VARIANTS)
-_VARIANT_PATHS = {"compiled": " compiled", "graphs": " CUDA graphs", "captured": " captured CUDA graphs"}  # path labels
+# path labels, by the name's last part (and its last two for a compiled step captured)
+_VARIANT_PATHS = {"compiled": " compiled", "graphs": " CUDA graphs", "captured": " captured CUDA graphs",
+                  "compiled-captured": " compiled, captured CUDA graphs"}  # fmt: skip
 QUADRATIC_MIXERS = ("cauchy", "vandermonde", "cauchy_static", "vandermonde_static")  # O(L^2 D) operations
 _COMPILED_PATHS = {"fsat": "gather"}  # dynamo does not trace the csr products' sparse tensors
 
@@ -700,8 +704,13 @@ def _bench_mixer(name: str, dim: int, heads: int, max_len: int, device: torch.de
     if base in KERNEL_MIXERS and variant:
         path = {KERNEL_MIXERS[base][1]: mixer_path(name, device, dim // heads)}
         layer = build_mixer(base, dim, heads, max_len=max_len, **path).to(device)
-        if variant.endswith(("compiled", "graphs")):
+        if variant.endswith(("compiled", "graphs", "compiled-captured")):
             allow_recompiles()  # a layer per row, each one more graph of the mixer's forward
+        if variant.endswith("compiled-captured"):
+            # the wrapper, whose forward capture_graphs replaces (compiled in place, the compiled call would trace
+            # the replaced forward); a captured row has no peak, so the memory tracker's hooks never run on it
+            return torch.compile(layer, dynamic=False)
+        if variant.endswith(("compiled", "graphs")):
             # in place (torch.compile's wrapper would run the memory tracker's module hooks twice)
             layer.compile(**({"mode": "reduce-overhead"} if variant.endswith("graphs") else {}))
         return layer
@@ -713,7 +722,8 @@ def measure_mixer(cfg: dict) -> dict:
     ``{"mixer", "device", "B", "L", "C", "H", "repeats"}``: one warm-up step, one step under the memory tracker, then
     the median of ``repeats`` clean steps (the tracked one carries the tracker's per-op overhead). A CUDA-graph row
     on CUDA: three untimed steps (compile and warm up, record, replay), then the timed replays; a captured row: the
-    capture's own warm-up steps (:func:`engine.bench.capture_graphs`), one untimed replay, then the timed ones. Neither
+    capture's own warm-up steps (:func:`engine.bench.capture_graphs`; a compiled row compiles in them), one untimed
+    replay, then the timed ones. Neither
     reports a peak (the graphs' pool, :func:`measure_centroid`)."""
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
@@ -797,7 +807,7 @@ def mixer_rows(
         for name, r in res.items():
             row = {"L": L, "mixer": name, **r}
             if paths[name] is not None:
-                mode = name.rpartition("-")[2]
+                mode = "compiled-captured" if name.endswith("-compiled-captured") else name.rpartition("-")[2]
                 row["path"] = paths[name] + _VARIANT_PATHS.get(mode, "")
             if "ms" in r:
                 for base in MIXER_BASELINES:

@@ -30,8 +30,10 @@ model. ``fsat-fused-graphs`` / ``hydra-fused-graphs`` compile them with ``mode="
 the whole step without a CPU cost per launch, which bounds small batches (no peak memory: the graphs' pool holds their
 tensors, see the GPU guide). ``fsat-fused-captured`` / ``hydra-fused-captured`` capture the eager kernels' step whole
 (:func:`engine.bench.capture_graphs`: one replay forward and one backward, no compiler and no guards, the least host
-work a step; no peak either). The fused rows run on CUDA only (a CPU run skips them). The table names each of these
-rows' path.
+work a step; no peak either), and ``fsat-fused-compiled-captured`` / ``hydra-fused-compiled-captured`` capture the
+compiled step so (inductor's fused kernels, ``mode="default"``, compiled in the capture's warm-up steps), which is
+what a ``reduce-overhead`` row runs without its cudagraph trees' host work. The fused rows run on CUDA only (a CPU
+run skips them). The table names each of these rows' path.
 
 Cauchy and Vandermonde cost O(L^2 D) operations (their matrices are sums over D): on CPU they run up to
 ``--max-quadratic-len``; their ``dense BHLLD MB`` column is what materializing the ``(B, H, L, L, D)`` tensor of the

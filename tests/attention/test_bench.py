@@ -175,6 +175,7 @@ def test_kernel_mixer_rows_name_their_path_and_skip_a_torch_row_that_repeats_aut
     assert bench.mixer_path("fsat-fused-graphs", "cuda", 64) == bench.mixer_path("hydra-fused-graphs", "cuda", 64)
     assert bench.mixer_path("hydra-fused-graphs", "cuda", 64) == "triton"
     assert bench.mixer_path("fsat-fused-captured", "cuda", 64) == "triton"
+    assert bench.mixer_path("hydra-fused-compiled-captured", "cuda", 64) == "triton"
     mixers = ["fsat", "fsat-torch", "fsat-fused-compiled", "hydra", "hydra-fused-graphs", "hydra-fused-captured"]
     results = bench.mixer_rows("cpu", [32], mixers, dim=16, heads=2, batch=1, repeats=1, max_quadratic_len=None,
                                isolate=False)  # fmt: skip
@@ -193,19 +194,28 @@ def test_kernel_mixer_rows_name_their_path_and_skip_a_torch_row_that_repeats_aut
 def test_compiled_mixer_rows_compile_in_their_mode_and_stay_compiled(monkeypatch) -> None:
     """-fused-graphs compiles with mode="reduce-overhead" (CUDA graphs), -fused-compiled and -compiled with the
     default; each raises dynamo's recompile limit, since every row is one more graph of the mixer's forward.
-    -fused-captured captures the eager kernels (on CUDA, in measure_mixer) and compiles nothing."""
-    modes = []
+    -fused-captured captures the eager kernels (on CUDA, in measure_mixer) and compiles nothing; -fused-compiled-
+    captured returns the layer wrapped by torch.compile (default mode, static shapes), which measure_mixer captures:
+    the wrapper's forward is the one a capture replaces."""
+    modes, wrapped = [], []
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: modes.append(kw))
+    monkeypatch.setattr(torch, "compile", lambda layer, **kw: wrapped.append(kw) or ("compiled", layer))
     with torch._dynamo.config.patch(recompile_limit=8):  # (patch restores it; monkeypatch's undo would delete it)
         for name in ("hydra-fused-graphs", "hydra-fused-compiled", "fsat-compiled", "fsat", "fsat-fused-captured"):
             bench._bench_mixer(name, 16, 2, 32, torch.device("cpu"))
         assert torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT
-    assert modes == [{"mode": "reduce-overhead"}, {}, {}]  # the captured row compiles nothing
+    assert modes == [{"mode": "reduce-overhead"}, {}, {}] and not wrapped  # the captured row compiles nothing
+    with torch._dynamo.config.patch(recompile_limit=8):
+        tag, layer = bench._bench_mixer("fsat-fused-compiled-captured", 16, 2, 32, torch.device("cpu"))
+        assert torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT
+    assert tag == "compiled" and type(layer).__name__ == "FourierSparseAttention" and wrapped == [{"dynamic": False}]
+    assert len(modes) == 3  # not compiled in place as well
 
 
 @pytest.mark.gpu
 def test_cuda_graph_rows_time_a_replayed_step_without_a_peak() -> None:
-    for mixer in ("fsat-fused-graphs", "hydra-fused-graphs", "fsat-fused-captured", "hydra-fused-captured"):
+    for mixer in ("fsat-fused-graphs", "hydra-fused-graphs", "fsat-fused-captured", "hydra-fused-captured",
+                  "fsat-fused-compiled-captured", "hydra-fused-compiled-captured"):  # fmt: skip
         r = bench.measure_mixer(dict(mixer=mixer, device="cuda", B=1, L=256, C=64, H=2, repeats=2))
         assert r["ms"] > 0 and r["peak_mb"] is None, (mixer, r)  # the graphs' pool: no peak
 
