@@ -723,8 +723,7 @@ def measure_mixer(cfg: dict) -> dict:
     the median of ``repeats`` clean steps (the tracked one carries the tracker's per-op overhead). A CUDA-graph row
     on CUDA: three untimed steps (compile and warm up, record, replay), then the timed replays; a captured row: the
     capture's own warm-up steps (:func:`engine.bench.capture_graphs`; a compiled row compiles in them), one untimed
-    replay, then the timed ones. Neither
-    reports a peak (the graphs' pool, :func:`measure_centroid`)."""
+    replay, then the timed ones. Neither reports a peak (the graphs' pool, :func:`measure_centroid`)."""
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
     B, L, C, H = cfg["B"], cfg["L"], cfg["C"], cfg["H"]

@@ -51,6 +51,8 @@ def capture_graphs(module: torch.nn.Module, *sample_args: torch.Tensor) -> torch
     (``torch.cuda.make_graphed_callables``: a few warm-up steps, then the capture, on a side stream; the module is
     changed in place and returned): a call copies its inputs into the graphs' static buffers and replays one graph
     forward and one backward, with no compiler and no guards, the least host work a step of eager kernels can take.
+    A ``torch.compile`` wrapper (default mode, whose kernels run outside torch's cudagraph trees) is captured the same
+    way: it compiles its forward and backward in the warm-up steps, and its replays run no guard either.
 
     Shapes, dtypes and ``requires_grad`` of the inputs are those of ``sample_args``, and the forward must not read
     values back (the package's input checks stand aside during a capture, :func:`attention.checks.checks_active`). A

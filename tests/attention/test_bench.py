@@ -176,7 +176,8 @@ def test_kernel_mixer_rows_name_their_path_and_skip_a_torch_row_that_repeats_aut
     assert bench.mixer_path("hydra-fused-graphs", "cuda", 64) == "triton"
     assert bench.mixer_path("fsat-fused-captured", "cuda", 64) == "triton"
     assert bench.mixer_path("hydra-fused-compiled-captured", "cuda", 64) == "triton"
-    mixers = ["fsat", "fsat-torch", "fsat-fused-compiled", "hydra", "hydra-fused-graphs", "hydra-fused-captured"]
+    mixers = ["fsat", "fsat-torch", "fsat-fused-compiled", "hydra", "hydra-fused-graphs", "hydra-fused-captured",
+              "fsat-fused-compiled-captured"]  # fmt: skip
     results = bench.mixer_rows("cpu", [32], mixers, dim=16, heads=2, batch=1, repeats=1, max_quadratic_len=None,
                                isolate=False)  # fmt: skip
     by = {r["mixer"]: r for r in results}
@@ -185,10 +186,13 @@ def test_kernel_mixer_rows_name_their_path_and_skip_a_torch_row_that_repeats_aut
     assert by["fsat-fused-compiled"]["error"] == "skipped: no fused kernel runs on cpu (fsat takes csr)"
     assert by["hydra-fused-graphs"]["error"] == "skipped: no fused kernel runs on cpu (hydra takes torch)"
     assert by["hydra-fused-captured"]["error"] == "skipped: no fused kernel runs on cpu (hydra takes torch)"
+    assert by["fsat-fused-compiled-captured"]["error"] == "skipped: no fused kernel runs on cpu (fsat takes csr)"
+    assert by["fsat-fused-compiled-captured"]["path"] == "csr compiled, captured CUDA graphs"
+    assert by["hydra-fused-captured"]["path"] == "torch captured CUDA graphs"
     headers, rows = bench.mixer_table(results)
     assert [r[1] for r in rows] == ["attention-matmul", "attention-sdpa", "fsat (csr)", "fsat-torch",
                                     "fsat-fused-compiled", "hydra (torch)", "hydra-fused-graphs",
-                                    "hydra-fused-captured"]  # fmt: skip
+                                    "hydra-fused-captured", "fsat-fused-compiled-captured"]  # fmt: skip
 
 
 def test_compiled_mixer_rows_compile_in_their_mode_and_stay_compiled(monkeypatch) -> None:
