@@ -673,9 +673,9 @@ BENCH_MIXERS = (*MIXER_BASELINES, "fsat", "fsat-torch", "fsat-compiled", "fsat-f
 # the kernels compiled, captured, or both
 _FUSED_VARIANTS = ("fused-compiled", "fused-graphs", "fused-captured", "fused-compiled-captured")
 _FUSED_SUFFIXES = tuple(f"-{v}" for v in _FUSED_VARIANTS)
-# path labels, by the name's last part (and its last two for a compiled step captured)
-_VARIANT_PATHS = {"compiled": " compiled", "graphs": " CUDA graphs", "captured": " captured CUDA graphs",
-                  "compiled-captured": " compiled, captured CUDA graphs"}  # fmt: skip
+# path labels by the name's ending, the first that matches (a compiled step captured before a captured one)
+_VARIANT_PATHS = {"-compiled-captured": " compiled, captured CUDA graphs", "-compiled": " compiled",
+                  "-graphs": " CUDA graphs", "-captured": " captured CUDA graphs"}  # fmt: skip
 QUADRATIC_MIXERS = ("cauchy", "vandermonde", "cauchy_static", "vandermonde_static")  # O(L^2 D) operations
 _COMPILED_PATHS = {"fsat": "gather"}  # dynamo does not trace the csr products' sparse tensors
 
@@ -806,8 +806,8 @@ def mixer_rows(
         for name, r in res.items():
             row = {"L": L, "mixer": name, **r}
             if paths[name] is not None:
-                mode = "compiled-captured" if name.endswith("-compiled-captured") else name.rpartition("-")[2]
-                row["path"] = paths[name] + _VARIANT_PATHS.get(mode, "")
+                label = next((v for end, v in _VARIANT_PATHS.items() if name.endswith(end)), "")
+                row["path"] = paths[name] + label
             if "ms" in r:
                 for base in MIXER_BASELINES:
                     row[f"speedup vs {base}"] = _ratio(res[base].get("ms"), r["ms"])
