@@ -61,6 +61,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from ..backends import backend_names, resolve
 from ..checks import check_heads, check_seq, checks_active
@@ -78,6 +79,7 @@ __all__ = [
     "SeparableConvFeatureMap",
     "TruncateGrad",
     "fold_cross",
+    "folded_cross",
     "pooled_cross",
     "pooled_cross_reference",
     "sparse_edge_attention",
@@ -154,6 +156,78 @@ def fold_cross(c0: Tensor, a: Tensor, b: Tensor) -> Tensor:
     even = c0[:, 0::2]  # (B, L, C): antidiagonals 0, 2, .., 2L-2
     odd = F.pad(c0[:, 1::2], (0, 0, 0, 1))  # (B, L, C): 1, 3, .., 2L-3, then a zero row
     return even + odd - a.to(c0.dtype) * b.to(c0.dtype)
+
+
+def folded_cross(a: Tensor, b: Tensor) -> Tensor:
+    """``fold_cross(pooled_cross(a, b), a, b)`` as one autograd op with a hand-written backward, in float32 (float64).
+
+    The same values as the two-step form to float32 rounding, in fewer kernels: one transform of ``a`` and ``b``
+    stacked, one product, one inverse transform and the fold read straight from it; the backward is one transform of
+    the output gradient (each fold row's gradient feeds antidiagonals 2i and 2i+1), the two correlations with the saved
+    spectra in one inverse transform, and the i-i terms. Autograd through the two-step form runs full-length complex
+    transforms and a chain of pads, conjugates and scalings instead (``tools/bench_mixers.py`` times FSAT with it).
+
+    Args:
+        a, b: ``(B, L, C)``, f1(X) and f2(X).
+
+    Returns:
+        ``(B, L, C)`` float32 (float64 for float64 inputs), before the LayerNorm.
+    """
+    if not torch.jit.is_scripting():  # TorchScript cannot run an autograd Function: it takes the two-step form
+        check_seq(a, "a")
+        if a.shape != b.shape:
+            raise ValueError(f"a and b must have the same shape (B, L, C), got {tuple(a.shape)} and {tuple(b.shape)}")
+        with torch.autocast(device_type=a.device.type, enabled=False):
+            return _FoldedCross.apply(a, b)
+    return fold_cross(pooled_cross(a, b), a, b)
+
+
+class _FoldedCross(torch.autograd.Function):
+    """``C[i] = C0[2i] + C0[2i+1] - a_i b_i`` with ``C0 = IRFFT(RFFT(a, n) RFFT(b, n))``, ``n >= 2L`` a power of two.
+
+    ``n >= 2L`` (not only ``2L - 1``) puts the missing antidiagonal ``2L - 1`` inside the transform, where it is zero
+    but for rounding, so the fold is two strided reads of the inverse transform. Backward, with ``g`` the gradient of
+    C and ``g0[k] = g[k // 2]`` (k < 2L) that of C0: ``da_i = sum_j g0[i + j] b_j - g_i b_i``, a correlation:
+    ``IRFFT(RFFT(g0, n) conj(RFFT(b, n)))[i]`` (no wrap-around: i + j < 2L <= n); the same for ``db`` with a.
+    """
+
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor) -> Tensor:
+        B, L, C = a.shape
+        n = 1 << (2 * L - 1).bit_length()  # the power of two >= 2L
+        acc = torch.promote_types(a.dtype, torch.float32)
+        ab = torch.empty(2, B, C, L, device=a.device, dtype=acc)  # transforms along the last, contiguous dimension
+        ab[0].copy_(a.transpose(1, 2))
+        ab[1].copy_(b.transpose(1, 2))
+        spec = torch.fft.rfft(ab, n=n)  # (2, B, C, n / 2 + 1)
+        c0 = torch.fft.irfft(spec[0] * spec[1], n=n).transpose(1, 2)  # (B, n, C), strided
+        even, odd = c0[:, 0 : 2 * L : 2], c0[:, 1 : 2 * L : 2]
+        ctx.save_for_backward(a, b, spec)
+        if torch.compiler.is_compiling():  # see backward
+            return (even + odd - a.to(acc) * b.to(acc)).contiguous()
+        out = torch.empty(B, L, C, device=a.device, dtype=acc)  # contiguous, as the LayerNorm after it reads it
+        torch.add(even, odd, out=out)
+        return out.addcmul_(a, b, value=-1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor) -> tuple[Tensor, Tensor]:
+        a, b, spec = ctx.saved_tensors
+        B, L, C = a.shape
+        n = 2 * (spec.shape[-1] - 1)
+        g0 = g.transpose(1, 2).unsqueeze(-1).expand(B, C, L, 2).reshape(B, C, 2 * L)  # g0[k] = g[k // 2], k < 2L
+        gspec = torch.fft.rfft(g0, n=n)
+        prod = torch.empty_like(spec)
+        torch.mul(gspec, spec[1].conj(), out=prod[0])  # correlate with b for da, with a for db
+        torch.mul(gspec, spec[0].conj(), out=prod[1])
+        corr = torch.fft.irfft(prod, n=n)[..., :L].transpose(2, 3)  # (2, B, L, C), strided
+        if torch.compiler.is_compiling():  # inductor fuses the copy; its tracing of out= can lose out's strides
+            return (corr[0] - g * b).contiguous().to(a.dtype), (corr[1] - g * a).contiguous().to(b.dtype)
+        da = torch.empty(B, L, C, device=a.device, dtype=a.dtype)  # contiguous, in one kernel each
+        db = torch.empty(B, L, C, device=b.device, dtype=b.dtype)
+        torch.addcmul(corr[0], g, b, value=-1, out=da)
+        torch.addcmul(corr[1], g, a, value=-1, out=db)
+        return da, db
 
 
 EDGE_BACKENDS = tuple(backend_names("fsat_edges"))  # declared in attention.backends
@@ -477,7 +551,7 @@ class FourierCross(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         a, b = self.f1(x), self.f2(x)  # (B, L, C)
-        c = fold_cross(pooled_cross(a, b), a, b)  # (B, L, C) float32
+        c = folded_cross(a, b)  # (B, L, C) float32
         return self.norm(c.to(a.dtype))  # a's dtype: bf16 under autocast (LayerNorm then runs in float32)
 
 

@@ -15,6 +15,7 @@ from attention.mixers.fsat import (
     SeparableConvFeatureMap,
     TruncateGrad,
     fold_cross,
+    folded_cross,
     pooled_cross,
     pooled_cross_reference,
     sparse_edge_attention,
@@ -43,6 +44,55 @@ def test_pooled_cross_gradients_match_reference() -> None:
     gr = torch.autograd.grad((pooled_cross_reference(a, b) * w).sum(), (a, b))
     for x, y in zip(ga, gr):
         torch.testing.assert_close(x.double(), y.double(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("L", [1, 2, 5, 8, 9, 33])
+def test_folded_cross_matches_the_two_step_reference(L: int) -> None:
+    """The one-op fold (its hand-written backward) against the O(L^2) cross folded by hand: outputs, both gradients
+    (float64, and gradcheck's finite differences), odd and power-of-two lengths (where the transform is exactly 2L)."""
+    g = torch.Generator().manual_seed(L)
+    a = torch.randn(2, L, 3, dtype=torch.float64, generator=g).requires_grad_()
+    b = torch.randn(2, L, 3, dtype=torch.float64, generator=g).requires_grad_()
+    ref = fold_cross(pooled_cross_reference(a, b), a, b)
+    out = folded_cross(a, b)
+    assert out.dtype == torch.float64 and out.is_contiguous()
+    torch.testing.assert_close(out, ref)
+    w = torch.randn(ref.shape, dtype=torch.float64, generator=g)
+    for x, y in zip(torch.autograd.grad((out * w).sum(), (a, b)), torch.autograd.grad((ref * w).sum(), (a, b))):
+        torch.testing.assert_close(x, y)
+    assert torch.autograd.gradcheck(folded_cross, (a[:1, :, :2].detach().requires_grad_(), b[:1, :, :2].detach()))
+
+
+def test_folded_cross_keeps_float32_and_the_inputs_gradient_dtypes() -> None:
+    a = torch.randn(2, 40, 8).bfloat16().requires_grad_()
+    b = torch.randn(2, 40, 8).bfloat16().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = folded_cross(a, b)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, fold_cross(pooled_cross(a, b), a, b), atol=1e-4, rtol=1e-4)
+    w = torch.randn(out.shape)
+    ga = torch.autograd.grad((out * w).sum(), (a, b))
+    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    gr = torch.autograd.grad((fold_cross(pooled_cross_reference(a64, b64), a64, b64) * w).sum(), (a64, b64))
+    for x, y in zip(ga, gr):  # summed in float32, rounded to bf16 once: within one bf16 rounding of float64's
+        assert x.dtype == torch.bfloat16
+        torch.testing.assert_close(x.double(), y, atol=1e-3, rtol=2**-8)
+    with pytest.raises(ValueError, match="same shape"):
+        folded_cross(torch.randn(1, 4, 2), torch.randn(1, 5, 2))
+
+
+@pytest.mark.slow
+def test_folded_cross_under_torch_compile_equals_eager() -> None:
+    """Under torch.compile the op takes its functional form (inductor's tracing of ``out=`` can drop the out
+    tensor's strides): the same outputs and gradients, and contiguous gradients for the Linear layers before it."""
+    torch.manual_seed(7)
+    cross = FourierCross(16).double()
+    x = torch.randn(2, 37, 16, dtype=torch.float64, requires_grad=True)
+    compiled = torch.compile(cross, fullgraph=True, dynamic=False)
+    out, out_c = cross(x), compiled(x)
+    torch.testing.assert_close(out_c, out)
+    w = torch.randn(out.shape, dtype=torch.float64)
+    torch.testing.assert_close(torch.autograd.grad((out_c * w).sum(), x), torch.autograd.grad((out * w).sum(), x))
 
 
 @pytest.mark.parametrize("L", [1, 6, 9])
