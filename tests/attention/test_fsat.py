@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from attention import chunking
-from attention.mixers import fsat
 from attention.mixers.fsat import (
     EDGE_SETS,
     FourierAttention,
@@ -201,19 +200,42 @@ def test_truncate_grad_clamps_to_non_positive() -> None:
     assert (x.grad <= 0).all() and (x.grad < 0).any()
 
 
-def test_fsat_index_head_sees_only_the_clamped_confidence_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fsat_index_head_sees_only_the_clamped_confidence_gradient() -> None:
     torch.manual_seed(1)
-    m = FourierSparseAttention(16, num_heads=2, max_len=9, num_edges=3).eval()
-    c = m.cross(torch.randn(2, 9, 16)).detach()
+    m = FourierSparseAttention(16, num_heads=2, max_len=9, num_edges=3).double().eval()
+    c = m.cross(torch.randn(2, 9, 16, dtype=torch.float64)).detach()
     _, conf = m.edges(c)
     g = torch.randn_like(conf)  # an upstream gradient of both signs
     got = torch.autograd.grad(conf, m.index_head.weight, g)[0]
-    monkeypatch.setattr(fsat.TruncateGrad, "apply", lambda t: t)
-    _, raw = m.edges(c)
+    raw = _predicted_confidences(m, c)  # the density written out, through autograd
+    torch.testing.assert_close(conf, raw)
     want = torch.autograd.grad(raw, m.index_head.weight, g.clamp(max=0), retain_graph=True)[0]
     unclamped = torch.autograd.grad(raw, m.index_head.weight, g)[0]
     torch.testing.assert_close(got, want)
     assert not torch.allclose(got, unclamped)
+
+
+def test_fsat_confidences_and_their_gradient_with_random_edges_and_a_short_sequence() -> None:
+    """Training edges (predicted + random, each random one scored against its paired prediction) on a sequence
+    shorter than max_len: the confidences and the index head's gradient equal the density written out through
+    autograd, truncation included, and indices past the sequence are dropped."""
+    torch.manual_seed(2)
+    L, L_max, M = 7, 12, 3
+    m = FourierSparseAttention(16, num_heads=2, max_len=L_max, num_edges=M, num_random=5).double().train()
+    c = m.cross(torch.randn(2, L, 16, dtype=torch.float64)).detach()
+    torch.manual_seed(3)
+    idx, conf = m.edges(c)
+    torch.manual_seed(3)
+    rand = torch.randint(0, L, (2, 2, L, 5))
+    i_bar = (torch.sigmoid(m.index_head(c)) * L_max).view(2, L, 2, M).transpose(1, 2)
+    mean = torch.cat([i_bar, i_bar[..., torch.arange(5) % M]], -1)
+    positions = torch.cat([i_bar.detach().floor().clamp_max(L_max - 1), rand.double()], -1)
+    raw = torch.exp(-((positions - mean) ** 2) / (2 * L_max)) / (2 * torch.pi * L_max) ** 0.5
+    torch.testing.assert_close(conf, raw)
+    assert torch.equal(idx, torch.where(positions < L, positions.long(), -1))
+    g = torch.randn_like(conf)
+    got = torch.autograd.grad(conf, m.index_head.weight, g)[0]
+    torch.testing.assert_close(got, torch.autograd.grad(raw, m.index_head.weight, g.clamp(max=0))[0])
 
 
 def _predicted_confidences(m: FourierSparseAttention, c: torch.Tensor) -> torch.Tensor:
