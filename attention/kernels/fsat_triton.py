@@ -60,6 +60,7 @@ __all__ = [
     "group_edges_by_query",
     "launch_backward",
     "launch_forward",
+    "rows_like",
     "sparse_edge_attention_triton",
 ]
 
@@ -68,18 +69,38 @@ _NEG_BIG: tl.constexpr = tl.constexpr(-1.0e30)  # the running max before any edg
 
 
 @triton.jit
+def _row(r, H, L, sb, sh, sl):
+    """The offset of flat row ``r = (b H + h) L + l`` of a ``(B, H, L, ...)`` tensor with strides ``sb, sh, sl``."""
+    return (r // (H * L)) * sb + ((r // L) % H) * sh + (r % L) * sl
+
+
+@triton.jit
 def _edge_fwd_kernel(
-    q_ptr,  # (N, D) queries, contiguous (float32 / bf16 / fp16)
-    k_ptr,  # (N, D) keys
-    v_ptr,  # (N, D) values
+    q_ptr,  # (B, H, L, D) queries, strides (sqb, sqh, sql, 1) (float32 / bf16 / fp16)
+    k_ptr,  # (B, H, L, D) keys, strides (skb, skh, skl, 1)
+    v_ptr,  # (B, H, L, D) values, strides (svb, svh, svl, 1)
     conf_ptr,  # (N E,) float32 edge confidences, edge r E + e
     crow_ptr,  # (N + 1,) int32: query i's edges are order[crow[i]:crow[i + 1]]
     order_ptr,  # (N E,) int64: edge ids sorted by query
-    out_ptr,  # (N, D) written, in the values' dtype
+    out_ptr,  # (B, H, L, D) written, in the values' dtype, strides (sob, soh, sol, 1)
     lse_ptr,  # (N,) float32 written: log2 of the softmax normalizer (-inf for a query no edge reaches)
     N,
+    H,
+    L,
     D,
     E,
+    sqb,
+    sqh,
+    sql,
+    skb,
+    skh,
+    skl,
+    svb,
+    svh,
+    svl,
+    sob,
+    soh,
+    sol,
     qk_scale,  # log2(e) / sqrt(D): the scores in base-2 units
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -90,7 +111,8 @@ def _edge_fwd_kernel(
     start = tl.load(crow_ptr + offs_q, mask=mask_q, other=0)
     deg = tl.load(crow_ptr + offs_q + 1, mask=mask_q, other=0) - start
     md = mask_q[:, None] & mask_d[None, :]
-    q = tl.load(q_ptr + offs_q[:, None] * D + offs_d[None, :], mask=md, other=0.0).to(tl.float32) * qk_scale
+    q_rows = _row(offs_q, H, L, sqb, sqh, sql)
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=md, other=0.0).to(tl.float32) * qk_scale
     m = tl.full([BLOCK_Q], _NEG_BIG, dtype=tl.float32)
     s_sum = tl.zeros([BLOCK_Q], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
@@ -99,42 +121,61 @@ def _edge_fwd_kernel(
         eid = tl.load(order_ptr + start + t, mask=valid, other=0).to(tl.int32)
         key = eid // E  # the key row that owns edge eid
         c = tl.load(conf_ptr + eid, mask=valid, other=0.0)
-        rows = key[:, None] * D + offs_d[None, :]
         vd = valid[:, None] & mask_d[None, :]
-        kt = tl.load(k_ptr + rows, mask=vd, other=0.0).to(tl.float32)
-        s = tl.where(valid, tl.sum(q * kt, axis=1), float("-inf"))
+        kt = tl.load(k_ptr + _row(key, H, L, skb, skh, skl)[:, None] + offs_d[None, :], mask=vd, other=0.0)
+        s = tl.where(valid, tl.sum(q * kt.to(tl.float32), axis=1), float("-inf"))
         m_new = tl.maximum(m, s)
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new)  # 0 on the masked lanes
         s_sum = s_sum * alpha + p
-        vt = tl.load(v_ptr + rows, mask=vd, other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + (p * c)[:, None] * vt
+        vt = tl.load(v_ptr + _row(key, H, L, svb, svh, svl)[:, None] + offs_d[None, :], mask=vd, other=0.0)
+        acc = acc * alpha[:, None] + (p * c)[:, None] * vt.to(tl.float32)
         m = m_new
     reached = s_sum > 0.0
     s_sum = tl.where(reached, s_sum, 1.0)
     out = acc / s_sum[:, None]  # a query no edge reaches: 0
-    tl.store(out_ptr + offs_q[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=md)
+    o_rows = _row(offs_q, H, L, sob, soh, sol)
+    tl.store(out_ptr + o_rows[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=md)
     tl.store(lse_ptr + offs_q, tl.where(reached, m + tl.log2(s_sum), float("-inf")), mask=mask_q)
 
 
 @triton.jit
 def _edge_bwd_kernel(
-    q_ptr,  # (N, D)
-    k_ptr,  # (N, D)
-    v_ptr,  # (N, D)
+    q_ptr,  # (B, H, L, D), strides (sqb, sqh, sql, 1)
+    k_ptr,  # (B, H, L, D), strides (skb, skh, skl, 1)
+    v_ptr,  # (B, H, L, D), strides (svb, svh, svl, 1)
     idx_ptr,  # (N E,) int64: the query position (within the sequence) of edge r E + e, < 0 for none
     conf_ptr,  # (N E,) float32
-    do_ptr,  # (N, D) output gradient
+    do_ptr,  # (B, H, L, D) output gradient, strides (sgb, sgh, sgl, 1)
     lse_ptr,  # (N,) float32, from the forward
-    delta_ptr,  # (N,) float32: do_i . o_i
-    dq_ptr,  # (N, D) float32, zeroed: atomic adds
-    dk_ptr,  # (N, D) written, in the keys' dtype
-    dv_ptr,  # (N, D) written, in the values' dtype
+    delta_ptr,  # (B, H, L) float32: do_i . o_i, strides (seb, seh, sel)
+    dq_ptr,  # (B, H, L, D) float32, zeroed: atomic adds; strides (sdb, sdh, sdl, 1), as dk's and dv's
+    dk_ptr,  # (B, H, L, D) written, in the keys' dtype
+    dv_ptr,  # (B, H, L, D) written, in the values' dtype
     dconf_ptr,  # (N E,) float32 written
     N,
+    H,
     L,
     D,
     E,
+    sqb,
+    sqh,
+    sql,
+    skb,
+    skh,
+    skl,
+    svb,
+    svh,
+    svl,
+    sgb,
+    sgh,
+    sgl,
+    seb,
+    seh,
+    sel,
+    sdb,
+    sdh,
+    sdl,
     qk_scale,  # log2(e) / sqrt(D)
     sm_scale,  # 1 / sqrt(D)
     TRUNCATE: tl.constexpr,
@@ -146,8 +187,9 @@ def _edge_bwd_kernel(
     mask_r, mask_d = offs_r < N, offs_d < D
     md = mask_r[:, None] & mask_d[None, :]
     base = (offs_r // L) * L  # the first row of key r's (b, h): edges stay within it
-    kr = tl.load(k_ptr + offs_r[:, None] * D + offs_d[None, :], mask=md, other=0.0).to(tl.float32)
-    vr = tl.load(v_ptr + offs_r[:, None] * D + offs_d[None, :], mask=md, other=0.0).to(tl.float32)
+    kr = tl.load(k_ptr + _row(offs_r, H, L, skb, skh, skl)[:, None] + offs_d[None, :], mask=md, other=0.0)
+    vr = tl.load(v_ptr + _row(offs_r, H, L, svb, svh, svl)[:, None] + offs_d[None, :], mask=md, other=0.0)
+    kr, vr = kr.to(tl.float32), vr.to(tl.float32)
     dk = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
     for e in range(0, loop_bound(E)):
@@ -155,11 +197,11 @@ def _edge_bwd_kernel(
         valid = pos >= 0
         i = base + tl.where(valid, pos, 0)
         vd = valid[:, None] & mask_d[None, :]
-        rows = i[:, None] * D + offs_d[None, :]
-        qi = tl.load(q_ptr + rows, mask=vd, other=0.0).to(tl.float32)
-        doi = tl.load(do_ptr + rows, mask=vd, other=0.0).to(tl.float32)
+        qi = tl.load(q_ptr + _row(i, H, L, sqb, sqh, sql)[:, None] + offs_d[None, :], mask=vd, other=0.0)
+        doi = tl.load(do_ptr + _row(i, H, L, sgb, sgh, sgl)[:, None] + offs_d[None, :], mask=vd, other=0.0)
+        qi, doi = qi.to(tl.float32), doi.to(tl.float32)
         lse = tl.load(lse_ptr + i, mask=valid, other=0.0)
-        delta = tl.load(delta_ptr + i, mask=valid, other=0.0)
+        delta = tl.load(delta_ptr + _row(i, H, L, seb, seh, sel), mask=valid, other=0.0)
         c = tl.load(conf_ptr + offs_r * E + e, mask=valid, other=0.0)
         p = tl.where(valid, tl.exp2(tl.sum(qi * kr, axis=1) * qk_scale - lse), 0.0)
         dov = tl.sum(doi * vr, axis=1)  # do_i . v_r
@@ -170,9 +212,11 @@ def _edge_bwd_kernel(
         dv += (p * c)[:, None] * doi
         ds = p * (c * dov - delta)
         dk += ds[:, None] * qi
-        tl.atomic_add(dq_ptr + rows, ds[:, None] * kr * sm_scale, mask=vd)
-    tl.store(dk_ptr + offs_r[:, None] * D + offs_d[None, :], (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=md)
-    tl.store(dv_ptr + offs_r[:, None] * D + offs_d[None, :], dv.to(dv_ptr.dtype.element_ty), mask=md)
+        dq_rows = _row(i, H, L, sdb, sdh, sdl)
+        tl.atomic_add(dq_ptr + dq_rows[:, None] + offs_d[None, :], ds[:, None] * kr * sm_scale, mask=vd)
+    d_rows = _row(offs_r, H, L, sdb, sdh, sdl)[:, None] + offs_d[None, :]
+    tl.store(dk_ptr + d_rows, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=md)
+    tl.store(dv_ptr + d_rows, dv.to(dv_ptr.dtype.element_ty), mask=md)
 
 
 def edge_blocks(D: int) -> dict[str, int]:
@@ -203,21 +247,31 @@ def _device(t: Tensor) -> contextlib.AbstractContextManager:
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()  # launch on the tensors' GPU
 
 
+def rows_like(q: Tensor, dtype: torch.dtype) -> Tensor:
+    """An empty ``(B, H, L, D)`` tensor laid out as ``(B, L, H, D)``: the kernels' outputs, whose transpose back to
+    ``(B, L, H D)`` (the projections' layout, where the heads are split off) is a view, not a copy."""
+    B, H, L, D = q.shape
+    return torch.empty(B, L, H, D, device=q.device, dtype=dtype).transpose(1, 2)
+
+
 def launch_forward(
     q: Tensor, k: Tensor, v: Tensor, conf: Tensor, crow: Tensor, order: Tensor, block: int | None
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """The forward kernel: ``(out, lse)``, ``(N, D)`` in v's dtype and ``(N,)`` float32, from contiguous ``(N, D)``
-    rows q, k, v (N = B H L), float32 conf ``(N E,)`` and the edges grouped by query (:func:`group_edges_by_query`).
+    """The forward kernel: ``(out, lse)``, ``(B, H, L, D)`` in v's dtype laid out as ``(B, L, H, D)``
+    (:func:`rows_like`) and ``(N,)`` float32 (N = B H L), from ``(B, H, L, D)`` q, k, v of any strides with a
+    contiguous last dimension, float32 conf ``(N E,)`` and the edges grouped by query (:func:`group_edges_by_query`).
     Runs as ``torch.ops.attention.fsat_edges_fwd`` (declared in :mod:`attention.kernels.ops`)."""
-    N, D = q.shape
+    B, H, L, D = q.shape
+    N = B * H * L
     E = conf.numel() // N
     blk = edge_blocks(D)
     bq = block or blk["BLOCK_Q"]
-    out = torch.empty(N, D, device=v.device, dtype=v.dtype)
+    out = rows_like(q, v.dtype)
     lse = torch.empty(N, device=q.device, dtype=torch.float32)
     with _device(q):
         _edge_fwd_kernel[(triton.cdiv(N, bq),)](
-            q, k, v, conf, crow, order, out, lse, N, D, E, _LOG2E.value / math.sqrt(D),
+            q, k, v, conf, crow, order, out, lse, N, H, L, D, E,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], _LOG2E.value / math.sqrt(D),
             BLOCK_Q=bq, BLOCK_D=blk["BLOCK_D"], num_warps=blk["num_warps"], enable_fp_fusion=True,
         )  # fmt: skip
     return out, lse
@@ -227,20 +281,22 @@ def launch_backward(
     q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Tensor, lse: Tensor, delta: Tensor, do: Tensor,
     truncate: bool, block: int | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
-    """The backward kernel: ``(dq, dk, dv, dconf)``, dq ``(N, D)`` float32 (summed by atomics), dk and dv in k's and
-    v's dtypes, dconf ``(N E,)`` float32, from the forward's inputs (idx ``(B, H, L, E)``), its normalizer, the
-    output gradient ``do`` ``(N, D)`` and ``delta = do . out`` ``(N,)``. Runs as
+    """The backward kernel: ``(dq, dk, dv, dconf)``, each of dq (float32, summed by atomics), dk and dv (in k's and
+    v's dtypes) ``(B, H, L, D)`` laid out as ``(B, L, H, D)``, dconf ``(N E,)`` float32, from the forward's inputs
+    (idx ``(B, H, L, E)``), its normalizer, the output gradient ``do`` ``(B, H, L, D)`` (any strides, a contiguous
+    last dimension) and ``delta = do . out`` ``(B, H, L)`` (any strides). Runs as
     ``torch.ops.attention.fsat_edges_bwd``."""
-    N, D = q.shape
-    L, E = idx.shape[-2:]
-    dq = torch.zeros(N, D, device=q.device, dtype=torch.float32)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    B, H, L, D = q.shape
+    N, E = B * H * L, idx.shape[-1]
+    dq = rows_like(q, torch.float32).zero_()
+    dk, dv = rows_like(k, k.dtype), rows_like(v, v.dtype)
     dconf = torch.empty(N * E, device=q.device, dtype=torch.float32)
     blk = edge_blocks(D)
     bk = block or blk["BLOCK_K"]
     with _device(q):
         _edge_bwd_kernel[(triton.cdiv(N, bk),)](
-            q, k, v, idx, conf, do, lse, delta, dq, dk, dv, dconf, N, L, D, E,
+            q, k, v, idx, conf, do, lse, delta, dq, dk, dv, dconf, N, H, L, D, E,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *delta.stride(), *dq.stride()[:3],
             _LOG2E.value / math.sqrt(D), 1.0 / math.sqrt(D),
             TRUNCATE=truncate, BLOCK_K=bk, BLOCK_D=blk["BLOCK_D"], num_warps=blk["num_warps"],
             enable_fp_fusion=True,
@@ -248,8 +304,20 @@ def launch_backward(
     return dq, dk, dv, dconf
 
 
+def _rows(t: Tensor) -> Tensor:
+    """``t`` as the kernels read it: any strides, but a contiguous last dimension and int32 offsets."""
+    t = t if t.stride(-1) == 1 else t.contiguous()
+    if sum((n - 1) * st for n, st in zip(t.shape, t.stride())) >= 2**31:
+        raise ValueError(f"the Triton edge attention indexes in int32: a (B, H, L, D) = {tuple(t.shape)} tensor of "
+                         f"strides {t.stride()} reaches past 2^31 elements")  # fmt: skip
+    return t
+
+
 class EdgeAttentionTriton(torch.autograd.Function):
-    """``apply(q, k, v, idx, conf, truncate_conf_grad, block)``: see :func:`sparse_edge_attention_triton`."""
+    """``apply(q, k, v, idx, conf, truncate_conf_grad, block)``: see :func:`sparse_edge_attention_triton`.
+
+    q, k, v and the output gradient are read in place (FSAT's are views of its projections, heads split off), and the
+    output and the q, k, v gradients are written laid out as ``(B, L, H, D)``: no layout copy on either side."""
 
     @staticmethod
     def forward(
@@ -258,32 +326,27 @@ class EdgeAttentionTriton(torch.autograd.Function):
         B, H, L, D = q.shape
         E = idx.shape[-1]
         N = B * H * L
-        if N * max(D, E) >= 2**31:
-            raise ValueError(
-                f"the Triton edge attention indexes in int32: needs B H L max(D, E) < 2^31, got {N * max(D, E)}"
-            )
-        q2, k2, v2 = (t.reshape(N, D).contiguous() for t in (q, k, v))
+        if N * E >= 2**31:
+            raise ValueError(f"the Triton edge attention indexes in int32: needs B H L E < 2^31, got {N * E}")
+        q, k, v = _rows(q), _rows(k), _rows(v)
         idx = idx.contiguous()
         conf2 = conf.reshape(N * E).float().contiguous()
         crow, order = group_edges_by_query(idx)
-        out, lse = torch.ops.attention.fsat_edges_fwd(q2, k2, v2, conf2, crow, order, block)
-        ctx.save_for_backward(q2, k2, v2, idx, conf2, out, lse)
-        ctx.shape, ctx.truncate, ctx.block, ctx.conf_dtype = (B, H, L, D, E), truncate, block, conf.dtype
-        return out.view(B, H, L, D)
+        out, lse = torch.ops.attention.fsat_edges_fwd(q, k, v, conf2, crow, order, block)
+        ctx.save_for_backward(q, k, v, idx, conf2, out, lse)
+        ctx.truncate, ctx.block, ctx.conf_dtype = truncate, block, conf.dtype
+        return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, ...]:
-        q2, k2, v2, idx, conf2, out, lse = ctx.saved_tensors
-        B, H, L, D, E = ctx.shape
-        do = g.reshape(-1, D).contiguous()
-        delta = (do.float() * out.float()).sum(-1)  # (N,): do_i . o_i, the softmax's correction term
+        q, k, v, idx, conf2, out, lse = ctx.saved_tensors
+        do = _rows(g)
+        delta = (do.float() * out.float()).sum(-1)  # (B, H, L): do_i . o_i, the softmax's correction term
         dq, dk, dv, dconf = torch.ops.attention.fsat_edges_bwd(
-            q2, k2, v2, idx, conf2, lse, delta, do, ctx.truncate, ctx.block
+            q, k, v, idx, conf2, lse, delta, do, ctx.truncate, ctx.block
         )
-        shape = (B, H, L, D)
-        dconf = dconf.view(B, H, L, E).to(ctx.conf_dtype)
-        return dq.to(q2.dtype).view(shape), dk.view(shape), dv.view(shape), None, dconf, None, None
+        return dq.to(q.dtype), dk, dv, None, dconf.view(idx.shape).to(ctx.conf_dtype), None, None
 
 
 def sparse_edge_attention_triton(

@@ -108,7 +108,7 @@ def _knn_attention_bwd_fake(q, k, v, idx, mask, out32, g, lse, block_k, block_h)
 
 
 # -------------------------------------------------------------------------------------------------------------------
-# FSAT's edge attention (.fsat_triton), on flat (N = B H L, D) rows
+# FSAT's edge attention (.fsat_triton), on (B, H, L, D) rows of any strides
 # -------------------------------------------------------------------------------------------------------------------
 
 _declare(
@@ -125,19 +125,19 @@ _declare(
 )
 
 
+def _rows_like(q: Tensor, dtype: torch.dtype) -> Tensor:
+    B, H, L, D = q.shape  # fsat_triton.rows_like: (B, H, L, D) laid out as (B, L, H, D)
+    return q.new_empty(B, L, H, D, dtype=dtype).transpose(1, 2)
+
+
 @_fake("fsat_edges_fwd")
 def _fsat_fwd_fake(q, k, v, conf, crow, order, block) -> tuple[Tensor, Tensor]:
-    return v.new_empty(v.shape), q.new_empty(q.shape[0], dtype=torch.float32)
+    return _rows_like(q, v.dtype), q.new_empty(q.shape[:3].numel(), dtype=torch.float32)
 
 
 @_fake("fsat_edges_bwd")
 def _fsat_bwd_fake(q, k, v, idx, conf, lse, delta, do, truncate, block) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return (
-        q.new_empty(q.shape, dtype=torch.float32),
-        torch.empty_like(k),
-        torch.empty_like(v),
-        conf.new_empty(conf.shape),
-    )
+    return _rows_like(q, torch.float32), _rows_like(k, k.dtype), _rows_like(v, v.dtype), conf.new_empty(conf.shape)
 
 
 # -------------------------------------------------------------------------------------------------------------------

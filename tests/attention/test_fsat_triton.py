@@ -77,6 +77,22 @@ for B, H, L, D, E, block in [(2, 3, 37, 10, 6, 8), (2, 2, 129, 16, 8, None)]:
     _assert_all_close(trunc, ref, 1e-4, f"L={L} truncated")
     assert (trunc[4] <= 0).all() and (trunc[4] < 0).any()
 
+# q, k, v read in place as the layer's views (heads split off its projections; one without a contiguous last
+# dimension, which is copied), the output and q, k, v gradients written laid out as (B, L, H, D)
+B, H, L, D, E = 2, 3, 37, 10, 6
+q, k, v, idx, conf, w = _inputs(B, H, L, D, E, seed=4)
+ref = _reference(q, k, v, idx, conf, w)
+qs = q.transpose(1, 2).contiguous().transpose(1, 2)
+ks = torch.stack([k, v], 2).transpose(1, 3).contiguous().permute(0, 3, 2, 1, 4)[:, :, 0]  # strided, like FSAT's kv
+vs = v.transpose(-1, -2).contiguous().transpose(-1, -2)  # a strided last dimension
+assert not qs.is_contiguous() and ks.stride(-1) == 1 and vs.stride(-1) != 1
+strided = _out_and_grads(lambda *a: sparse_edge_attention_triton(*a, block=8), qs, ks, vs, idx, conf, w)
+_assert_all_close(strided, ref, 1e-4, "strided inputs")
+qg = qs.detach().requires_grad_()
+out = sparse_edge_attention_triton(qg, ks, vs, idx, conf)
+out.backward(torch.ones_like(out))
+assert out.transpose(1, 2).is_contiguous() and qg.grad.transpose(1, 2).is_contiguous()
+
 # the FSAT layer with the kernel == with the CSR products, training mode (random edges), every parameter's gradient
 torch.manual_seed(0)
 m = FourierSparseAttention(24, num_heads=3, max_len=41, num_edges=2, edge_backend="csr")
@@ -105,11 +121,14 @@ def test_fsat_triton_kernels_compile_for_an_h100() -> None:
         for t in ("fp32", "bf16"):
             blk = ft.edge_blocks(D)
             rows = {"q_ptr": f"*{t}", "k_ptr": f"*{t}", "v_ptr": f"*{t}"}
+            sizes = {"N": "i32", "H": "i32", "L": "i32", "D": "i32", "E": "i32"}
+            fwd_strides = {f"s{t}{d}": "i32" for t in "qkvo" for d in "bhl"}
+            bwd_strides = {f"s{t}{d}": "i32" for t in "qkvged" for d in "bhl"}
             fwd = {**rows, "conf_ptr": "*fp32", "crow_ptr": "*i32", "order_ptr": "*i64", "out_ptr": f"*{t}",
-                   "lse_ptr": "*fp32", "N": "i32", "D": "i32", "E": "i32", "qk_scale": "fp32"}  # fmt: skip
+                   "lse_ptr": "*fp32", **sizes, **fwd_strides, "qk_scale": "fp32"}  # fmt: skip
             bwd = {**rows, "idx_ptr": "*i64", "conf_ptr": "*fp32", "do_ptr": f"*{t}", "lse_ptr": "*fp32",
                    "delta_ptr": "*fp32", "dq_ptr": "*fp32", "dk_ptr": f"*{t}", "dv_ptr": f"*{t}", "dconf_ptr": "*fp32",
-                   "N": "i32", "L": "i32", "D": "i32", "E": "i32", "qk_scale": "fp32", "sm_scale": "fp32"}  # fmt: skip
+                   **sizes, **bwd_strides, "qk_scale": "fp32", "sm_scale": "fp32"}  # fmt: skip
             tiles = {"BLOCK_D": blk["BLOCK_D"]}
             for fn, sig, consts in (
                 (ft._edge_fwd_kernel, fwd, {"BLOCK_Q": blk["BLOCK_Q"], **tiles}),
