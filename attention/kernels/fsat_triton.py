@@ -254,6 +254,18 @@ def rows_like(q: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.empty(B, L, H, D, device=q.device, dtype=dtype).transpose(1, 2)
 
 
+def _in_place(t: Tensor) -> bool:
+    """Whether the kernels read ``t`` where it is: a contiguous last dimension and offsets that fit int32."""
+    return t.stride(-1) == 1 and sum((n - 1) * st for n, st in zip(t.shape, t.stride())) < 2**31
+
+
+def _check_rows(*rows: Tensor) -> None:
+    for t in rows:  # the autograd Function copies what fails this; a direct call of the operators gets an error
+        if not _in_place(t):
+            raise ValueError(f"the FSAT edge kernels read rows with a contiguous last dimension and int32 offsets, "
+                             f"got a {tuple(t.shape)} tensor of strides {t.stride()}")  # fmt: skip
+
+
 def launch_forward(
     q: Tensor, k: Tensor, v: Tensor, conf: Tensor, crow: Tensor, order: Tensor, block: int | None
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
@@ -261,6 +273,7 @@ def launch_forward(
     (:func:`rows_like`) and ``(N,)`` float32 (N = B H L), from ``(B, H, L, D)`` q, k, v of any strides with a
     contiguous last dimension, float32 conf ``(N E,)`` and the edges grouped by query (:func:`group_edges_by_query`).
     Runs as ``torch.ops.attention.fsat_edges_fwd`` (declared in :mod:`attention.kernels.ops`)."""
+    _check_rows(q, k, v)
     B, H, L, D = q.shape
     N = B * H * L
     E = conf.numel() // N
@@ -286,6 +299,7 @@ def launch_backward(
     (idx ``(B, H, L, E)``), its normalizer, the output gradient ``do`` ``(B, H, L, D)`` (any strides, a contiguous
     last dimension) and ``delta = do . out`` ``(B, H, L)`` (any strides). Runs as
     ``torch.ops.attention.fsat_edges_bwd``."""
+    _check_rows(q, k, v, do)
     B, H, L, D = q.shape
     N, E = B * H * L, idx.shape[-1]
     dq = rows_like(q, torch.float32).zero_()
@@ -305,19 +319,16 @@ def launch_backward(
 
 
 def _rows(t: Tensor) -> Tensor:
-    """``t`` as the kernels read it: any strides, but a contiguous last dimension and int32 offsets."""
-    t = t if t.stride(-1) == 1 else t.contiguous()
-    if sum((n - 1) * st for n, st in zip(t.shape, t.stride())) >= 2**31:
-        raise ValueError(f"the Triton edge attention indexes in int32: a (B, H, L, D) = {tuple(t.shape)} tensor of "
-                         f"strides {t.stride()} reaches past 2^31 elements")  # fmt: skip
-    return t
+    """``t`` as the kernels read it: in place (:func:`_in_place`), else a contiguous copy."""
+    return t if _in_place(t) else t.contiguous()
 
 
 class EdgeAttentionTriton(torch.autograd.Function):
     """``apply(q, k, v, idx, conf, truncate_conf_grad, block)``: see :func:`sparse_edge_attention_triton`.
 
     q, k, v and the output gradient are read in place (FSAT's are views of its projections, heads split off), and the
-    output and the q, k, v gradients are written laid out as ``(B, L, H, D)``: no layout copy on either side."""
+    output and the q, k, v gradients are written laid out as ``(B, L, H, D)``, so that the heads' transposes back to
+    ``(B, L, H D)`` are views."""
 
     @staticmethod
     def forward(
@@ -326,8 +337,10 @@ class EdgeAttentionTriton(torch.autograd.Function):
         B, H, L, D = q.shape
         E = idx.shape[-1]
         N = B * H * L
-        if N * E >= 2**31:
-            raise ValueError(f"the Triton edge attention indexes in int32: needs B H L E < 2^31, got {N * E}")
+        if N * max(D, E) >= 2**31:
+            raise ValueError(
+                f"the Triton edge attention indexes in int32: needs B H L max(D, E) < 2^31, got {N * max(D, E)}"
+            )
         q, k, v = _rows(q), _rows(k), _rows(v)
         idx = idx.contiguous()
         conf2 = conf.reshape(N * E).float().contiguous()
@@ -369,7 +382,7 @@ def sparse_edge_attention_triton(
             the tests use small ones).
 
     Returns:
-        ``(B, H, L, D)`` in ``v``'s dtype.
+        ``(B, H, L, D)`` in ``v``'s dtype, laid out as ``(B, L, H, D)`` (not contiguous: ``reshape``, not ``view``).
     """
     if q.shape != k.shape or q.shape != v.shape or idx.shape[:3] != q.shape[:3] or conf.shape != idx.shape:
         shapes = [tuple(t.shape) for t in (q, k, v, idx, conf)]

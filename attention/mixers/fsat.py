@@ -25,8 +25,8 @@ autocast (bf16 has 8 mantissa bits: a sum of L products would lose all of them).
   product, outputs by a sparse-dense one, on ``torch.sparse`` CSR matrices; or by gather / scatter of ``(keys, E, D)``
   blocks, ``backend="gather"``), with ``scatter_reduce(amax)`` / ``index_add`` for the per-query softmax:
   O(L M D) time, O(L M + L D) memory, never an ``L x L`` matrix. The gradient reaching
-  the confidences is clamped to (-inf, 0] (paper's gradient truncation, :class:`TruncateGrad`); the index head
-  learns only through them.
+  the confidences is clamped to (-inf, 0] (paper's gradient truncation, as :class:`TruncateGrad` does; the layer
+  fuses it into the confidences' op); the index head learns only through them.
   Inference uses the predicted edges only and is deterministic.
 
 The paper's ablation (its Table 3) switches, each a constructor keyword of :class:`FourierSparseAttention`:
@@ -64,7 +64,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
 from ..backends import backend_names, resolve
-from ..checks import check_heads, check_seq, checks_active
+from ..checks import check_heads, check_seq, checks_active, is_compiling, is_tracing
 from ..chunking import chunk_budget, chunk_rows
 
 __all__ = [
@@ -167,19 +167,33 @@ def folded_cross(a: Tensor, b: Tensor) -> Tensor:
     spectra in one inverse transform, and the i-i terms. Autograd through the two-step form runs full-length complex
     transforms and a chain of pads, conjugates and scalings instead (``tools/bench_mixers.py`` times FSAT with it).
 
+    A second backward (``create_graph=True``) differentiates the backward's plain ops. TorchScript, FX,
+    ``torch.jit.trace``, ``torch.export`` and ``torch.func`` transforms run the two-step form, whose graph is plain
+    aten ops; ``torch.compile`` runs this op.
+
     Args:
         a, b: ``(B, L, C)``, f1(X) and f2(X).
 
     Returns:
         ``(B, L, C)`` float32 (float64 for float64 inputs), before the LayerNorm.
     """
-    if not torch.jit.is_scripting():  # TorchScript cannot run an autograd Function: it takes the two-step form
+    if not torch.jit.is_scripting():  # TorchScript skips the branch, condition included
+        if _two_step_only():
+            return fold_cross(pooled_cross(a, b), a, b)
         check_seq(a, "a")
         if a.shape != b.shape:
             raise ValueError(f"a and b must have the same shape (B, L, C), got {tuple(a.shape)} and {tuple(b.shape)}")
         with torch.autocast(device_type=a.device.type, enabled=False):
             return _FoldedCross.apply(a, b)
     return fold_cross(pooled_cross(a, b), a, b)
+
+
+def _two_step_only() -> bool:
+    """Whether a tracer or a ``torch.func`` transform (which needs an autograd Function's ``setup_context`` form) sees
+    the caller: :func:`folded_cross` then takes the two-step form."""
+    if is_compiling():  # (dynamo traces through the op's forward and backward)
+        return False
+    return is_tracing() or torch._C._are_functorch_transforms_active()
 
 
 class _FoldedCross(torch.autograd.Function):
@@ -194,7 +208,9 @@ class _FoldedCross(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a: Tensor, b: Tensor) -> Tensor:
         B, L, C = a.shape
-        n = 1 << (2 * L - 1).bit_length()  # the power of two >= 2L
+        n = 2
+        while n < 2 * L:  # the power of two >= 2L (a loop: guards only a range of a dynamic L under torch.compile)
+            n *= 2
         acc = torch.promote_types(a.dtype, torch.float32)
         ab = torch.empty(2, B, C, L, device=a.device, dtype=acc)  # transforms along the last, contiguous dimension
         ab[0].copy_(a.transpose(1, 2))
@@ -210,19 +226,26 @@ class _FoldedCross(torch.autograd.Function):
         return out.addcmul_(a, b, value=-1)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, g: Tensor) -> tuple[Tensor, Tensor]:
         a, b, spec = ctx.saved_tensors
         B, L, C = a.shape
         n = 2 * (spec.shape[-1] - 1)
         g0 = g.transpose(1, 2).unsqueeze(-1).expand(B, C, L, 2).reshape(B, C, 2 * L)  # g0[k] = g[k // 2], k < 2L
         gspec = torch.fft.rfft(g0, n=n)
+        second_order = torch.is_grad_enabled() and not torch.compiler.is_compiling()  # backward(create_graph=True)
+        if second_order or torch.compiler.is_compiling():
+            # Plain ops: a second backward differentiates them (through a and b, so the spectra are recomputed from
+            # them: the saved ones have no history), and inductor fuses them (its tracing of out= can lose out's
+            # strides, and the Linear layers before this op then cannot view their gradients).
+            if second_order:
+                acc = torch.promote_types(a.dtype, torch.float32)
+                spec = torch.fft.rfft(torch.stack([a, b]).transpose(2, 3).to(acc), n=n)
+            corr = torch.fft.irfft(gspec * spec.flip(0).conj(), n=n)[..., :L].transpose(2, 3)  # (2, B, L, C)
+            return (corr[0] - g * b).contiguous().to(a.dtype), (corr[1] - g * a).contiguous().to(b.dtype)
         prod = torch.empty_like(spec)
         torch.mul(gspec, spec[1].conj(), out=prod[0])  # correlate with b for da, with a for db
         torch.mul(gspec, spec[0].conj(), out=prod[1])
         corr = torch.fft.irfft(prod, n=n)[..., :L].transpose(2, 3)  # (2, B, L, C), strided
-        if torch.compiler.is_compiling():  # inductor fuses the copy; its tracing of out= can lose out's strides
-            return (corr[0] - g * b).contiguous().to(a.dtype), (corr[1] - g * a).contiguous().to(b.dtype)
         da = torch.empty(B, L, C, device=a.device, dtype=a.dtype)  # contiguous, in one kernel each
         db = torch.empty(B, L, C, device=b.device, dtype=b.dtype)
         torch.addcmul(corr[0], g, b, value=-1, out=da)
@@ -278,7 +301,7 @@ def _edge_attention(q: Tensor, k: Tensor, v: Tensor, idx: Tensor, conf: Tensor, 
         from ..kernels.fsat_triton import EdgeAttentionTriton
 
         ins = [t.float() if t.dtype == torch.float64 else t for t in (q, k, v)]  # the kernel computes in float32
-        # no truncation here: the module truncates the confidences' gradient itself (TruncateGrad in edges())
+        # no truncation here: the module truncates the confidences' gradient itself (in edges())
         return EdgeAttentionTriton.apply(*ins, idx, conf, False, None).to(v.dtype)
     acc = torch.promote_types(q.dtype, torch.float32)  # softmax in float32 (or float64) even for bf16 inputs
     N = B * H * L
@@ -744,7 +767,7 @@ class FourierSparseAttention(nn.Module):
         H, D = self.num_heads, self.head_dim
         c = self.cross(x)  # (B, L, C)
         q = self.q(x).view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
-        k, v = self.kv(c).view(B, L, 2, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, L, D) each
+        k, v = (t.transpose(1, 2) for t in self.kv(c).view(B, L, 2, H, D).unbind(2))  # (B, H, L, D) each
         idx, conf = self.edges(c)
         out = _edge_attention(q, k, v, idx, conf, self.edge_backend)  # (B, H, L, D); edges() keeps idx < L
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, L, C).to(x.dtype)))

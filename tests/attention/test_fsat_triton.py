@@ -77,21 +77,24 @@ for B, H, L, D, E, block in [(2, 3, 37, 10, 6, 8), (2, 2, 129, 16, 8, None)]:
     _assert_all_close(trunc, ref, 1e-4, f"L={L} truncated")
     assert (trunc[4] <= 0).all() and (trunc[4] < 0).any()
 
-# q, k, v read in place as the layer's views (heads split off its projections; one without a contiguous last
-# dimension, which is copied), the output and q, k, v gradients written laid out as (B, L, H, D)
+# q, k, v read in place as the layer's views (heads split off its projections, k and v interleaved in one tensor;
+# a value tensor without a contiguous last dimension is copied), the output and every gradient laid out as (B, L, H, D)
 B, H, L, D, E = 2, 3, 37, 10, 6
 q, k, v, idx, conf, w = _inputs(B, H, L, D, E, seed=4)
 ref = _reference(q, k, v, idx, conf, w)
-qs = q.transpose(1, 2).contiguous().transpose(1, 2)
-ks = torch.stack([k, v], 2).transpose(1, 3).contiguous().permute(0, 3, 2, 1, 4)[:, :, 0]  # strided, like FSAT's kv
-vs = v.transpose(-1, -2).contiguous().transpose(-1, -2)  # a strided last dimension
-assert not qs.is_contiguous() and ks.stride(-1) == 1 and vs.stride(-1) != 1
-strided = _out_and_grads(lambda *a: sparse_edge_attention_triton(*a, block=8), qs, ks, vs, idx, conf, w)
-_assert_all_close(strided, ref, 1e-4, "strided inputs")
-qg = qs.detach().requires_grad_()
-out = sparse_edge_attention_triton(qg, ks, vs, idx, conf)
-out.backward(torch.ones_like(out))
-assert out.transpose(1, 2).is_contiguous() and qg.grad.transpose(1, 2).is_contiguous()
+q_blhd = q.transpose(1, 2).contiguous().requires_grad_()
+kv = torch.stack([k, v], 2).transpose(1, 3).contiguous().requires_grad_()  # (B, L, 2, H, D), as FSAT's kv(c)
+ks, vs = (t.transpose(1, 2) for t in kv.unbind(2))
+assert ks.stride() == (L * 2 * H * D, D, 2 * H * D, 1)
+out = sparse_edge_attention_triton(q_blhd.transpose(1, 2), ks, vs, idx, conf, block=8)
+dout = torch.autograd.grad(out, (q_blhd, kv), w.to(out.dtype), retain_graph=True)
+got = [out.detach(), dout[0].transpose(1, 2), *(t.transpose(1, 2) for t in dout[1].unbind(2))]
+_assert_all_close(got, ref[:4], 1e-4, "strided inputs")
+qv = q.detach().requires_grad_()
+out = sparse_edge_attention_triton(qv, k, v.transpose(-1, -2).contiguous().transpose(-1, -2), idx, conf)
+(dq,) = torch.autograd.grad(out, qv, w)  # the gradient as the kernel wrote it
+assert out.transpose(1, 2).is_contiguous() and dq.transpose(1, 2).is_contiguous()
+_assert_all_close([out.detach(), dq], ref[:2], 1e-4, "strided values")
 
 # the FSAT layer with the kernel == with the CSR products, training mode (random edges), every parameter's gradient
 torch.manual_seed(0)
@@ -154,6 +157,19 @@ def test_triton_edges_on_cpu_without_interpreter_say_what_to_do(monkeypatch: pyt
     monkeypatch.setitem(backends.INSTALLED, "triton", False)
     with pytest.raises(ImportError, match="install triton"):
         sparse_edge_attention(q, k, v, idx, conf, backend="triton")
+
+
+@pytest.mark.skipif(not backends.HAS_TRITON, reason="triton missing")
+def test_fsat_operators_refuse_rows_they_cannot_read_in_place() -> None:
+    """The operators read rows through strides: a strided last dimension is an error naming the layout (the autograd
+    Function copies such a tensor first)."""
+    from attention.kernels.fsat_triton import group_edges_by_query
+
+    q, k, v, idx, conf, _ = _inputs(1, 2, 5, 4, 2, seed=0)
+    crow, order = group_edges_by_query(idx)
+    bad = v.transpose(-1, -2).contiguous().transpose(-1, -2)
+    with pytest.raises(ValueError, match=r"contiguous last dimension and int32 offsets, got a \(1, 2, 5, 4\) tensor"):
+        torch.ops.attention.fsat_edges_fwd(q, k, bad, conf.reshape(-1), crow, order, None)
 
 
 def test_fsat_kernel_is_not_taken_under_deterministic_algorithms(monkeypatch: pytest.MonkeyPatch) -> None:
