@@ -443,7 +443,9 @@ class _EdgeScatter(torch.autograd.Function):
         out = torch.zeros_like(v2)
         for r0 in range(0, N, chunk):
             r1 = min(N, r0 + chunk)
-            out.index_add_(0, flat[r0 * E : r1 * E], (w[r0:r1].unsqueeze(-1) * v2[r0:r1].unsqueeze(1)).reshape(-1, D))
+            # out of place: after an in-place index_add_ here, torch 2.11's compiled backward gets wrong gradients
+            rows = (w[r0:r1].unsqueeze(-1) * v2[r0:r1].unsqueeze(1)).reshape(-1, D)
+            out = out.index_add(0, flat[r0 * E : r1 * E], rows)
         ctx.save_for_backward(w, v2, flat)
         ctx.chunk = chunk
         return out
@@ -511,7 +513,8 @@ class _GaussianConfidence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, idx: Tensor, mean: Tensor, var: float, truncate: bool) -> Tensor:
         d = torch.sub(idx, mean)  # the integer positions promote to mean's dtype
-        conf = torch.square(d).mul_(-0.5 / var).add_(-0.5 * math.log(2 * math.pi * var)).exp_()
+        # (exp out of place: torch 2.11's compiled backward reads a saved tensor that an in-place op made as zeros)
+        conf = torch.exp(torch.square(d).mul_(-0.5 / var).add_(-0.5 * math.log(2 * math.pi * var)))
         ctx.save_for_backward(d, conf)
         ctx.var, ctx.truncate = var, truncate
         return conf

@@ -231,6 +231,42 @@ def test_fsat_index_head_sees_only_the_clamped_confidence_gradient() -> None:
     assert not torch.allclose(got, unclamped)
 
 
+def test_fsat_edges_under_torch_compile_equal_eager() -> None:
+    """The confidences' op compiled: the same indices, confidences and index-head gradient (torch 2.11's compiled
+    backward read a saved tensor made by an in-place op as zeros)."""
+    torch.manual_seed(4)
+    m = FourierSparseAttention(16, num_heads=2, max_len=9, num_edges=3).double().eval()
+    c = m.cross(torch.randn(2, 9, 16, dtype=torch.float64)).detach()
+    g = -torch.rand(2, 2, 9, 3, dtype=torch.float64)  # negative: kept by the truncation
+    (idx, conf), (idx_c, conf_c) = m.edges(c), torch.compile(m.edges, fullgraph=True, dynamic=False)(c)
+    assert torch.equal(idx_c, idx)
+    torch.testing.assert_close(conf_c, conf)
+    want = torch.autograd.grad(conf, m.index_head.weight, g)[0]
+    assert want.abs().sum() > 0
+    torch.testing.assert_close(torch.autograd.grad(conf_c, m.index_head.weight, g)[0], want)
+
+
+def test_gather_edges_under_torch_compile_equal_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gather path compiled (what "auto" takes on CPU under torch.compile), over several chunks of key rows: the
+    same output and gradients (torch 2.11's compiled backward was wrong after an in-place index_add_)."""
+    g = torch.Generator().manual_seed(5)
+    B, H, L, D, E = 2, 2, 9, 4, 3
+    q, k, v = (torch.randn(B, H, L, D, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+    idx = torch.randint(-1, L, (B, H, L, E), generator=g)
+    conf = (torch.rand(B, H, L, E, generator=g, dtype=torch.float64) + 0.1).requires_grad_()
+    w = torch.randn(B, H, L, D, generator=g, dtype=torch.float64)
+    monkeypatch.setitem(chunking.CHUNK_BUDGETS, "fsat_edges", {"default": 5 * E * D * 8})  # 5 key rows a chunk
+
+    def step(fn):
+        out = fn(q, k, v, idx, conf)
+        return [out, *torch.autograd.grad((out * w).sum(), (q, k, v, conf))]
+
+    edges = lambda *a: sparse_edge_attention(*a, backend="gather")  # noqa: E731
+    got, want = step(torch.compile(edges, fullgraph=True, dynamic=False)), step(edges)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_fsat_confidences_and_their_gradient_with_random_edges_and_a_short_sequence() -> None:
     """Training edges (predicted + random, each random one scored against its paired prediction) on a sequence
     shorter than max_len: the confidences and the index head's gradient equal the density written out through
