@@ -104,9 +104,7 @@ def pooled_cross(a: Tensor, b: Tensor) -> Tensor:
         float64 so that CPU and CUDA agree to float64 rounding; pocketfft and cuFFT round float32 differently).
     """
     if not torch.jit.is_scripting():  # eager validation (TorchScript skips the branch, its condition included)
-        check_seq(a, "a")
-        if a.shape != b.shape:
-            raise ValueError(f"a and b must have the same shape (B, L, C), got {tuple(a.shape)} and {tuple(b.shape)}")
+        _check_feature_maps(a, b)
     L = a.shape[1]
     n = 1
     while n < 2 * L - 1:  # a power of two >= 2L-1: linear, not circular, convolution
@@ -116,6 +114,13 @@ def pooled_cross(a: Tensor, b: Tensor) -> Tensor:
         return _cross_fft(a.to(acc), b.to(acc), n)[:, : 2 * L - 1]
     with torch.autocast(device_type=a.device.type, enabled=False):
         return _cross_fft(a.to(acc), b.to(acc), n)[:, : 2 * L - 1]  # (B, 2L-1, C)
+
+
+@torch.jit.unused
+def _check_feature_maps(a: Tensor, b: Tensor) -> None:
+    check_seq(a, "a")
+    if a.shape != b.shape:
+        raise ValueError(f"a and b must have the same shape (B, L, C), got {tuple(a.shape)} and {tuple(b.shape)}")
 
 
 def _cross_fft(a: Tensor, b: Tensor, n: int) -> Tensor:
@@ -180,9 +185,7 @@ def folded_cross(a: Tensor, b: Tensor) -> Tensor:
     if not torch.jit.is_scripting():  # TorchScript skips the branch, condition included
         if _two_step_only():
             return fold_cross(pooled_cross(a, b), a, b)
-        check_seq(a, "a")
-        if a.shape != b.shape:
-            raise ValueError(f"a and b must have the same shape (B, L, C), got {tuple(a.shape)} and {tuple(b.shape)}")
+        _check_feature_maps(a, b)
         with torch.autocast(device_type=a.device.type, enabled=False):
             return _FoldedCross.apply(a, b)
     return fold_cross(pooled_cross(a, b), a, b)
@@ -232,12 +235,12 @@ class _FoldedCross(torch.autograd.Function):
         n = 2 * (spec.shape[-1] - 1)
         g0 = g.transpose(1, 2).unsqueeze(-1).expand(B, C, L, 2).reshape(B, C, 2 * L)  # g0[k] = g[k // 2], k < 2L
         gspec = torch.fft.rfft(g0, n=n)
-        second_order = torch.is_grad_enabled() and not torch.compiler.is_compiling()  # backward(create_graph=True)
-        if second_order or torch.compiler.is_compiling():
+        compiling = torch.compiler.is_compiling()
+        if torch.is_grad_enabled() or compiling:  # backward(create_graph=True), or inductor tracing it
             # Plain ops: a second backward differentiates them (through a and b, so the spectra are recomputed from
             # them: the saved ones have no history), and inductor fuses them (its tracing of out= can lose out's
             # strides, and the Linear layers before this op then cannot view their gradients).
-            if second_order:
+            if not compiling:
                 acc = torch.promote_types(a.dtype, torch.float32)
                 spec = torch.fft.rfft(torch.stack([a, b]).transpose(2, 3).to(acc), n=n)
             corr = torch.fft.irfft(gspec * spec.flip(0).conj(), n=n)[..., :L].transpose(2, 3)  # (2, B, L, C)
