@@ -7,10 +7,12 @@ edge) with confidences ``c[r, e]``. For each query i, over the edges pointing to
 
 **Forward** (:func:`_edge_fwd_kernel`): the edges are grouped by query once per call (one stable sort of their
 query rows and a ``searchsorted`` for the row starts: a CSR on the device, no host sync). A program owns BLOCK_Q
-queries and walks their edge lists in step, one edge per query per step: the key and value rows are read by index,
-the score, the online-softmax rescaling (FlashAttention's running max and sum) and the weighted sum of values happen
-in registers, and only the output and the normalizer ``lse_i = log sum_e exp(s_e)`` are written. Nothing of size
-``(edges, D)`` exists; the forward reads each edge's key and value row once (``2 D`` values per edge).
+queries and walks their edge lists in step, BLOCK_E edges of each query a step: the edge ids, then the key and value
+rows of the whole (query, edge) tile are read by index (independent loads: a step waits on one round of reads, not
+on one per edge), and the scores, the online-softmax rescaling (FlashAttention's running max and sum)
+and the weighted sum of values happen in registers; only the output and the normalizer ``lse_i = log sum_e
+exp(s_e)`` are written. Nothing of size ``(edges, D)`` exists; the forward reads each edge's key and value row once
+(``2 D`` values per edge).
 
 **Backward** (:func:`_edge_bwd_kernel`), from the saved normalizer, without the sort: with ``do`` the output
 gradient and ``delta_i = do_i . o_i``::
@@ -18,14 +20,14 @@ gradient and ``delta_i = do_i . o_i``::
     dc_e = p_e (do_i . v_r)          ds_e = p_e (c_e (do_i . v_r) - delta_i)
     dv_r = sum_e p_e c_e do_i        dk_r = sum_e ds_e q_i / sqrt(D)        dq_i += ds_e k_r / sqrt(D)
 
-Every key owns exactly E edges, so a program owns BLOCK_K keys and loops over their E edge slots, reading the query,
-output-gradient, normalizer and delta rows by index: dk, dv and the confidences' gradients are plain sums in
-registers (deterministic), and only dq is scattered, with float32 atomic adds. The order of those adds varies from
-run to run, so dq varies in its last bits between identical calls (under ``torch.use_deterministic_algorithms(True)``
-the switchboard does not take this kernel); everything else is deterministic (the forward's per-query order is fixed
-by the stable sort). ``truncate_conf_grad`` clamps ``dc`` to (-inf, 0] in the kernel (the
-paper's gradient truncation); FSAT's module applies its own truncation to the confidences before this op, so it calls
-the kernel without it.
+Every key owns exactly E edges, so a program owns BLOCK_K keys and loops over their E edge slots, BLOCK_E at a
+time, reading the query, output-gradient, normalizer and delta rows by index: dk, dv and the confidences' gradients
+are plain sums in registers (deterministic), and only dq is scattered, with float32 atomic adds. The order of those
+adds varies from run to run, so dq varies in its last bits between identical calls (under
+``torch.use_deterministic_algorithms(True)`` the switchboard does not take this kernel); everything else is
+deterministic (the forward's per-query order is fixed by the stable sort). ``truncate_conf_grad`` clamps ``dc`` to
+(-inf, 0] in the kernel (the paper's gradient truncation); FSAT's module applies its own truncation to the confidences
+before this op, so it calls the kernel without it.
 
 Work and traffic: the forward reads ``2 D`` values per edge plus ``D`` per query, the backward ``2 D`` per edge
 (q_i, do_i) plus ``2 D`` per key and ``D`` atomics per edge; the arithmetic is ``O(E D)`` per key, a few flops per
@@ -66,6 +68,7 @@ __all__ = [
 
 _LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 _NEG_BIG: tl.constexpr = tl.constexpr(-1.0e30)  # the running max before any edge: finite, so exp2(m - m_new) is 1
+_TILE = 512  # values of a (rows, edges, D) tile: see edge_blocks
 
 
 @triton.jit
@@ -103,9 +106,11 @@ def _edge_fwd_kernel(
     sol,
     qk_scale,  # log2(e) / sqrt(D): the scores in base-2 units
     BLOCK_Q: tl.constexpr,
+    BLOCK_E: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     offs_q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    offs_e = tl.arange(0, BLOCK_E)
     offs_d = tl.arange(0, BLOCK_D)
     mask_q, mask_d = offs_q < N, offs_d < D
     start = tl.load(crow_ptr + offs_q, mask=mask_q, other=0)
@@ -116,20 +121,25 @@ def _edge_fwd_kernel(
     m = tl.full([BLOCK_Q], _NEG_BIG, dtype=tl.float32)
     s_sum = tl.zeros([BLOCK_Q], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
-    for t in range(0, loop_bound(tl.max(deg, axis=0))):  # the block's largest in-degree; shorter lists are masked
-        valid = t < deg
-        eid = tl.load(order_ptr + start + t, mask=valid, other=0).to(tl.int32)
+    # BLOCK_E edges of every query a step, up to the block's largest in-degree (shorter lists are masked): the edge
+    # ids, then the key and value rows of the whole (query, edge) tile are loads independent of each other.
+    for t0 in range(0, loop_bound(tl.max(deg, axis=0)), BLOCK_E):
+        t = t0 + offs_e
+        valid = t[None, :] < deg[:, None]  # (BLOCK_Q, BLOCK_E)
+        eid = tl.load(order_ptr + start[:, None] + t[None, :], mask=valid, other=0).to(tl.int32)
         key = eid // E  # the key row that owns edge eid
         c = tl.load(conf_ptr + eid, mask=valid, other=0.0)
-        vd = valid[:, None] & mask_d[None, :]
-        kt = tl.load(k_ptr + _row(key, H, L, skb, skh, skl)[:, None] + offs_d[None, :], mask=vd, other=0.0)
-        s = tl.where(valid, tl.sum(q * kt.to(tl.float32), axis=1), float("-inf"))
-        m_new = tl.maximum(m, s)
+        vd = valid[:, :, None] & mask_d[None, None, :]
+        k_rows = _row(key, H, L, skb, skh, skl)[:, :, None] + offs_d[None, None, :]
+        v_rows = _row(key, H, L, svb, svh, svl)[:, :, None] + offs_d[None, None, :]
+        kt = tl.load(k_ptr + k_rows, mask=vd, other=0.0).to(tl.float32)  # (BLOCK_Q, BLOCK_E, BLOCK_D)
+        vt = tl.load(v_ptr + v_rows, mask=vd, other=0.0).to(tl.float32)
+        s = tl.where(valid, tl.sum(q[:, None, :] * kt, axis=2), float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new)  # 0 on the masked lanes
-        s_sum = s_sum * alpha + p
-        vt = tl.load(v_ptr + _row(key, H, L, svb, svh, svl)[:, None] + offs_d[None, :], mask=vd, other=0.0)
-        acc = acc * alpha[:, None] + (p * c)[:, None] * vt.to(tl.float32)
+        p = tl.exp2(s - m_new[:, None])  # 0 on the masked lanes
+        s_sum = s_sum * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum((p * c)[:, :, None] * vt, axis=1)
         m = m_new
     reached = s_sum > 0.0
     s_sum = tl.where(reached, s_sum, 1.0)
@@ -180,51 +190,60 @@ def _edge_bwd_kernel(
     sm_scale,  # 1 / sqrt(D)
     TRUNCATE: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    BLOCK_E: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     offs_r = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    offs_e = tl.arange(0, BLOCK_E)
     offs_d = tl.arange(0, BLOCK_D)
     mask_r, mask_d = offs_r < N, offs_d < D
     md = mask_r[:, None] & mask_d[None, :]
     base = (offs_r // L) * L  # the first row of key r's (b, h): edges stay within it
     kr = tl.load(k_ptr + _row(offs_r, H, L, skb, skh, skl)[:, None] + offs_d[None, :], mask=md, other=0.0)
     vr = tl.load(v_ptr + _row(offs_r, H, L, svb, svh, svl)[:, None] + offs_d[None, :], mask=md, other=0.0)
-    kr, vr = kr.to(tl.float32), vr.to(tl.float32)
+    kr, vr = kr.to(tl.float32)[:, None, :], vr.to(tl.float32)[:, None, :]  # (BLOCK_K, 1, BLOCK_D)
     dk = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_K, BLOCK_D], dtype=tl.float32)
-    for e in range(0, loop_bound(E)):
-        pos = tl.load(idx_ptr + offs_r * E + e, mask=mask_r, other=-1).to(tl.int32)
+    for e0 in range(0, loop_bound(E), BLOCK_E):  # BLOCK_E edge slots of every key a step
+        e = e0 + offs_e
+        slot = offs_r[:, None] * E + e[None, :]  # (BLOCK_K, BLOCK_E): edge ids
+        ms = mask_r[:, None] & (e[None, :] < E)
+        pos = tl.load(idx_ptr + slot, mask=ms, other=-1).to(tl.int32)
         valid = pos >= 0
-        i = base + tl.where(valid, pos, 0)
-        vd = valid[:, None] & mask_d[None, :]
-        qi = tl.load(q_ptr + _row(i, H, L, sqb, sqh, sql)[:, None] + offs_d[None, :], mask=vd, other=0.0)
-        doi = tl.load(do_ptr + _row(i, H, L, sgb, sgh, sgl)[:, None] + offs_d[None, :], mask=vd, other=0.0)
-        qi, doi = qi.to(tl.float32), doi.to(tl.float32)
+        i = base[:, None] + tl.where(valid, pos, 0)  # the query rows
+        vd = valid[:, :, None] & mask_d[None, None, :]
+        q_rows = _row(i, H, L, sqb, sqh, sql)[:, :, None] + offs_d[None, None, :]
+        g_rows = _row(i, H, L, sgb, sgh, sgl)[:, :, None] + offs_d[None, None, :]
+        qi = tl.load(q_ptr + q_rows, mask=vd, other=0.0).to(tl.float32)  # (BLOCK_K, BLOCK_E, BLOCK_D)
+        doi = tl.load(do_ptr + g_rows, mask=vd, other=0.0).to(tl.float32)
         lse = tl.load(lse_ptr + i, mask=valid, other=0.0)
         delta = tl.load(delta_ptr + _row(i, H, L, seb, seh, sel), mask=valid, other=0.0)
-        c = tl.load(conf_ptr + offs_r * E + e, mask=valid, other=0.0)
-        p = tl.where(valid, tl.exp2(tl.sum(qi * kr, axis=1) * qk_scale - lse), 0.0)
-        dov = tl.sum(doi * vr, axis=1)  # do_i . v_r
+        c = tl.load(conf_ptr + slot, mask=valid, other=0.0)
+        p = tl.where(valid, tl.exp2(tl.sum(qi * kr, axis=2) * qk_scale - lse), 0.0)
+        dov = tl.sum(doi * vr, axis=2)  # do_i . v_r
         dc = p * dov
         if TRUNCATE:
             dc = tl.minimum(dc, 0.0)
-        tl.store(dconf_ptr + offs_r * E + e, dc, mask=mask_r)
-        dv += (p * c)[:, None] * doi
+        tl.store(dconf_ptr + slot, dc, mask=ms)
+        dv += tl.sum((p * c)[:, :, None] * doi, axis=1)
         ds = p * (c * dov - delta)
-        dk += ds[:, None] * qi
-        dq_rows = _row(i, H, L, sdb, sdh, sdl)
-        tl.atomic_add(dq_ptr + dq_rows[:, None] + offs_d[None, :], ds[:, None] * kr * sm_scale, mask=vd)
+        dk += tl.sum(ds[:, :, None] * qi, axis=1)
+        dq_rows = _row(i, H, L, sdb, sdh, sdl)[:, :, None] + offs_d[None, None, :]
+        tl.atomic_add(dq_ptr + dq_rows, ds[:, :, None] * kr * sm_scale, mask=vd)
     d_rows = _row(offs_r, H, L, sdb, sdh, sdl)[:, None] + offs_d[None, :]
     tl.store(dk_ptr + d_rows, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=md)
     tl.store(dv_ptr + d_rows, dv.to(dv_ptr.dtype.element_ty), mask=md)
 
 
-def edge_blocks(D: int) -> dict[str, int]:
-    """Tile sizes: 512 values per ``(block, D)`` tile, 4 per thread of 4 warps: the backward kernel then fits its
-    registers (larger tiles spill; ``tests/attention/test_fsat_triton.py`` reads the sm_90 cubin's)."""
+def edge_blocks(D: int, E: int) -> dict[str, int]:
+    """Tile sizes for head dimension D and E edges per key: BLOCK_E edges (at most 8) of BLOCK_Q queries (forward) or
+    BLOCK_K keys (backward) a step, about 512 values a ``(rows, BLOCK_E, D)`` tile (one row at least), 4 per thread of
+    4 warps: both kernels then fit their registers on sm_90 with triton 3.6 to 3.9 (larger tiles spill;
+    ``tests/attention/test_fsat_triton.py`` reads the cubin's)."""
     bd = triton.next_power_of_2(D)
-    rows = max(1, min(32, 512 // bd))
-    return {"BLOCK_Q": rows, "BLOCK_K": rows, "BLOCK_D": bd, "num_warps": 4}
+    be = min(8, triton.next_power_of_2(max(E, 1)))
+    rows = max(1, min(4, _TILE // (bd * be)))
+    return {"BLOCK_Q": rows, "BLOCK_K": rows, "BLOCK_E": be, "BLOCK_D": bd, "num_warps": 4}
 
 
 def group_edges_by_query(idx: Tensor) -> tuple[Tensor, Tensor]:
@@ -277,7 +296,7 @@ def launch_forward(
     B, H, L, D = q.shape
     N = B * H * L
     E = conf.numel() // N
-    blk = edge_blocks(D)
+    blk = edge_blocks(D, E)
     bq = block or blk["BLOCK_Q"]
     out = rows_like(q, v.dtype)
     lse = torch.empty(N, device=q.device, dtype=torch.float32)
@@ -285,7 +304,8 @@ def launch_forward(
         _edge_fwd_kernel[(triton.cdiv(N, bq),)](
             q, k, v, conf, crow, order, out, lse, N, H, L, D, E,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3], _LOG2E.value / math.sqrt(D),
-            BLOCK_Q=bq, BLOCK_D=blk["BLOCK_D"], num_warps=blk["num_warps"], enable_fp_fusion=True,
+            BLOCK_Q=bq, BLOCK_E=blk["BLOCK_E"], BLOCK_D=blk["BLOCK_D"], num_warps=blk["num_warps"],
+            enable_fp_fusion=True,
         )  # fmt: skip
     return out, lse
 
@@ -305,14 +325,14 @@ def launch_backward(
     dq = rows_like(q, torch.float32).zero_()
     dk, dv = rows_like(k, k.dtype), rows_like(v, v.dtype)
     dconf = torch.empty(N * E, device=q.device, dtype=torch.float32)
-    blk = edge_blocks(D)
+    blk = edge_blocks(D, E)
     bk = block or blk["BLOCK_K"]
     with _device(q):
         _edge_bwd_kernel[(triton.cdiv(N, bk),)](
             q, k, v, idx, conf, do, lse, delta, dq, dk, dv, dconf, N, H, L, D, E,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *delta.stride(), *dq.stride()[:3],
             _LOG2E.value / math.sqrt(D), 1.0 / math.sqrt(D),
-            TRUNCATE=truncate, BLOCK_K=bk, BLOCK_D=blk["BLOCK_D"], num_warps=blk["num_warps"],
+            TRUNCATE=truncate, BLOCK_K=bk, BLOCK_E=blk["BLOCK_E"], BLOCK_D=blk["BLOCK_D"], num_warps=blk["num_warps"],
             enable_fp_fusion=True,
         )  # fmt: skip
     return dq, dk, dv, dconf

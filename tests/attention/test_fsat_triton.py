@@ -55,8 +55,9 @@ from attention.kernels.fsat_triton import sparse_edge_attention_triton
 from attention.mixers import FourierSparseAttention, sparse_edge_attention
 from engine.testing import assert_backends_agree
 
-# odd L, D not a power of two, several programs (small blocks) and the default ones, B > 1 and H > 1
-for B, H, L, D, E, block in [(2, 3, 37, 10, 6, 8), (2, 2, 129, 16, 8, None)]:
+# odd L, D not a power of two, several programs (small blocks) and the default ones, B > 1 and H > 1; E = 12: two
+# steps of edge slots per key (the second part-masked), and a query of in-degree >= L (many steps of its edges)
+for B, H, L, D, E, block in [(2, 3, 37, 10, 6, 8), (2, 2, 129, 16, 8, None), (2, 1, 19, 8, 12, 2)]:
     for dtype, rtol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
         q, k, v, idx, conf, w = _inputs(B, H, L, D, E, seed=L, dtype=dtype)
         what = f"L={L} D={D} E={E} {dtype}"
@@ -122,7 +123,7 @@ def test_fsat_triton_kernels_compile_for_an_h100() -> None:
     skip_if_interpreted(ft._edge_fwd_kernel)
     for D in (64, 128):
         for t in ("fp32", "bf16"):
-            blk = ft.edge_blocks(D)
+            blk = ft.edge_blocks(D, 8)
             rows = {"q_ptr": f"*{t}", "k_ptr": f"*{t}", "v_ptr": f"*{t}"}
             sizes = {"N": "i32", "H": "i32", "L": "i32", "D": "i32", "E": "i32"}
             fwd_strides = {f"s{t}{d}": "i32" for t in "qkvo" for d in "bhl"}
@@ -132,7 +133,7 @@ def test_fsat_triton_kernels_compile_for_an_h100() -> None:
             bwd = {**rows, "idx_ptr": "*i64", "conf_ptr": "*fp32", "do_ptr": f"*{t}", "lse_ptr": "*fp32",
                    "delta_ptr": "*fp32", "dq_ptr": "*fp32", "dk_ptr": f"*{t}", "dv_ptr": f"*{t}", "dconf_ptr": "*fp32",
                    **sizes, **bwd_strides, "qk_scale": "fp32", "sm_scale": "fp32"}  # fmt: skip
-            tiles = {"BLOCK_D": blk["BLOCK_D"]}
+            tiles = {"BLOCK_E": blk["BLOCK_E"], "BLOCK_D": blk["BLOCK_D"]}
             for fn, sig, consts in (
                 (ft._edge_fwd_kernel, fwd, {"BLOCK_Q": blk["BLOCK_Q"], **tiles}),
                 (ft._edge_bwd_kernel, bwd, {"TRUNCATE": True, "BLOCK_K": blk["BLOCK_K"], **tiles}),
