@@ -236,10 +236,10 @@ def _edge_bwd_kernel(
 
 
 def edge_blocks(D: int, E: int) -> dict[str, int]:
-    """Tile sizes for head dimension D and E edges per key: BLOCK_E edges (at most 8) of BLOCK_Q queries (forward) or
-    BLOCK_K keys (backward) a step, about 512 values a ``(rows, BLOCK_E, D)`` tile (one row at least), 4 per thread of
-    4 warps: both kernels then fit their registers on sm_90 with triton 3.6 to 3.9 (larger tiles spill;
-    ``tests/attention/test_fsat_triton.py`` reads the cubin's)."""
+    """Tile sizes for head dimension D and E edges per key: BLOCK_E edges (E rounded up to a power of two, at most 8)
+    of BLOCK_Q queries (forward) or BLOCK_K keys (backward) a step, 1 to 4 rows, so that a ``(rows, BLOCK_E, D)`` tile
+    holds about 512 values (1,024 at D = 128: one row at least): both kernels then fit their registers on sm_90 with
+    triton 3.6 to 3.9 (larger tiles spill; ``tests/attention/test_fsat_triton.py`` reads the cubin's)."""
     bd = triton.next_power_of_2(D)
     be = min(8, triton.next_power_of_2(max(E, 1)))
     rows = max(1, min(4, _TILE // (bd * be)))

@@ -6,6 +6,8 @@ Without a GPU the kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, i
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -116,14 +118,15 @@ def test_fsat_triton_under_interpreter_equals_dense_reference() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not backends.HAS_TRITON, reason="triton missing")
 def test_fsat_triton_kernels_compile_for_an_h100() -> None:
-    """What the interpreter never checks: both kernels compile for sm_90 at the default tiles of D = 64 and 128, in
-    float32 and bf16, and fit the registers (no spills, read off the cubin)."""
+    """What the interpreter never checks: both kernels compile for sm_90 at the default tiles of D = 64 and 128 with
+    E = 4 and 8 edges a key (FSAT's default in inference and in training), in float32 and bf16, and fit the registers
+    (no spills, read off the cubin)."""
     from attention.kernels import fsat_triton as ft
 
     skip_if_interpreted(ft._edge_fwd_kernel)
-    for D in (64, 128):
+    for D, E in itertools.product((64, 128), (4, 8)):
         for t in ("fp32", "bf16"):
-            blk = ft.edge_blocks(D, 8)
+            blk = ft.edge_blocks(D, E)
             rows = {"q_ptr": f"*{t}", "k_ptr": f"*{t}", "v_ptr": f"*{t}"}
             sizes = {"N": "i32", "H": "i32", "L": "i32", "D": "i32", "E": "i32"}
             fwd_strides = {f"s{t}{d}": "i32" for t in "qkvo" for d in "bhl"}
@@ -139,7 +142,7 @@ def test_fsat_triton_kernels_compile_for_an_h100() -> None:
                 (ft._edge_bwd_kernel, bwd, {"TRUNCATE": True, "BLOCK_K": blk["BLOCK_K"], **tiles}),
             ):
                 usage = compile_for_sm90(fn, sig, consts, blk["num_warps"])
-                assert usage is None or usage["spill_bytes"] == 0, (fn.__name__, D, t, usage)
+                assert usage is None or usage["spill_bytes"] == 0, (fn.__name__, D, E, t, usage)
 
 
 def test_triton_edges_on_cpu_without_interpreter_say_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
