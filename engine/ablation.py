@@ -33,6 +33,7 @@ from typing import Any
 from engine.atomic import atomic_write_text
 from engine.bench import git_commit, markdown_table
 from engine.config import load_config
+from engine.logger import read_records
 from engine.recipe import Recipe
 from engine.run import RunOptions, run
 
@@ -149,7 +150,10 @@ def _read(folder: Path) -> dict[str, Any] | None:
         return None
     metrics = json.loads(done.read_text())
     record = folder / RECORD
-    return {**metrics, **(json.loads(record.read_text()) if record.is_file() else {})}
+    # the learning curve (every epoch's log record: train loss and accuracy, the eval metrics, samples/s) travels
+    # with the result, so a kept record shows whether the run had converged
+    curve = {"curve": read_records(folder)}
+    return {**metrics, **curve, **(json.loads(record.read_text()) if record.is_file() else {})}
 
 
 def run_table(

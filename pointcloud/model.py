@@ -48,6 +48,7 @@ from attention.checks import check_points
 from engine.registry import ModelRegistry
 
 __all__ = [
+    "CA_NEIGHBORS",
     "MODELS",
     "UPSAMPLE",
     "CentroidTransformer",
@@ -61,6 +62,9 @@ __all__ = [
     "register_model",
 ]
 
+
+CA_NEIGHBORS: dict[str, str] = {"feature": "feature", "xyz": "pos"}
+"""Where the centroid blocks' centroids find their K neighbours -> :data:`attention.NEIGHBOR_SPACES` name."""
 
 UPSAMPLE: dict[str, int] = {"nearest": 1, "inverse_distance": 3}
 """How a stage's features reach the N input points -> the neighbours (in xyz) each input point reads: its nearest
@@ -171,6 +175,18 @@ class CentroidTransformer(PointClassifier):
             ``"auto"`` (on CUDA the fused kernel; without triton the masked form while a stage's N / K <= 128, as at
             1024 points, where it trains faster than the gather form: ``tools/bench_modelnet.py --attn-backends``;
             on CPU the gather form).
+        sa_pos_encoding: add a learned encoding of each neighbour's offset ``p_j - p_i`` in xyz to its key and value
+            in both SA blocks (:class:`attention.RelativePositionEncoding`, Point Transformer's form). It changes the
+            twins too: they share the SA blocks.
+        ca_pos_encoding: the same in the centroid-attention step of both CA blocks (offset of each input from the
+            centroid's position).
+        ca_neighbors: where each centroid finds its K neighbours: ``"feature"`` (the paper: feature space, recomputed
+            every step) or ``"xyz"`` (the K input points nearest the centroid in xyz).
+        ca_normalize: the CA blocks' normalization of the attention weights, ``"inputs"`` or ``"centroids"``
+            (:class:`attention.CentroidAttention`).
+        layer_scale: None adds the centroid step's update as it is; a float scales it per channel by a learned
+            factor initialised to that value (0.0: the centroid block starts as its downsampling-only twin).
+        pos_hidden: hidden width of the position encodings' MLPs.
 
     Shapes:
         points: ``(B, N, in_channels)``; output logits ``(B, num_classes)`` (``num_classes=0``: the pooled features
@@ -196,6 +212,12 @@ class CentroidTransformer(PointClassifier):
         mixer: str | None = None,
         mixer_kwargs: dict | None = None,
         attn_backend: str = "auto",
+        sa_pos_encoding: bool = False,
+        ca_pos_encoding: bool = False,
+        ca_neighbors: str = "feature",
+        ca_normalize: str = "inputs",
+        layer_scale: float | None = None,
+        pos_hidden: int = 16,
     ) -> None:
         super().__init__(num_classes, in_channels)
         if len(widths) != 4 or len(num_centroids) != 2:
@@ -204,6 +226,10 @@ class CentroidTransformer(PointClassifier):
             raise ValueError(f"init must be 'fps', 'random' or 'kmeans', got {init!r}")
         if upsample not in UPSAMPLE:
             raise ValueError(f"upsample must be one of {sorted(UPSAMPLE)}, got {upsample!r}")
+        if ca_neighbors not in CA_NEIGHBORS:
+            raise ValueError(f"ca_neighbors must be one of {sorted(CA_NEIGHBORS)}, got {ca_neighbors!r}")
+        if sa_pos_encoding and mixer is not None:
+            raise ValueError(f"sa_pos_encoding applies to the KNN SA blocks, not to a global mixer ({mixer!r})")
         self.num_centroids = tuple(num_centroids)
         self.num_neighbors = num_neighbors
         self.upsample_neighbors = UPSAMPLE[upsample]
@@ -211,6 +237,9 @@ class CentroidTransformer(PointClassifier):
         self.num_features = 2 * fuse_dim
         act = _leaky
         block = partial(dict, num_heads=num_heads, mlp_ratio=mlp_ratio, act_layer=act, attn_backend=attn_backend)
+        sa = {"pos_encoding": sa_pos_encoding, "pos_hidden": pos_hidden}
+        ca = {"neighbor_space": CA_NEIGHBORS[ca_neighbors], "pos_encoding": ca_pos_encoding, "pos_hidden": pos_hidden,
+              "normalize": ca_normalize, "layer_scale": layer_scale}  # fmt: skip
         self.embed = nn.Sequential(
             nn.Linear(in_channels, widths[0], bias=False), PointBatchNorm(widths[0]), act(),
             nn.Linear(widths[0], widths[0], bias=False), PointBatchNorm(widths[0]), act(),
@@ -220,15 +249,15 @@ class CentroidTransformer(PointClassifier):
         )
         self.blocks = nn.ModuleList(
             [
-                self._sa_block(widths[0], num_neighbors, mixer, mixer_kwargs, block()),
+                self._sa_block(widths[0], num_neighbors, mixer, mixer_kwargs, block(**sa)),
                 CentroidBlock(
                     widths[1], init, init_kwargs(num_centroids[0]), num_neighbors=num_neighbors,
-                    num_steps=num_steps, **block(),
+                    num_steps=num_steps, **block(**ca),
                 ),
-                self._sa_block(widths[2], num_neighbors, mixer, mixer_kwargs, block()),
+                self._sa_block(widths[2], num_neighbors, mixer, mixer_kwargs, block(**sa)),
                 CentroidBlock(
                     widths[3], init, init_kwargs(num_centroids[1]), num_neighbors=num_neighbors,
-                    num_steps=num_steps, **block(),
+                    num_steps=num_steps, **block(**ca),
                 ),
             ]
         )  # fmt: skip
@@ -282,7 +311,7 @@ class CentroidTransformer(PointClassifier):
                 x = transition(x)
                 if isinstance(block, SelfAttentionBlock):
                     _, nbr = knn(cur_pos, cur_pos, self.num_neighbors)  # (B, n, K) in xyz
-                    x = block(x, neighbor_idx=nbr)
+                    x = block(x, neighbor_idx=nbr, pos=cur_pos)
                 elif isinstance(block, MixerBlock):
                     x = block(x)  # global sequence mixer over the stage's points
                 else:

@@ -16,13 +16,14 @@ from torch import Tensor, nn
 
 from ..backends import backend_names, resolve
 from ..checks import check_heads, check_mask, check_points, checks_active
-from ..layers import DropPath
-from ..points import knn, knn_search
+from ..layers import DropPath, LayerScale, RelativePositionEncoding
+from ..points import gather, knn, knn_search
 from .functional import (
     NORMALIZATIONS,
     _knn_attention_shape,
     check_neighbor_idx,
     dense_centroid_attention,
+    edge_attention,
     knn_centroid_attention,
     masked_knn_attention,
     triton_knn_attention,
@@ -79,11 +80,21 @@ class CentroidAttention(nn.Module):
             :func:`attention.checks.checks_active`). False for a layer inside a model that validates its own input:
             the NaN/Inf check is a reduction and a host sync on every call, which stalls a GPU's queue (the vision
             models validate nothing past the image, like timm's).
+        pos_encoding: add a learned encoding of each edge's relative position ``delta(p_j - p_i)``
+            (:class:`attention.RelativePositionEncoding`, Point Transformer's form) to the neighbour's key and value;
+            the forward then needs ``pos`` and ``centroid_pos``, and neighbours (``num_neighbors`` or
+            ``neighbor_idx``). The edges' keys and values are gathered per edge (:func:`edge_attention`): memory
+            O(M K C) instead of the chunked path's fixed chunk.
+        pos_dim: coordinates per position for ``pos_encoding`` (3 for xyz).
+        pos_hidden: hidden width of the position encoding's MLP.
+        layer_scale: None (default) adds each step's update as it is; a float scales it per channel by a learned
+            :class:`attention.LayerScale` initialised to that value (0.0: each step starts as the identity, so a
+            centroid block starts as its downsampling-only twin).
 
     Shapes:
         x: ``(B, N, C)`` inputs; centroids: ``(B, M, C)``; mask: ``(B, N)`` bool (True = real input);
         neighbor_idx: ``(B, M, K)`` fixed neighbours (e.g. from coordinates) instead of feature-space KNN;
-        output: ``(B, M, C)``.
+        pos: ``(B, N, P)`` and centroid_pos: ``(B, M, P)`` positions (``pos_encoding`` only); output: ``(B, M, C)``.
     """
 
     def __init__(
@@ -102,6 +113,10 @@ class CentroidAttention(nn.Module):
         drop_path: float = 0.0,
         validate_inputs: bool = True,
         attn_backend: str = "auto",
+        pos_encoding: bool = False,
+        pos_dim: int = 3,
+        pos_hidden: int = 16,
+        layer_scale: float | None = None,
     ) -> None:
         super().__init__()
         check_heads(dim, num_heads)
@@ -132,19 +147,28 @@ class CentroidAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
         self.drop_path = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.pos_encoding = pos_encoding
+        self.pos_enc = RelativePositionEncoding(dim, pos_dim, pos_hidden) if pos_encoding else None
+        self.layer_scale = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
 
     def extra_repr(self) -> str:
         return (
             f"dim={self.dim}, num_heads={self.num_heads}, num_neighbors={self.num_neighbors}, "
-            f"num_steps={self.num_steps}, normalize={self.normalize!r}"
+            f"num_steps={self.num_steps}, normalize={self.normalize!r}, pos_encoding={self.pos_encoding}"
         )
 
     @torch.jit.unused
     def check_inputs(
-        self, x: Tensor, centroids: Tensor, mask: Tensor | None = None, neighbor_idx: Tensor | None = None
+        self,
+        x: Tensor,
+        centroids: Tensor,
+        mask: Tensor | None = None,
+        neighbor_idx: Tensor | None = None,
+        pos: Tensor | None = None,
+        centroid_pos: Tensor | None = None,
     ) -> None:
         """Raises a ``ValueError`` / ``TypeError`` naming what was expected if the inputs of :meth:`forward` are
-        malformed (ranks, channels, M <= N, K <= N, mask, neighbour indices, NaN/Inf)."""
+        malformed (ranks, channels, M <= N, K <= N, mask, neighbour indices, positions, NaN/Inf)."""
         check_points(x, "x", channels=self.dim)
         check_points(centroids, "centroids", like=x, like_name="x")
         B, N, _ = x.shape
@@ -156,17 +180,39 @@ class CentroidAttention(nn.Module):
         check_mask(mask, "mask", batch=B, length=N, device=x.device, like_name="x", nonempty="cloud")
         if neighbor_idx is not None:
             check_neighbor_idx(neighbor_idx, "neighbor_idx", B, M, N, x.device)
+        if self.pos_enc is not None:
+            P = self.pos_enc.fc1.in_features
+            check_points(pos, "pos", channels=P)
+            check_points(centroid_pos, "centroid_pos", channels=P)
+            if pos.shape[:2] != x.shape[:2] or centroid_pos.shape[:2] != centroids.shape[:2]:
+                raise ValueError(
+                    f"pos must be (B, N, {P}) like x and centroid_pos (B, M, {P}) like centroids, got pos "
+                    f"{tuple(pos.shape)} for x {tuple(x.shape)} and centroid_pos {tuple(centroid_pos.shape)} "
+                    f"for centroids {tuple(centroids.shape)}"
+                )
 
     def forward(
-        self, x: Tensor, centroids: Tensor, mask: Tensor | None = None, neighbor_idx: Tensor | None = None
+        self,
+        x: Tensor,
+        centroids: Tensor,
+        mask: Tensor | None = None,
+        neighbor_idx: Tensor | None = None,
+        pos: Tensor | None = None,
+        centroid_pos: Tensor | None = None,
     ) -> Tensor:
+        if self.pos_encoding:
+            if pos is None or centroid_pos is None:
+                raise ValueError("pos_encoding=True needs pos (B, N, P) and centroid_pos (B, M, P)")
+            if neighbor_idx is None and self.num_neighbors is None:
+                raise ValueError("pos_encoding=True needs neighbours: set num_neighbors or pass neighbor_idx")
         if not torch.jit.is_scripting():  # nested: TorchScript skips the whole branch, condition included
             if self.validate_inputs and checks_active():
-                self.check_inputs(x, centroids, mask, neighbor_idx)
+                self.check_inputs(x, centroids, mask, neighbor_idx, pos, centroid_pos)
         B, N, C = x.shape
         M = centroids.shape[1]
         H, D = self.num_heads, self.head_dim
-        k, v = self.kv(self.norm_kv(x)).view(B, N, 2, H, D).unbind(2)  # (B, N, H, D) each
+        kv = self.kv(self.norm_kv(x))  # (B, N, 2 C)
+        k, v = kv.view(B, N, 2, H, D).unbind(2)  # (B, N, H, D) each
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, H, N, D)
         dropout_p = self.attn_drop if self.training else 0.0
         u = centroids
@@ -175,12 +221,32 @@ class CentroidAttention(nn.Module):
             idx = neighbor_idx
             if idx is None and self.num_neighbors is not None:
                 idx = self._feature_neighbors(u, x, mask)  # (B, M, K)
-            if idx is None:
+            if self.pos_enc is not None and idx is not None and pos is not None and centroid_pos is not None:
+                out = self._pos_attention(q, kv, idx, pos, centroid_pos, mask, dropout_p)
+            elif idx is None:
                 out = dense_centroid_attention(q, k, v, mask, self.normalize, dropout_p)
             else:
                 out = self._knn_attention(q, k, v, idx, mask, dropout_p)
-            u = u + self.drop_path(self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, M, C))))
+            update = self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, M, C)))
+            u = u + self.drop_path(self.layer_scale(update))
         return u
+
+    @torch.jit.unused
+    def _pos_attention(
+        self, q: Tensor, kv: Tensor, idx: Tensor, pos: Tensor, centroid_pos: Tensor, mask: Tensor | None,
+        dropout_p: float,
+    ) -> Tensor:  # fmt: skip
+        # Point Transformer's form with a dot product: logits q_i . (k_j + delta_ij), values v_j + delta_ij, where
+        # delta_ij encodes p_j - p_i; keys and values are gathered per edge, as the encoding differs per edge.
+        B, H, M, D = q.shape
+        K = idx.shape[-1]
+        rel = gather(pos, idx) - centroid_pos.unsqueeze(2)  # (B, M, K, P)
+        delta = self.pos_enc(rel).view(B, M, K, 1, H, D)
+        kvn = gather(kv, idx).view(B, M, K, 2, H, D) + delta  # (B, M, K, 2, H, D)
+        kn, vn = kvn.unbind(3)  # (B, M, K, H, D) each
+        return edge_attention(
+            q, kn, vn, idx, pos.shape[1], mask=mask, normalize=self.normalize, dropout_p=dropout_p, eps=1e-6
+        )
 
     @torch.jit.unused
     def _feature_neighbors(self, u: Tensor, x: Tensor, mask: Tensor | None) -> Tensor:
