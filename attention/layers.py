@@ -68,7 +68,14 @@ class LayerScale(nn.Module):
 
     def __init__(self, dim: int, init_value: float = 1e-5) -> None:
         super().__init__()
-        self.gamma = nn.Parameter(torch.full((dim,), float(init_value)))
+        self.init_value = float(init_value)
+        self.gamma = nn.Parameter(torch.full((dim,), self.init_value))
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.gamma, self.init_value)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.gamma.numel()}, init_value={self.init_value}"
 
     def forward(self, x: Tensor) -> Tensor:
         return x * self.gamma

@@ -21,6 +21,7 @@ from ..points import gather, knn, knn_search
 from .functional import (
     NORMALIZATIONS,
     _knn_attention_shape,
+    _knn_weights,
     check_neighbor_idx,
     dense_centroid_attention,
     edge_attention,
@@ -247,6 +248,46 @@ class CentroidAttention(nn.Module):
         return edge_attention(
             q, kn, vn, idx, pos.shape[1], mask=mask, normalize=self.normalize, dropout_p=dropout_p, eps=1e-6
         )
+
+    @torch.jit.unused
+    @torch.no_grad()
+    def attention_weights(
+        self,
+        x: Tensor,
+        centroids: Tensor,
+        mask: Tensor | None = None,
+        neighbor_idx: Tensor | None = None,
+        pos: Tensor | None = None,
+        centroid_pos: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The first step's attention weights and the neighbours they cover, recomputed from the layer's own
+        projections, for inspecting a trained layer (entropy, where the weights fall): ``(B, H, M, K)`` weights and
+        ``(B, M, K)`` neighbour indices, or ``(B, H, M, N)`` and None for dense attention. Takes the arguments of
+        :meth:`forward`; no dropout."""
+        B, N, C = x.shape
+        M = centroids.shape[1]
+        H, D = self.num_heads, self.head_dim
+        q = self.q(self.norm_q(centroids)).view(B, M, H, D)
+        kv = self.kv(self.norm_kv(x))  # (B, N, 2 C)
+        idx = neighbor_idx
+        if idx is None and self.num_neighbors is not None:
+            idx = self._feature_neighbors(centroids, x, mask)  # (B, M, K)
+        if idx is None:
+            k = kv.view(B, N, 2, H, D)[:, :, 0]
+            scores = torch.einsum("bmhd,bnhd->bhmn", q, k) * D**-0.5  # (B, H, M, N)
+            if mask is not None:
+                scores = scores.masked_fill(~mask[:, None, None], float("-inf"))
+            dim = -1 if self.normalize == "inputs" else -2
+            attn = scores.softmax(dim).nan_to_num(0.0)
+            if self.normalize == "centroids":
+                attn = attn / (attn.sum(-1, keepdim=True) + 1e-6)
+            return attn, None
+        K = idx.shape[-1]
+        kn = gather(kv, idx).view(B, M, K, 2, H, D)[:, :, :, 0]  # (B, M, K, H, D)
+        if self.pos_enc is not None and pos is not None and centroid_pos is not None:
+            kn = kn + self.pos_enc(gather(pos, idx) - centroid_pos.unsqueeze(2)).view(B, M, K, H, D)
+        scores = torch.einsum("bmhd,bmkhd->bhmk", q, kn) * D**-0.5  # (B, H, M, K)
+        return _knn_weights(scores, idx, N, mask, self.normalize, 0.0, 1e-6), idx
 
     @torch.jit.unused
     def _feature_neighbors(self, u: Tensor, x: Tensor, mask: Tensor | None) -> Tensor:
