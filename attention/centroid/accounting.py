@@ -82,11 +82,17 @@ class EdgeProjectionAttention(CentroidAttention):
     """
 
     def forward(
-        self, x: Tensor, centroids: Tensor, mask: Tensor | None = None, neighbor_idx: Tensor | None = None
+        self,
+        x: Tensor,
+        centroids: Tensor,
+        mask: Tensor | None = None,
+        neighbor_idx: Tensor | None = None,
+        pos: Tensor | None = None,
+        centroid_pos: Tensor | None = None,
     ) -> Tensor:
         if neighbor_idx is None and self.num_neighbors is None:
-            return super().forward(x, centroids, mask, neighbor_idx)
-        self.check_inputs(x, centroids, mask, neighbor_idx)
+            return super().forward(x, centroids, mask, neighbor_idx, pos, centroid_pos)
+        self.check_inputs(x, centroids, mask, neighbor_idx, pos, centroid_pos)
         B, N, C = x.shape
         M = centroids.shape[1]
         H, D = self.num_heads, self.head_dim
@@ -96,9 +102,14 @@ class EdgeProjectionAttention(CentroidAttention):
         for _ in range(self.num_steps):
             q = self.q(self.norm_q(u)).view(B, M, H, D).transpose(1, 2)  # (B, H, M, D)
             idx = neighbor_idx if neighbor_idx is not None else self._feature_neighbors(u, x, mask)  # (B, M, K)
-            kn, vn = self.kv(gather(xn, idx)).view(B, M, -1, 2, H, D).unbind(3)  # (B, M, K, H, D) each
+            K = idx.shape[-1]
+            kvn = self.kv(gather(xn, idx)).view(B, M, K, 2, H, D)
+            if self.pos_enc is not None and pos is not None and centroid_pos is not None:
+                kvn = kvn + self.pos_enc(gather(pos, idx) - centroid_pos.unsqueeze(2)).view(B, M, K, 1, H, D)
+            kn, vn = kvn.unbind(3)  # (B, M, K, H, D) each
             out = edge_attention(q, kn, vn, idx, N, mask=mask, normalize=self.normalize, dropout_p=dropout_p, eps=1e-6)
-            u = u + self.drop_path(self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, M, C))))
+            update = self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, M, C)))
+            u = u + self.drop_path(self.layer_scale(update))
         return u
 
 

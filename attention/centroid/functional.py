@@ -266,9 +266,20 @@ def knn_centroid_attention(
     dropout_p: float = 0.0,
     eps: float = 1e-6,
     chunk_bytes: int | None = None,
+    pos_hidden: Tensor | None = None,
+    pos_weight: Tensor | None = None,
+    pos_bias: Tensor | None = None,
 ) -> Tensor:
     """The chunked KNN path of :func:`centroid_attention` without validation: q ``(B, H, M, D)``, k and v
-    ``(B, H, N, D)``, idx ``(B, M, K)``; returns ``(B, H, M, D)``. An FX leaf (custom autograd Functions)."""
+    ``(B, H, N, D)``, idx ``(B, M, K)``; returns ``(B, H, M, D)``. An FX leaf (custom autograd Functions).
+
+    With ``pos_hidden`` ``(B, M, K, R)``, ``pos_weight`` ``(C, R)`` and ``pos_bias`` ``(C,)`` (C = H D), every edge's
+    key and value get a relative position encoding ``delta_mk = pos_weight @ pos_hidden[b, m, k] + pos_bias`` (the
+    last, linear layer of :class:`attention.RelativePositionEncoding` applied to its hidden features), computed without
+    forming any per-edge key, value or encoding: per head h,
+    ``q . delta = (W_h^T q) . hidden + q . b_h`` and ``sum_k a_k delta_k = W_h (sum_k a_k hidden_k) + b_h sum_k a_k``,
+    so the extra work is O(M K H R) and the memory O(M K R). Tested equal to the per-edge form
+    (:func:`edge_attention` with ``k + delta`` and ``v + delta``)."""
     B, H, M, D = q.shape
     N, K = k.shape[2], idx.shape[-1]
     budget = chunk_budget("knn_attention", q.device) if chunk_bytes is None else chunk_bytes
@@ -282,11 +293,21 @@ def knn_centroid_attention(
     kf = k.transpose(1, 2).reshape(B * N, H, D)
     vf = v.transpose(1, 2).reshape(B * N, H, D)
     scores = _GatherProduct.apply("gather_dot", qf, kf, flat, rows).view(B, M, K, H)
-    scores = scores.permute(0, 3, 1, 2) * D**-0.5  # (B, H, M, K)
-    attn = _knn_weights(scores, idx, N, mask, normalize, dropout_p, eps)  # (B, H, M, K)
+    scores = scores.permute(0, 3, 1, 2)  # (B, H, M, K)
+    if pos_hidden is not None and pos_weight is not None:
+        w = pos_weight.view(H, D, -1)  # (H, D, R)
+        scores = scores + torch.einsum("bhmr,bmkr->bhmk", torch.einsum("bhmd,hdr->bhmr", q, w), pos_hidden)
+        if pos_bias is not None:
+            scores = scores + torch.einsum("bhmd,hd->bhm", q, pos_bias.view(H, D)).unsqueeze(-1)
+    attn = _knn_weights(scores * D**-0.5, idx, N, mask, normalize, dropout_p, eps)  # (B, H, M, K)
     a = attn.permute(0, 2, 3, 1).reshape(B * M, K, H)
-    out = _GatherProduct.apply("gather_weighted_sum", a, vf, flat, rows)  # (B * M, H, D)
-    return out.view(B, M, H, D).transpose(1, 2)
+    out = _GatherProduct.apply("gather_weighted_sum", a, vf, flat, rows).view(B, M, H, D)
+    if pos_hidden is not None and pos_weight is not None:
+        w = pos_weight.view(H, D, -1)  # (H, D, R)
+        out = out + torch.einsum("bhmr,hdr->bmhd", torch.einsum("bhmk,bmkr->bhmr", attn, pos_hidden), w)
+        if pos_bias is not None:
+            out = out + attn.sum(-1).transpose(1, 2).unsqueeze(-1) * pos_bias.view(H, D)
+    return out.transpose(1, 2)
 
 
 def _knn_weights(

@@ -24,7 +24,6 @@ from .functional import (
     _knn_weights,
     check_neighbor_idx,
     dense_centroid_attention,
-    edge_attention,
     knn_centroid_attention,
     masked_knn_attention,
     triton_knn_attention,
@@ -84,8 +83,8 @@ class CentroidAttention(nn.Module):
         pos_encoding: add a learned encoding of each edge's relative position ``delta(p_j - p_i)``
             (:class:`attention.RelativePositionEncoding`, Point Transformer's form) to the neighbour's key and value;
             the forward then needs ``pos`` and ``centroid_pos``, and neighbours (``num_neighbors`` or
-            ``neighbor_idx``). The edges' keys and values are gathered per edge (:func:`edge_attention`): memory
-            O(M K C) instead of the chunked path's fixed chunk.
+            ``neighbor_idx``). It runs the chunked gather form (:func:`knn_centroid_attention`), which adds the
+            encoding's share per head from its hidden features: memory O(M K R) for R = ``pos_hidden``.
         pos_dim: coordinates per position for ``pos_encoding`` (3 for xyz).
         pos_hidden: hidden width of the position encoding's MLP.
         layer_scale: None (default) adds each step's update as it is; a float scales it per channel by a learned
@@ -238,16 +237,17 @@ class CentroidAttention(nn.Module):
         dropout_p: float,
     ) -> Tensor:  # fmt: skip
         # Point Transformer's form with a dot product: logits q_i . (k_j + delta_ij), values v_j + delta_ij, where
-        # delta_ij encodes p_j - p_i; keys and values are gathered per edge, as the encoding differs per edge.
+        # delta_ij = fc2(act(fc1(p_j - p_i))). The chunked KNN path adds fc2's share per head from the hidden features
+        # (knn_centroid_attention's pos_* arguments): no per-edge key, value or C-wide encoding is formed.
         B, H, M, D = q.shape
-        K = idx.shape[-1]
-        rel = gather(pos, idx) - centroid_pos.unsqueeze(2)  # (B, M, K, P)
-        delta = self.pos_enc(rel).view(B, M, K, 1, H, D)
-        kvn = gather(kv, idx).view(B, M, K, 2, H, D) + delta  # (B, M, K, 2, H, D)
-        kn, vn = kvn.unbind(3)  # (B, M, K, H, D) each
-        return edge_attention(
-            q, kn, vn, idx, pos.shape[1], mask=mask, normalize=self.normalize, dropout_p=dropout_p, eps=1e-6
-        )
+        N = kv.shape[1]
+        k, v = kv.view(B, N, 2, H, D).unbind(2)
+        enc = self.pos_enc
+        hidden = enc.act(enc.fc1(gather(pos, idx) - centroid_pos.unsqueeze(2)))  # (B, M, K, R)
+        return knn_centroid_attention(
+            q, k.transpose(1, 2), v.transpose(1, 2), idx, mask, self.normalize, dropout_p,
+            pos_hidden=hidden, pos_weight=enc.fc2.weight, pos_bias=enc.fc2.bias,
+        )  # fmt: skip
 
     @torch.jit.unused
     @torch.no_grad()

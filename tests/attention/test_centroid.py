@@ -166,11 +166,15 @@ def test_edge_projection_is_the_same_function_with_k_times_the_projection_macs(n
     assert type(layer) is CentroidAttention
 
 
-def test_per_edge_evaluation_gives_the_same_logits() -> None:
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"sa_pos_encoding": True, "ca_pos_encoding": True, "ca_neighbors": "xyz", "layer_scale": 0.5}]
+)
+def test_per_edge_evaluation_gives_the_same_logits(kwargs: dict) -> None:
     from pointcloud import create_model  # the model whose GMACs tools/model_stats.py sets next to the paper's
 
     torch.manual_seed(0)
-    model = create_model("centroid_transformer_modelnet40", num_neighbors=6).eval()
+    # position encodings: per-edge keys and values plus delta, against the layer's per-head factored form
+    model = create_model("centroid_transformer_modelnet40", num_neighbors=6, **kwargs).eval()
     points = torch.randn(2, 64, 3)
     with torch.no_grad():
         ref = model(points)

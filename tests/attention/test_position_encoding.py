@@ -183,3 +183,45 @@ def test_attention_weights_reproduce_the_step(normalize: str, pos_encoding: bool
     assert none is None and full.shape == (B, H, M, N)
     if normalize == "inputs":
         assert_close(full.sum(-1), torch.ones(B, H, M))
+
+
+@pytest.mark.parametrize("normalize", ["inputs", "centroids"])
+@pytest.mark.parametrize("chunk_bytes", [None, 64])
+def test_factored_pos_path_equals_per_edge_keys_and_values(normalize: str, chunk_bytes: int | None) -> None:
+    # knn_centroid_attention's pos_* arguments against edge_attention over explicit k + delta, v + delta, float64
+    from attention.centroid.functional import edge_attention, knn_centroid_attention
+
+    torch.manual_seed(8)
+    B, H, M, N, D, K, R = 2, 3, 5, 17, 4, 6, 7
+    q = torch.randn(B, H, M, D, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(B, H, N, D, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    hidden = torch.randn(B, M, K, R, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(H * D, R, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(H * D, dtype=torch.float64, requires_grad=True)
+    idx = torch.stack([torch.stack([torch.randperm(N)[:K] for _ in range(M)]) for _ in range(B)])
+    mask = torch.rand(B, N) > 0.2
+    mask[:, idx[:, :, 0]] = True  # every centroid keeps a real neighbour
+    out = knn_centroid_attention(q, k, v, idx, mask, normalize, chunk_bytes=chunk_bytes, pos_hidden=hidden,
+                                 pos_weight=w, pos_bias=b)  # fmt: skip
+    delta = (hidden @ w.T + b).view(B, M, K, H, D)
+    kn = gather(k.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D) + delta
+    vn = gather(v.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D) + delta
+    ref = edge_attention(q, kn, vn, idx, N, mask=mask, normalize=normalize, dropout_p=0.0, eps=1e-6)
+    assert_close(out, ref)
+    g = torch.randn_like(out)
+    inputs = (q, k, v, hidden, w, b)
+    for a, r in zip(torch.autograd.grad(out, inputs, g), torch.autograd.grad(ref, inputs, g)):
+        assert_close(a, r)
+
+
+def test_pos_encoding_bf16_close_to_float64() -> None:
+    torch.manual_seed(9)
+    layer = CentroidAttention(16, num_heads=2, num_neighbors=5, pos_encoding=True)
+    x, pos = torch.randn(2, 21, 16), torch.rand(2, 21, 3)
+    kw = {"pos": pos, "centroid_pos": pos[:, :6]}
+    nbr = knn(pos[:, :6], pos, 5)[1]  # fixed: a feature-space search may pick other neighbours in bf16
+    ref = layer.double()(x.double(), x[:, :6].double(), neighbor_idx=nbr, **{k: t.double() for k, t in kw.items()})
+    out = layer.bfloat16()(x.bfloat16(), x[:, :6].bfloat16(), neighbor_idx=nbr,
+                           **{k: t.bfloat16() for k, t in kw.items()})  # fmt: skip
+    assert out.dtype == torch.bfloat16
+    assert_close(out.double(), ref, atol=0.05, rtol=0.02)

@@ -34,6 +34,33 @@ def test_num_steps_kwarg(steps: int) -> None:
     assert model(torch.rand(1, 100, 3)).shape == (1, 40)
 
 
+@pytest.mark.parametrize(
+    "levers",
+    [
+        {"sa_pos_encoding": True},
+        {"ca_pos_encoding": True, "layer_scale": 0.1},
+        {"ca_neighbors": "xyz", "ca_normalize": "centroids", "num_steps": 2},
+        {"sa_pos_encoding": True, "ca_pos_encoding": True, "ca_neighbors": "xyz", "num_steps": 0},
+    ],
+)
+def test_lever_knobs_sweep(levers: dict) -> None:
+    check_registered_model("centroid_transformer_modelnet40", **SMALL, **levers)
+
+
+def test_lever_knobs_reach_the_blocks_and_bad_values_are_refused() -> None:
+    model = create_model("centroid_transformer_modelnet40", sa_pos_encoding=True, ca_pos_encoding=True,
+                         ca_neighbors="xyz", ca_normalize="centroids", layer_scale=0.0, **SMALL)  # fmt: skip
+    sa, ca = model.blocks[0].attn, model.blocks[1].attn
+    assert sa.pos_enc is not None and ca.pos_enc is not None and model.blocks[1].neighbor_space == "pos"
+    assert ca.normalize == "centroids" and sa.normalize == "inputs" and float(ca.layer_scale.gamma.abs().sum()) == 0
+    with pytest.raises(ValueError, match="ca_neighbors must be one of"):
+        create_model("centroid_transformer_modelnet40", ca_neighbors="feature_space")
+    with pytest.raises(ValueError, match="sa_pos_encoding applies to the KNN SA blocks"):
+        create_model("centroid_transformer_modelnet40", sa_pos_encoding=True, mixer="softmax")
+    with pytest.raises(ValueError, match="normalize must be one of"):
+        create_model("centroid_transformer_modelnet40", ca_normalize="points")
+
+
 def test_normals_and_classifier_reset() -> None:
     model = create_model("centroid_transformer_modelnet40", in_channels=6, **SMALL)
     model.reset_classifier(10)
