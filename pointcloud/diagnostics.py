@@ -7,7 +7,8 @@ These are the measurements that compare a model with centroid attention (T >= 1)
 * **gradient norm** of each block's parameters (and of the embedding, the fusion layer and the head), averaged over
   training batches, in train mode, with the recipe's loss: which parts of the network learn.
 * **attention entropy** of every attention layer's first step, divided by log K (1: uniform over the K neighbours;
-  0: one neighbour takes all the weight), averaged over heads, queries and clouds.
+  0: one neighbour takes all the weight), averaged over heads, queries and clouds; the mean largest weight; and for a
+  centroid block that samples its centroids (FPS, random), the weight a centroid gives its own input point.
 * **update / skip**: ``|u^1 - u^0| / |u^0|`` per centroid, the centroid step's update against the initial centroid it
   is added to (LayerScale included).
 * **neighbour distance**: the mean xyz distance from a centroid to the K inputs it attends to, divided by the mean
@@ -89,10 +90,13 @@ def attention_statistics(model: CentroidTransformer, points: Tensor) -> dict[str
     names = [n for n in _parts(model) if n[:2] in ("SA", "CA")]
     seen: dict[str, tuple] = {}
     handles = []
+    outputs: dict[str, Any] = {}
     for name, block in zip(names, model.blocks):
         attn = getattr(block, "attn", None)
         if isinstance(attn, CentroidAttention):
             handles.append(attn.register_forward_hook(_keep(seen, name), with_kwargs=True))
+        if isinstance(block, CentroidBlock):
+            handles.append(block.register_forward_hook(lambda m, a, out, name=name: outputs.setdefault(name, out)))
     was_training = model.training
     model.eval()
     try:
@@ -112,9 +116,14 @@ def attention_statistics(model: CentroidTransformer, points: Tensor) -> dict[str
         attn, idx = layer.attention_weights(x, u, kwargs.get("mask"), kwargs.get("neighbor_idx"), pos, upos)
         K = attn.shape[-1]
         entropy = -(attn * attn.clamp_min(1e-30).log()).sum(-1)  # (B, H, M)
-        stats = {"attention": 1, "entropy": float(entropy.mean()) / math.log(K) if K > 1 else 0.0}
+        stats = {"attention": 1, "entropy": float(entropy.mean()) / math.log(K) if K > 1 else 0.0,
+                 "max_weight": float(attn.amax(-1).mean())}  # fmt: skip
         if isinstance(block, CentroidBlock):
             stats["update_ratio"] = float(((result - u).norm(dim=-1) / u.norm(dim=-1).clamp_min(1e-12)).mean())
+            index = outputs[name].index  # (B, M): the input each centroid was sampled from (None: an average)
+            if idx is not None and index is not None:
+                own = (idx == index.unsqueeze(-1)).to(attn.dtype)  # (B, M, K)
+                stats["self_weight"] = float((attn * own.unsqueeze(1)).sum(-1).mean())
             if idx is not None and pos is not None and upos is not None:
                 d = (gather(pos, idx) - upos.unsqueeze(2)).norm(dim=-1)  # (B, M, K) to the attended inputs
                 d_knn = knn(upos, pos, K)[0].clamp_min(0).sqrt()  # (B, M, K) to the K nearest in xyz

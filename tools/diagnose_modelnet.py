@@ -26,6 +26,8 @@ from pointcloud.neighbourhoods import PART_SOURCES
 
 MEASURES = (
     ("entropy", "entropy / log K"),
+    ("max_weight", "largest weight"),
+    ("self_weight", "weight on own point"),
     ("update_ratio", "update / skip"),
     ("nbr_dist_ratio", "nbr dist / xyz KNN dist"),
     ("weighted_dist_ratio", "weighted nbr dist / KNN"),

@@ -89,3 +89,12 @@ def test_cli_writes_the_table_for_trained_and_initial_weights(checkpoint: Path, 
 def test_cli_refuses_bad_counts(checkpoint: Path) -> None:
     proc = run_tool("diagnose_modelnet", ["--checkpoint", str(checkpoint), "--batches", "0"])
     assert proc.returncode != 0 and "--batches" in proc.stderr
+
+
+def test_self_weight_is_the_weight_on_the_centroids_own_point() -> None:
+    model = _model(ca_neighbors="xyz")  # the nearest input in xyz of an FPS centroid is its own point
+    for block in (model.blocks[1], model.blocks[3]):
+        torch.nn.init.zeros_(block.attn.q.weight)  # uniform: the own point gets 1 / K
+    stats = attention_statistics(model, torch.rand(2, 32, 3))
+    assert stats["CA1"]["self_weight"] == pytest.approx(1 / 4, abs=1e-5)
+    assert stats["CA1"]["max_weight"] == pytest.approx(1 / 4, abs=1e-5)
