@@ -74,6 +74,7 @@ __all__ = [
     "check_throughput_settings",
     "chunk_budget",
     "default_models",
+    "parse_variant",
     "plan",
     "prepare",
     "runnable",
@@ -116,11 +117,14 @@ def plan(
     chunk_mb: Sequence[int] = (),
     compile_forms: Sequence[str] = (),
     compile_modes: Sequence[str] = ("default",),
+    variants: Sequence[tuple[str, dict]] = (),
 ) -> list[Row]:
     """One row per model; the centroid model gets one row per T and attention backend (and per chunk budget of its
     gather form, ``chunk_mb``, kwarg ``_chunk_mb``; and per form in ``compile_forms`` and ``torch.compile`` mode in
     ``compile_modes``, compiled: kwarg ``_compile``, the mode; labelled ``compiled``, or ``compiled <mode>`` for a
-    mode other than ``"default"``), the twins T = 0, peers None."""
+    mode other than ``"default"``), the twins T = 0, peers None. Each of ``variants`` (a label and constructor
+    keywords, :func:`parse_variant`) adds a row of the centroid model built with those keywords, labelled with its
+    label; its T is its ``num_steps`` (default 1)."""
     rows = []
     for name in models:
         kwargs: dict = {"num_classes": NUM_CLASSES}
@@ -139,9 +143,28 @@ def plan(
                         label = f"{name} T={t}" + ("" if b == "auto" else f" {b}") + " compiled"
                         label += "" if mode == "default" else f" {mode}"
                         rows.append((label, name, t, {**kwargs, "num_steps": t, "attn_backend": b, "_compile": mode}))
+            for label, extra in variants:
+                rows.append((f"{name} {label}", name, int(extra.get("num_steps", 1)), {**kwargs, **extra}))
         else:
             rows.append((name, name, 0 if name in TWINS else None, kwargs))
     return rows
+
+
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """``"LABEL:key=value,key=value"`` -> ``(LABEL, {key: value})``, values read as YAML (``true``, ``0.0``, ``xyz``):
+    a row of the centroid model built with those keywords (``--variant``)."""
+    import yaml
+
+    label, sep, items = spec.partition(":")
+    if not sep or not label or not items:
+        raise ValueError(f"a variant is LABEL:key=value[,key=value...], got {spec!r}")
+    kwargs = {}
+    for item in items.split(","):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"variant {label!r}: expected key=value, got {item!r}")
+        kwargs[key.strip()] = yaml.safe_load(value)
+    return label, kwargs
 
 
 def runnable(rows: Sequence[Row], device: str) -> tuple[list[Row], dict[str, str]]:

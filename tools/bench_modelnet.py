@@ -34,7 +34,17 @@ from engine.bench import (
     profile_rows,
 )
 from engine.trainer import COMPILE_MODES
-from pointcloud.bench import COMPILE_FORMS, benchmark, check_settings, default_models, plan, runnable, table, targets
+from pointcloud.bench import (
+    COMPILE_FORMS,
+    benchmark,
+    check_settings,
+    default_models,
+    parse_variant,
+    plan,
+    runnable,
+    table,
+    targets,
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,6 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-centroids", type=int, nargs=2, default=None, metavar=("N1", "N2"),
                         help="centroids of the two CA blocks (default: the model's)")  # fmt: skip
     parser.add_argument("--steps", type=int, nargs="+", default=[1, 2, 3], help="T values of the centroid model")
+    parser.add_argument("--variant", nargs="+", default=[], metavar="LABEL:KEY=VALUE,...",
+                        help="extra rows of the centroid model built with these keywords, e.g. "
+                        "'CA pos. enc.:ca_pos_encoding=true' (the lever table's designs)")  # fmt: skip
     forms = ["auto", *backend_names("knn_attention")]
     parser.add_argument("--attn-backends", nargs="+", default=["auto"], choices=forms,
                         help="KNN attention forms of the centroid rows (attention.CentroidAttention)")  # fmt: skip
@@ -70,8 +83,12 @@ def main(argv: list[str] | None = None) -> None:
     nc = args.num_centroids or "model default"
     print(f"# batch {' and '.join(map(str, args.batch))}, {args.points} points (xyz), num_centroids {nc}, "
           f"amp {args.amp}, {args.stat} of {args.repeats} rounds after {args.warmup} warm-up")  # fmt: skip
+    try:
+        variants = [parse_variant(v) for v in args.variant]
+    except ValueError as e:
+        parser.error(str(e))
     planned = plan(models, args.steps, args.num_centroids, args.attn_backends, args.chunk_mb, args.compile,
-                   args.compile_mode)  # fmt: skip
+                   args.compile_mode, variants)  # fmt: skip
     rows, skipped = runnable(planned, args.device)
     for label, why in skipped.items():
         print(f"# {label}: not measured: {why}")

@@ -54,3 +54,25 @@ def test_cli_times_every_row_at_each_batch_size(tmp_path: Path) -> None:
     assert names[0] == "centroid T=1 train samples/s vs the random twin's at batch 2" and len(names) == 6
     assert names[4] == "centroid T=1 train samples/s vs PointNet++ (batch 3, 64 points)"
     assert run_tool("bench_modelnet", ["--batch", "2", "1"]).returncode == 2  # every batch size is checked
+
+
+def test_cli_variant_rows_build_the_centroid_model_with_their_keywords(tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    argv = ["--points", "64", "--batch", "2", "--repeats", "1", "--warmup", "0", "--num-centroids", "32", "16",
+            "--steps", "1", "--models", CT, "--json", str(path),
+            "--variant", "CA pos. enc.:ca_pos_encoding=true,layer_scale=0.0",
+            "T2 xyz:num_steps=2,ca_neighbors=xyz"]  # fmt: skip
+    run = run_tool("bench_modelnet", argv)
+    assert run.returncode == 0, run.stderr
+    rows = {r["label"]: r for r in json.loads(path.read_text())["results"]}
+    assert list(rows) == [f"{CT} T=1", f"{CT} CA pos. enc.", f"{CT} T2 xyz"]
+    assert rows[f"{CT} T2 xyz"]["num_steps"] == 2
+    assert rows[f"{CT} CA pos. enc."]["params_m"] > rows[f"{CT} T=1"]["params_m"]  # the encodings' and gamma's
+    bad = run_tool("bench_modelnet", ["--variant", "no-colon"])
+    assert bad.returncode == 2 and "LABEL:key=value" in bad.stderr
+
+
+def test_parse_variant_reads_values_as_yaml() -> None:
+    from pointcloud.bench import parse_variant
+
+    assert parse_variant("a b:x=true,y=0.0,z=xyz, w = 3") == ("a b", {"x": True, "y": 0.0, "z": "xyz", "w": 3})
