@@ -44,6 +44,7 @@ __all__ = [
     "Table",
     "ablate",
     "command",
+    "curves_svg",
     "git_commit",
     "record_path",
     "register_table",
@@ -276,7 +277,8 @@ def write_table(
         per_seed = ", ".join(f"{seed}: {v:.2f}" for seed, v in zip(s["seeds"], s["values"])) or "not run"
         params = f"{s['params'] / 1e3:.0f} K" if s["params"] is not None else "-"
         load = "-" if not s["load"] else f"{min(s['load']):.1f}-{max(s['load']):.1f}"
-        config = f"`{Path(s['config']).name}`"
+        row = next(r for r in table.rows if r.label == s["row"])
+        config = " ".join([f"`{Path(s['config']).name}`", *(f"`{o}`" for o in row.overrides)])
         lines.append([s["row"], config, _fmt(s["mean"]), _fmt(s["std"]), s["n"], per_seed, params,
                       _fmt(s["train_min"], 1), load])  # fmt: skip
     commits = sorted({c for s in summary for c in s["commits"]})
@@ -288,7 +290,9 @@ def write_table(
         shlex.quote(str(run_dir(table, placeholder, 0, out_dir))), f"{out_dir}/{table.name}/<row>/seed<N>"
     )
     text += ["", "Each run is:", "", "```bash", template, "```", ""]
-    text += ["with `<row>` / `<config>`: " + "; ".join(f"`{_slug(r.label)}` / `{r.config}`" for r in table.rows) + "."]
+    text += ["with `<row>` / `<config>`: " + "; ".join(f"`{_slug(r.label)}` / `{r.config}`" + "".join(
+        f" `{o}`" for o in r.overrides) for r in table.rows) + " (a row's own items follow its config's name: they go "
+        "after the table's items)."]  # fmt: skip
     missing = {s["row"]: s["missing_seeds"] for s in summary if s["missing_seeds"]}
     if missing:
         runs = sum(len(v) for v in missing.values())
@@ -305,6 +309,70 @@ def write_table(
     return md
 
 
+_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+            "#17becf")  # fmt: skip
+
+
+def curves_svg(table: Table, records: Sequence[dict[str, Any]], rows: Sequence[str] | None = None) -> str:
+    """The learning curves of ``records`` (each with its ``curve``) as an SVG line chart: per row, the mean over its
+    seeds of the table's metric (solid) and of the training accuracy (dashed, ``train_acc``) against the epoch.
+
+    Args:
+        table: the table (its rows' order and metric).
+        records: finished runs (:func:`run_table`), with their per-epoch ``curve``.
+        rows: labels of the rows to draw (default: every row with a curve).
+    """
+    series: list[tuple[str, list[float], list[float]]] = []
+    for row in table.rows:
+        if rows is not None and row.label not in rows:
+            continue
+        curves = [r["curve"] for r in records if r["row"] == row.label and r.get("curve")]
+        if not curves:
+            continue
+        epochs = min(len(c) for c in curves)
+        mean = [statistics.fmean(float(c[e].get(table.metric) or 0.0) for c in curves) for e in range(epochs)]
+        train = [statistics.fmean(float(c[e].get("train_acc") or 0.0) for c in curves) for e in range(epochs)]
+        series.append((f"{row.label} (n={len(curves)})", mean, train))
+    if not series:
+        raise ValueError(f"no learning curve among the records of table {table.name!r}")
+    width, height, left, right, top, bottom = 760, 440, 56, 250, 20, 44
+    epochs = max(len(m) for _, m, _ in series)
+    lo = min(min(m + t) for _, m, t in series)
+    lo = max(0.0, math.floor(min(lo, 100.0) / 10.0) * 10.0)
+
+    def xy(e: int, v: float) -> str:
+        x = left + (width - left - right) * (e / max(epochs - 1, 1))
+        y = top + (height - top - bottom) * (1.0 - (v - lo) / (100.0 - lo))
+        return f"{x:.1f},{y:.1f}"
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+           f'font-size="12"><rect width="100%" height="100%" fill="white"/>']  # fmt: skip
+    for tick in range(int(lo), 101, 10):
+        out.append(f'<line x1="{left}" x2="{width - right}" y1="{xy(0, tick).split(",")[1]}" '
+                   f'y2="{xy(0, tick).split(",")[1]}" stroke="#ddd"/>')  # fmt: skip
+        out.append(f'<text x="{left - 6}" y="{xy(0, tick).split(",")[1]}" text-anchor="end" dy="4">{tick}</text>')
+    for e in range(epochs):
+        x = xy(e, lo).split(",")[0]
+        out.append(f'<text x="{x}" y="{height - bottom + 16}" text-anchor="middle">{e + 1}</text>')
+    out.append(f'<text x="{(left + width - right) / 2}" y="{height - 8}" text-anchor="middle">epoch</text>')
+    out.append(f'<text x="14" y="{(top + height - bottom) / 2}" transform="rotate(-90 14 '
+               f'{(top + height - bottom) / 2})" text-anchor="middle">%</text>')  # fmt: skip
+    for i, (label, metric, train) in enumerate(series):
+        colour = _COLOURS[i % len(_COLOURS)]
+        for values, dash in ((metric, ""), (train, ' stroke-dasharray="5,4"')):
+            points = " ".join(xy(e, v) for e, v in enumerate(values))
+            out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.8"{dash} points="{points}"/>')
+        y = top + 16 * i + 8
+        out.append(f'<line x1="{width - right + 12}" x2="{width - right + 36}" y1="{y}" y2="{y}" stroke="{colour}" '
+                   f'stroke-width="2"/>')  # fmt: skip
+        text = label.replace("&", "&amp;").replace("<", "&lt;")
+        out.append(f'<text x="{width - right + 42}" y="{y + 4}">{text}</text>')
+    y = top + 16 * len(series) + 16
+    out.append(f'<text x="{width - right + 12}" y="{y}">solid: {table.metric}; dashed: train_acc</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def ablate(
     table: Table,
     seeds: Sequence[int],
@@ -315,10 +383,14 @@ def ablate(
     markdown: str | Path | None = None,
     json_path: str | Path | None = None,
     records: str | Path | None = None,
+    curves: str | Path | None = None,
 ) -> str:
     """Prepares ``table``, trains its missing runs (at most ``max_runs``; 0: none), and writes the table
-    (:func:`write_table`) from every finished run in ``out_dir`` and ``records``. Returns the Markdown."""
+    (:func:`write_table`) from every finished run in ``out_dir`` and ``records``, and with ``curves`` the runs'
+    learning curves as an SVG (:func:`curves_svg`). Returns the Markdown."""
     out_dir = Path(out_dir)
     extra = table.prepare(out_dir) if table.prepare is not None else ()
     finished = run_table(table, seeds, out_dir, extra, device, rows, max_runs, records)
+    if curves is not None:
+        atomic_write_text(Path(curves), curves_svg(table, finished))
     return write_table(table, summarize(table, finished, seeds), seeds, out_dir, extra, markdown, json_path, device)

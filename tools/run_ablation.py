@@ -40,11 +40,12 @@ def main(argv: list[str] | None = None) -> str:
         help="also keep every finished run's result here (one JSON per run) and count the runs found here as finished: "
         "a table continues or is regenerated without its run folders (docs/ablations/records holds the docs' runs)",
     )
+    parser.add_argument("--curves", default=None, help="also draw the finished runs' learning curves into this SVG")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     table = TABLES[args.table]
     md = ablate(table, list(range(args.seeds)), args.out, args.device, args.rows, 0 if args.plan else args.max_runs,
-                f"{args.out}/{table.name}.md", f"{args.out}/{table.name}.json", args.records)  # fmt: skip
+                f"{args.out}/{table.name}.md", f"{args.out}/{table.name}.json", args.records, args.curves)  # fmt: skip
     print(md)
     return md
 

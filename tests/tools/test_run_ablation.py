@@ -101,13 +101,20 @@ def test_every_row_of_the_tables_builds_in_its_regime(name: str) -> None:
     table = TABLES[name]
     extra = ("data_root=unused",) if table.prepare is not None else ()
     for row in table.rows:
-        cfg = engine.load_config(table.recipe.config_cls, REPO / row.config, [*table.regime, *extra, "seed=0"])
+        items = [*table.regime, *extra, *row.overrides, "seed=0"]
+        cfg = engine.load_config(table.recipe.config_cls, REPO / row.config, items)
         table.recipe.validate(cfg)
-        if name == "modelnet":
+        if name.startswith("modelnet"):
             from pointcloud.recipe import build_model
 
-            assert cfg.num_points == 1024 and cfg.synthetic_classes == 13 and cfg.dataset == "synthetic"
-            build_model(cfg, num_classes=13)
+            points = 1024 if name == "modelnet" else 256
+            assert cfg.num_points == points and cfg.synthetic_classes == 13 and cfg.dataset == "synthetic"
+            model = build_model(cfg, num_classes=13)
+            for item in row.overrides:  # a lever reaches the model's constructor
+                key, value = item.removeprefix("model_kwargs.").split("=")
+                assert str(cfg.model_kwargs[key]).lower() == value.lower()
+            if cfg.model.startswith("centroid_transformer"):
+                assert model.num_neighbors == (cfg.num_neighbors or 24)
         else:
             assert cfg.seq_len == 256 and cfg.epochs == 4
             model = table.recipe(cfg, ctx=None).build_model()
