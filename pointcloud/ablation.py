@@ -121,6 +121,7 @@ LEVER_TABLE = register_table(
                 ("model_kwargs.ca_pos_encoding=true", "model_kwargs.ca_neighbors=xyz", "model_kwargs.layer_scale=0.0"),
             ),
             Row("T = 2", "configs/pointcloud/modelnet40_centroid_t2.yaml"),
+            Row("T = 1, CA K = 32", _T1, ("model_kwargs.ca_num_neighbors=32",)),
         ),
         regime=DEV_REGIME,
         description=(

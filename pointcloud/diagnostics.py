@@ -7,8 +7,10 @@ These are the measurements that compare a model with centroid attention (T >= 1)
 * **gradient norm** of each block's parameters (and of the embedding, the fusion layer and the head), averaged over
   training batches, in train mode, with the recipe's loss: which parts of the network learn.
 * **attention entropy** of every attention layer's first step, divided by log K (1: uniform over the K neighbours;
-  0: one neighbour takes all the weight), averaged over heads, queries and clouds; the mean largest weight; and for a
-  centroid block that samples its centroids (FPS, random), the weight a centroid gives its own input point.
+  0: one neighbour takes all the weight), averaged over heads, queries and clouds; the mean largest weight; the rank
+  of the most attended neighbour among the K, nearest first, divided by K - 1 (0: the nearest, 1: the farthest, in
+  the space the neighbours were searched in); and for a centroid block that samples its centroids (FPS, random), the
+  weight a centroid gives its own input point.
 * **update / skip**: ``|u^1 - u^0| / |u^0|`` per centroid, the centroid step's update against the initial centroid it
   is added to (LayerScale included).
 * **neighbour distance**: the mean xyz distance from a centroid to the K inputs it attends to, divided by the mean
@@ -96,7 +98,7 @@ def attention_statistics(model: CentroidTransformer, points: Tensor) -> dict[str
         if isinstance(attn, CentroidAttention):
             handles.append(attn.register_forward_hook(_keep(seen, name), with_kwargs=True))
         if isinstance(block, CentroidBlock):
-            handles.append(block.register_forward_hook(lambda m, a, out, name=name: outputs.setdefault(name, out)))
+            handles.append(block.register_forward_hook(_keep_output(outputs, name)))
     was_training = model.training
     model.eval()
     try:
@@ -118,6 +120,8 @@ def attention_statistics(model: CentroidTransformer, points: Tensor) -> dict[str
         entropy = -(attn * attn.clamp_min(1e-30).log()).sum(-1)  # (B, H, M)
         stats = {"attention": 1, "entropy": float(entropy.mean()) / math.log(K) if K > 1 else 0.0,
                  "max_weight": float(attn.amax(-1).mean())}  # fmt: skip
+        if idx is not None and K > 1:  # neighbours come nearest first (in the space they were searched in)
+            stats["top_rank"] = float(attn.argmax(-1).float().mean()) / (K - 1)
         if isinstance(block, CentroidBlock):
             stats["update_ratio"] = float(((result - u).norm(dim=-1) / u.norm(dim=-1).clamp_min(1e-12)).mean())
             index = outputs[name].index  # (B, M): the input each centroid was sampled from (None: an average)
@@ -135,6 +139,13 @@ def attention_statistics(model: CentroidTransformer, points: Tensor) -> dict[str
     return out
 
 
+def _keep_output(outputs: dict[str, Any], name: str):
+    def hook(module: nn.Module, args: tuple, output: Any) -> None:  # returns None: the output stays as it is
+        outputs.setdefault(name, output)
+
+    return hook
+
+
 def _keep(seen: dict[str, tuple], name: str):
     def hook(module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Tensor) -> None:
         if isinstance(module, CentroidAttention):
@@ -144,6 +155,7 @@ def _keep(seen: dict[str, tuple], name: str):
 
 
 def _batches(dataset, batch_size: int, count: int, seed: int) -> list[tuple[Tensor, Tensor]]:
+    torch.manual_seed(seed)  # the augmentation draws from the global generator: the same batches every call
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed)
     )

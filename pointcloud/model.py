@@ -187,6 +187,8 @@ class CentroidTransformer(PointClassifier):
         layer_scale: None adds the centroid step's update as it is; a float scales it per channel by a learned
             factor initialised to that value (0.0: the centroid block starts as its downsampling-only twin).
         pos_hidden: hidden width of the position encodings' MLPs.
+        ca_num_neighbors: K of the centroid blocks' attention when it differs from the SA blocks' ``num_neighbors``
+            (None: the same K); at most N1, the second centroid block's inputs.
 
     Shapes:
         points: ``(B, N, in_channels)``; output logits ``(B, num_classes)`` (``num_classes=0``: the pooled features
@@ -218,6 +220,7 @@ class CentroidTransformer(PointClassifier):
         ca_normalize: str = "inputs",
         layer_scale: float | None = None,
         pos_hidden: int = 16,
+        ca_num_neighbors: int | None = None,
     ) -> None:
         super().__init__(num_classes, in_channels)
         if len(widths) != 4 or len(num_centroids) != 2:
@@ -232,6 +235,7 @@ class CentroidTransformer(PointClassifier):
             raise ValueError(f"sa_pos_encoding applies to the KNN SA blocks, not to a global mixer ({mixer!r})")
         self.num_centroids = tuple(num_centroids)
         self.num_neighbors = num_neighbors
+        self.ca_num_neighbors = num_neighbors if ca_num_neighbors is None else ca_num_neighbors
         self.upsample_neighbors = UPSAMPLE[upsample]
         self.fuse_dim = fuse_dim
         self.num_features = 2 * fuse_dim
@@ -251,12 +255,12 @@ class CentroidTransformer(PointClassifier):
             [
                 self._sa_block(widths[0], num_neighbors, mixer, mixer_kwargs, block(**sa)),
                 CentroidBlock(
-                    widths[1], init, init_kwargs(num_centroids[0]), num_neighbors=num_neighbors,
+                    widths[1], init, init_kwargs(num_centroids[0]), num_neighbors=self.ca_num_neighbors,
                     num_steps=num_steps, **block(**ca),
                 ),
                 self._sa_block(widths[2], num_neighbors, mixer, mixer_kwargs, block(**sa)),
                 CentroidBlock(
-                    widths[3], init, init_kwargs(num_centroids[1]), num_neighbors=num_neighbors,
+                    widths[3], init, init_kwargs(num_centroids[1]), num_neighbors=self.ca_num_neighbors,
                     num_steps=num_steps, **block(**ca),
                 ),
             ]
@@ -300,6 +304,11 @@ class CentroidTransformer(PointClassifier):
             raise ValueError(
                 f"num_neighbors K={self.num_neighbors} exceeds the N1={n1} points of the second stage (N={N}): "
                 "need K <= N1"
+            )
+        if self.ca_num_neighbors > n1:
+            raise ValueError(
+                f"ca_num_neighbors K={self.ca_num_neighbors} exceeds the N1={n1} inputs of the second centroid block "
+                f"(N={N}): need K <= N1"
             )
         pos = points[..., :3].contiguous()
         x = self.embed(points)

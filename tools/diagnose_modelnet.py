@@ -27,6 +27,7 @@ from pointcloud.neighbourhoods import PART_SOURCES
 MEASURES = (
     ("entropy", "entropy / log K"),
     ("max_weight", "largest weight"),
+    ("top_rank", "rank of top nbr / (K - 1)"),
     ("self_weight", "weight on own point"),
     ("update_ratio", "update / skip"),
     ("nbr_dist_ratio", "nbr dist / xyz KNN dist"),

@@ -98,3 +98,16 @@ def test_self_weight_is_the_weight_on_the_centroids_own_point() -> None:
     stats = attention_statistics(model, torch.rand(2, 32, 3))
     assert stats["CA1"]["self_weight"] == pytest.approx(1 / 4, abs=1e-5)
     assert stats["CA1"]["max_weight"] == pytest.approx(1 / 4, abs=1e-5)
+
+
+def test_top_rank_reads_which_neighbour_takes_the_weight() -> None:
+    model = _model(ca_neighbors="xyz", num_heads=1)
+    stats = attention_statistics(model, torch.rand(2, 32, 3))
+    assert 0.0 <= stats["CA2"]["top_rank"] <= 1.0
+    # one head whose query and key are the normalized features (x 50): by Cauchy-Schwarz the centroid's own point,
+    # its nearest input in xyz (rank 0), takes the weight
+    attn = model.blocks[1].attn
+    with torch.no_grad():
+        attn.q.weight.copy_(torch.eye(16) * 50.0)
+        attn.kv.weight[:16].copy_(torch.eye(16))
+    assert attention_statistics(model, torch.rand(2, 32, 3))["CA1"]["top_rank"] == pytest.approx(0.0, abs=0.05)

@@ -40,6 +40,7 @@ def test_num_steps_kwarg(steps: int) -> None:
         {"sa_pos_encoding": True},
         {"ca_pos_encoding": True, "layer_scale": 0.1},
         {"ca_neighbors": "xyz", "ca_normalize": "centroids", "num_steps": 2},
+        {"ca_num_neighbors": 12},
         {"sa_pos_encoding": True, "ca_pos_encoding": True, "ca_neighbors": "xyz", "num_steps": 0},
     ],
 )
@@ -53,6 +54,10 @@ def test_lever_knobs_reach_the_blocks_and_bad_values_are_refused() -> None:
     sa, ca = model.blocks[0].attn, model.blocks[1].attn
     assert sa.pos_enc is not None and ca.pos_enc is not None and model.blocks[1].neighbor_space == "pos"
     assert ca.normalize == "centroids" and sa.normalize == "inputs" and float(ca.layer_scale.gamma.abs().sum()) == 0
+    wide = create_model("centroid_transformer_modelnet40", ca_num_neighbors=12, **SMALL)
+    assert wide.blocks[3].attn.num_neighbors == 12 and wide.blocks[2].attn.num_neighbors == 8
+    with pytest.raises(ValueError, match="ca_num_neighbors K=70 exceeds the N1=64 inputs"):
+        create_model("centroid_transformer_modelnet40", ca_num_neighbors=70, **SMALL).eval()(torch.rand(1, 64, 3))
     with pytest.raises(ValueError, match="ca_neighbors must be one of"):
         create_model("centroid_transformer_modelnet40", ca_neighbors="feature_space")
     with pytest.raises(ValueError, match="sa_pos_encoding applies to the KNN SA blocks"):
