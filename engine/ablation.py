@@ -335,14 +335,15 @@ def curves_svg(table: Table, records: Sequence[dict[str, Any]], rows: Sequence[s
         series.append((f"{row.label} (n={len(curves)})", mean, train))
     if not series:
         raise ValueError(f"no learning curve among the records of table {table.name!r}")
-    width, height, left, right, top, bottom = 760, 440, 56, 250, 20, 44
+    width, height, left, right, top, bottom = 900, 440, 56, 390, 20, 44
     epochs = max(len(m) for _, m, _ in series)
-    lo = min(min(m + t) for _, m, t in series)
+    # the axis starts below the values after the first quarter of training; earlier ones sit on the axis
+    lo = min(min(m[epochs // 4 :] + t[epochs // 4 :], default=0.0) for _, m, t in series)
     lo = max(0.0, math.floor(min(lo, 100.0) / 10.0) * 10.0)
 
     def xy(e: int, v: float) -> str:
         x = left + (width - left - right) * (e / max(epochs - 1, 1))
-        y = top + (height - top - bottom) * (1.0 - (v - lo) / (100.0 - lo))
+        y = top + (height - top - bottom) * (1.0 - (max(v, lo) - lo) / (100.0 - lo))
         return f"{x:.1f},{y:.1f}"
 
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '

@@ -6,8 +6,10 @@
     python tools/run_ablation.py --table modelnet --plan --records docs/ablations/records  # the docs' table again
 
 Tables: ``fsat`` and ``sam`` (:mod:`lra.ablation`: FSAT's switches; each matrix mixer with and without data
-dependence, Dense and DFT) on ListOps at 128-256 tokens, and ``modelnet`` (:mod:`pointcloud.ablation`: T = 1 / 2 / 3,
-the downsampling-only twins, PointNet, PointNet++, DGCNN) on 13 synthetic classes at 1,024 points. Runs go to
+dependence, Dense and DFT) on ListOps at 128-256 tokens, ``modelnet`` (:mod:`pointcloud.ablation`: T = 1 / 2 / 3,
+the downsampling-only twins, PointNet, PointNet++, DGCNN) on 13 synthetic classes at 1,024 points, and
+``modelnet_levers`` (the centroid step's levers against the FPS-only twin, at 256 points). ``--curves FILE.svg``
+draws the finished runs' learning curves. Runs go to
 ``<out>/<table>/<row>/seed<N>``, each equal to the training command the table lists; finished runs are read back and
 stopped ones resume, so a table fills up over several calls (``--max-runs``). The table (mean, std, every seed, the
 commits and load averages the runs saw) goes to ``<out>/<table>.md`` and ``.json`` and to the console. With
