@@ -20,5 +20,6 @@ cd "$ROOT"
 case "$cmd" in
     train) exec "$VENV/bin/python" tools/train_modelnet.py "$@" ;;
     # The fast suite plus the slow tests (what CI runs); `dataset` tests need full datasets and are left out.
-    test) exec "$VENV/bin/python" -m pytest -m "not dataset" "$@" ;;
+    # The ten slowest tests close the report, so that a test that grows is seen.
+    test) exec "$VENV/bin/python" -m pytest -m "not dataset" --durations=10 "$@" ;;
 esac
