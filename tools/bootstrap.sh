@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything the toolkit needs, idempotently: Debian libraries for open3d (when run as root), a virtualenv
 # in .venv (override with CENTROID_VENV), the package with its extras at the exact versions of constraints.txt, and
-# torch-cluster compiled against that torch (slow the first time: it compiles C++; pip caches the wheel).
+# torch-cluster compiled against that torch (slow the first time on a machine: it compiles C++ into a wheel that
+# tools/install_torch_cluster.sh keeps outside the clone, per torch and Python, for every later clone).
 # A second run with nothing changed returns at once.
 #
 # Switches (environment variables; the defaults give the README's environment):
@@ -12,6 +13,8 @@
 #   CENTROID_PYTHON       the interpreter that creates the virtualenv (default python3)
 #   CENTROID_CLUSTER      1 (default) builds torch-cluster where the constraints pin it; 0 leaves the build for later
 #                         (`bash tools/run.sh train` passes 0: the main job runs on the torch paths without it)
+#   CENTROID_WHEEL_CACHE  where the torch-cluster wheels are kept
+#                         (default ${XDG_CACHE_HOME:-~/.cache}/centroid-toolkit/wheels)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -45,7 +48,8 @@ install_debian_libs() {
 # What the install depends on: the packaging files and the set of top-level packages (the editable install maps
 # each package by name, so a new package needs a reinstall). Computed before installing, stored after success.
 fingerprint() {
-    { cat "$ROOT/pyproject.toml" "$CONSTRAINTS" "$ROOT/tools/bootstrap.sh"; echo "extras=$EXTRAS"; ls -d "$ROOT"/*/__init__.py; } |
+    { cat "$ROOT/pyproject.toml" "$CONSTRAINTS" "$ROOT/tools/bootstrap.sh" "$ROOT/tools/install_torch_cluster.sh"
+      echo "extras=$EXTRAS"; ls -d "$ROOT"/*/__init__.py; } |
         sha256sum | cut -d' ' -f1
 }
 
@@ -86,8 +90,7 @@ if [ "$CLUSTER" = 0 ] && ! "$VENV/bin/python" -c "import torch_cluster" >/dev/nu
     BUILT_CLUSTER=0
 elif grep -qiE '^torch[-_]cluster==' "$CONSTRAINTS"; then
     if ! "$VENV/bin/python" -c "import torch_cluster" >/dev/null 2>&1; then
-        say "building torch-cluster against the installed torch (slow the first time; cached after)"
-        MAX_JOBS="${MAX_JOBS:-$(nproc)}" "${PIP[@]}" install -q --no-build-isolation -c "$CONSTRAINTS" torch-cluster
+        bash "$ROOT/tools/install_torch_cluster.sh" "$VENV" "$CONSTRAINTS"
     fi
     "$VENV/bin/python" -c "import torch_cluster" >&2
 else

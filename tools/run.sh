@@ -17,8 +17,26 @@ else
     bash "$ROOT/tools/bootstrap.sh"
 fi
 cd "$ROOT"
-case "$cmd" in
-    train) exec "$VENV/bin/python" tools/train_modelnet.py "$@" ;;
-    # The fast suite plus the slow tests (what CI runs); `dataset` tests need full datasets and are left out.
-    test) exec "$VENV/bin/python" -m pytest -m "not dataset" "$@" ;;
-esac
+[ "$cmd" = train ] && exec "$VENV/bin/python" tools/train_modelnet.py "$@"
+
+# The fast suite plus the slow tests (what CI runs); `dataset` tests need full datasets and are left out. The ten
+# slowest tests close each report, so that a test that grows is seen.
+PYTEST=("$VENV/bin/python" -m pytest -m "not dataset" --durations=10)
+cores="$(nproc)"
+workers="${CENTROID_TEST_WORKERS:-$((cores < 8 ? cores : 8))}"
+[ "$workers" -gt 1 ] || exec "${PYTEST[@]}" "$@"
+
+# On every core (pytest-xdist; a file's tests stay on one worker, so that its module fixtures run once; cores / workers
+# intra-op threads a worker), then the tests marked serial alone, with every core.
+rc=0
+OMP_NUM_THREADS="${OMP_NUM_THREADS:-$((cores > workers ? cores / workers : 1))}" \
+    "${PYTEST[@]}" -n "$workers" --dist loadfile --serial=exclude "$@" || rc=$?
+rc_serial=0
+"${PYTEST[@]}" --serial=only "$@" || rc_serial=$?
+# pytest's 5 (no test collected) stands only when neither pass collected one
+if [ "$rc" -eq 5 ] && [ "$rc_serial" -eq 5 ]; then
+    exit 5
+fi
+[ "$rc" -eq 5 ] && rc=0
+[ "$rc_serial" -eq 5 ] && rc_serial=0
+exit $((rc != 0 ? rc : rc_serial))

@@ -13,6 +13,9 @@ from attention import backends
 from attention.backends import AUTO_ORDER, BACKENDS, available, resolve
 from attention.kernels import limits
 
+# The switchboard (resolve, auto orders, limits, the interpreter switch) reads torch and triton at run time
+pytestmark = pytest.mark.torch_compat
+
 
 def test_auto_falls_back_to_the_reference_when_nothing_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     for package in ("torch_cluster", "pytorch3d", "triton", "fpsample"):

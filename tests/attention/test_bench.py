@@ -195,6 +195,7 @@ def test_kernel_mixer_rows_name_their_path_and_skip_a_torch_row_that_repeats_aut
                                     "hydra-fused-captured", "fsat-fused-compiled-captured"]  # fmt: skip
 
 
+@pytest.mark.torch_compat
 def test_compiled_mixer_rows_compile_in_their_mode_and_stay_compiled(monkeypatch) -> None:
     """-fused-graphs compiles with mode="reduce-overhead" (CUDA graphs), -fused-compiled and -compiled with the
     default; each raises dynamo's recompile limit, since every row is one more graph of the mixer's forward.
@@ -233,6 +234,7 @@ def test_centroid_graph_rows_time_a_replayed_step() -> None:
         assert r.get("form") == ("triton" if path.startswith("knn") else None)
 
 
+@pytest.mark.torch_compat
 @pytest.mark.slow
 def test_torch_path_row_runs_under_dynamo() -> None:
     cfg = dict(mixer="hydra-compiled", device="cpu", B=1, L=40, C=16, H=2, repeats=1)

@@ -111,6 +111,7 @@ def test_chunked_knn_path_equals_reference(normalize: str, chunk_bytes: int | No
         assert_close(a, b)
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("chunk_bytes", [1, None])  # one centroid row per chunk; all rows in one chunk
 def test_flop_counter_counts_the_chunked_products_as_the_reference_einsums(chunk_bytes: int | None) -> None:
     """The chunked products are counted by their registered formulas, 2 B M K H D FLOPs each, as the reference's
@@ -132,6 +133,7 @@ def test_flop_counter_counts_the_chunked_products_as_the_reference_einsums(chunk
     assert_close(outs[False], outs[True])
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("normalize", ["inputs", "centroids"])
 @pytest.mark.parametrize("masked", [False, True])
 def test_edge_projection_is_the_same_function_with_k_times_the_projection_macs(normalize: str, masked: bool) -> None:
@@ -238,6 +240,7 @@ def test_masked_knn_path_counts_a_repeated_index_once() -> None:
     assert not torch.allclose(out[:, :, :2], centroid_attention(q, k, v, idx, reference=True)[:, :, :2])
 
 
+@pytest.mark.torch_compat
 def test_auto_knn_attention_form_by_device_and_inputs_per_neighbor(monkeypatch: pytest.MonkeyPatch) -> None:
     """ "auto": on CUDA the fused kernel for any N / K (repeated neighbours too); without triton masked up to
     MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR, gather above, on CPU and for an unknown N / K (a caller's idx); explicit names
@@ -264,6 +267,7 @@ def test_auto_knn_attention_form_by_device_and_inputs_per_neighbor(monkeypatch: 
     assert form("gather", cuda, 1) == "gather"
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("where", ["functional", "layer"])
 def test_auto_knn_attention_uses_the_call_inputs_per_neighbor(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The layer sizes "auto" by its call's N / K; the functional with a caller's idx stays on gather (CPU made to
@@ -297,6 +301,7 @@ def test_auto_knn_attention_uses_the_call_inputs_per_neighbor(where: str, monkey
             assert seen == [], limit
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("normalize", ["inputs", "centroids"])
 def test_layer_attn_backends_agree_and_trace(normalize: str) -> None:
     torch.manual_seed(0)
@@ -470,6 +475,7 @@ def test_bf16_autocast_on_cpu_runs() -> None:
     assert out.shape == (2, 16, 32) and bool(torch.isfinite(out.float()).all())
 
 
+@pytest.mark.torch_compat
 def test_knn_path_never_builds_the_dense_score_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
     """No tensor of B*H*M*N elements (or more) is created by the KNN forward + backward."""
     B, N, M, C, H, K = 1, 512, 128, 16, 4, 8
@@ -518,6 +524,7 @@ def test_fps_init_with_mask_starts_at_a_real_point_and_dwconv_pos_follows_the_co
     assert res.x.shape == (1, 4, 4) and res.pos.shape == (1, 4, 3) and dw.num_centroids == 4
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("grid,kernel,stride", [((14, 14), 3, 2), ((7, 9), 3, 2), ((8, 8), 5, 4), ((5, 6), 3, 1)])
 def test_dwconv_init_compiled_equals_the_library_conv_in_outputs_and_gradients(grid, kernel, stride) -> None:
     """Under torch.compile the init's conv is written as shifted multiply-adds (no convolution in the graph); eager
@@ -548,6 +555,7 @@ def test_dwconv_init_compiled_equals_the_library_conv_in_outputs_and_gradients(g
         assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.torch_compat
 def test_dwconv_init_compiled_under_autocast_returns_the_library_conv_dtype() -> None:
     """bf16 autocast casts the conv to bf16: the compiled form's multiply-adds run on the same bf16 operands."""
     torch.manual_seed(0)
@@ -651,6 +659,7 @@ def test_bad_input_is_named(call, error: type[Exception], match: str) -> None:
         call()
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("num_neighbors", [None, 4])
 def test_one_forward_traces_without_checks_or_host_syncs(num_neighbors: int | None) -> None:
     """FX follows the layer's one forward: no validation, no isfinite reduction, no global flag in the graph; the

@@ -62,6 +62,7 @@ def test_folded_cross_matches_the_two_step_reference(L: int) -> None:
     assert torch.autograd.gradcheck(folded_cross, tuple(t[:1, :, :2].detach().requires_grad_() for t in (a, b)))
 
 
+@pytest.mark.torch_compat
 def test_folded_cross_under_tracers_and_torch_func_is_the_two_step_form() -> None:
     """torch.func transforms and torch.jit.trace see the two-step form (plain aten ops): the same values, and
     torch.func.grad's gradient equals autograd's through the op; a second backward through the op is exact."""
@@ -95,6 +96,7 @@ def test_folded_cross_keeps_float32_and_the_inputs_gradient_dtypes() -> None:
         folded_cross(torch.randn(1, 4, 2), torch.randn(1, 5, 2))
 
 
+@pytest.mark.torch_compat
 @pytest.mark.slow
 def test_folded_cross_under_torch_compile_equals_eager() -> None:
     """Under torch.compile the op takes its functional form (inductor's tracing of ``out=`` can drop the out
@@ -231,6 +233,7 @@ def test_fsat_index_head_sees_only_the_clamped_confidence_gradient() -> None:
     assert not torch.allclose(got, unclamped)
 
 
+@pytest.mark.torch_compat
 def test_fsat_edges_under_torch_compile_equal_eager() -> None:
     """The confidences' op compiled: the same indices, confidences and index-head gradient (torch 2.11's compiled
     backward read a saved tensor made by an in-place op as zeros)."""
@@ -246,6 +249,7 @@ def test_fsat_edges_under_torch_compile_equal_eager() -> None:
     torch.testing.assert_close(torch.autograd.grad(conf_c, m.index_head.weight, g)[0], want)
 
 
+@pytest.mark.torch_compat
 def test_gather_edges_under_torch_compile_equal_eager(monkeypatch: pytest.MonkeyPatch) -> None:
     """The gather path compiled (what "auto" takes on CPU under torch.compile), over several chunks of key rows: the
     same output and gradients (torch 2.11's compiled backward was wrong after an in-place index_add_)."""

@@ -15,6 +15,9 @@ from attention import backends
 from attention.mixers import FourierSparseAttention, sparse_edge_attention, sparse_edge_attention_reference
 from engine.testing import assert_backends_agree, assert_interpreted, compile_for_sm90, skip_if_interpreted
 
+# The kernels under the Triton interpreter, their ahead-of-time compile and their dispatch follow torch and triton
+pytestmark = pytest.mark.torch_compat
+
 
 def _inputs(B: int, H: int, L: int, D: int, E: int, seed: int, device: str = "cpu", dtype=torch.float32):
     """q, k, v, idx, conf, the output weights: absent edges (-1), duplicates, an unreached query and, in batch 1,

@@ -17,6 +17,9 @@ import torch
 from attention import backends
 from engine.testing import assert_interpreted
 
+# torch.library operators, opcheck, torch.compile and torch.export of the kernels change with the torch version
+pytestmark = pytest.mark.torch_compat
+
 KERNEL_OPS = ("fps_triton", "knn_triton", "knn_attention_triton_fwd", "knn_attention_triton_bwd", "fsat_edges_fwd",
               "fsat_edges_bwd", "ssd_scan_fwd", "ssd_scan_bwd", "structured_mix_fwd", "structured_mix_bwd")  # fmt: skip
 

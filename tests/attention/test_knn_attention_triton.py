@@ -15,6 +15,9 @@ import torch
 from attention import CentroidAttention, backends, centroid_attention
 from engine.testing import assert_interpreted, compile_for_sm90, skip_if_interpreted
 
+# The kernels under the Triton interpreter, their ahead-of-time compile and their dispatch follow torch and triton
+pytestmark = pytest.mark.torch_compat
+
 HAS_TRITON = backends.HAS_TRITON
 
 

@@ -129,6 +129,7 @@ def test_cauchy_denominators_stay_away_from_zero() -> None:
         MatrixMixer(8, 1, matrix="cauchy", c_min=0.0)
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("fn", ["cauchy", "vandermonde"])
 def test_chunked_paths_never_build_more_than_a_chunk(fn: str) -> None:
     B, H, L, D, chunk, d_group = 1, 2, 128, 16, 8, 4
@@ -216,6 +217,7 @@ def _grads(out: torch.Tensor, w: torch.Tensor, x: torch.Tensor, module: torch.nn
     return list(torch.autograd.grad((out * w).sum(), [x, *params], allow_unused=True))
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("name", sorted(MIXERS))
 def test_torchscript_compiles_every_mixer_but_the_custom_function_ones(name: str) -> None:
     """Scripted == eager (outputs and gradients, two lengths: nothing specialized) for every mixer outside
@@ -239,6 +241,7 @@ def test_torchscript_compiles_every_mixer_but_the_custom_function_ones(name: str
                 torch.testing.assert_close(a, b)
 
 
+@pytest.mark.torch_compat
 def test_scripted_mixers_keep_their_errors_and_the_softmax_mask() -> None:
     torch.manual_seed(2)
     x = torch.randn(2, 11, 16)

@@ -156,6 +156,7 @@ def _scan_work(L: int, N: int, T: int) -> int:
     return probe.total
 
 
+@pytest.mark.torch_compat
 def test_scan_work_is_linear_in_length() -> None:
     # elements allocated by forward + backward: doubling L doubles them (a per-chunk gradient as large as all the
     # chunk states, as indexing inside the carry loop would give, makes this quadratic in L / T)
@@ -163,6 +164,7 @@ def test_scan_work_is_linear_in_length() -> None:
     assert large < 2.2 * small
 
 
+@pytest.mark.torch_compat
 def test_scan_memory_is_linear_in_length() -> None:
     B, H, L, N, T = 1, 2, 1024, 8, 16
     args = [torch.randn(B, H, L, N, requires_grad=True) for _ in range(4)]
@@ -175,6 +177,7 @@ def test_scan_memory_is_linear_in_length() -> None:
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (*args, v, *logs, diag))
 
 
+@pytest.mark.torch_compat
 def test_torchscript_and_fx_follow_the_scan() -> None:
     m = _hydra(chunk_size=4).float().eval()
     x = torch.randn(2, 11, 12)

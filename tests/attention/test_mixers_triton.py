@@ -15,6 +15,9 @@ from attention import backends
 from attention.mixers import MatrixMixer, cauchy_mix, functional, vandermonde_mix
 from engine.testing import assert_interpreted, compile_for_sm90, skip_if_interpreted
 
+# The kernels under the Triton interpreter, their ahead-of-time compile and their dispatch follow torch and triton
+pytestmark = pytest.mark.torch_compat
+
 
 def _inputs(kind: str, B: int, H: int, L: int, D: int, Dv: int, device: str = "cpu", dtype=torch.float32):
     g = torch.Generator().manual_seed(L * D + Dv)

@@ -354,6 +354,7 @@ def test_mismatched_cuda_devices_are_named() -> None:
         knn(torch.rand(2, 4, 3, device="cuda"), torch.rand(2, 5, 3), 2)
 
 
+@pytest.mark.torch_compat
 def test_missing_backend_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(backends.INSTALLED, "torch_cluster", False)
     monkeypatch.setitem(backends.INSTALLED, "fpsample", False)
@@ -367,6 +368,7 @@ def test_missing_backend_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -
         farthest_point_sample(torch.rand(1, 10, 3), 3, backend="triton")
 
 
+@pytest.mark.torch_compat
 def test_auto_backend_works_without_optional_packages(monkeypatch: pytest.MonkeyPatch) -> None:
     for package in ("torch_cluster", "pytorch3d", "triton", "fpsample", "numba"):
         monkeypatch.setitem(backends.INSTALLED, package, False)
@@ -385,6 +387,7 @@ def _spy_on(monkeypatch: pytest.MonkeyPatch, op: str, used: list[str], run_as: d
         monkeypatch.setitem(backends.BACKENDS[op], name, dataclasses.replace(b, impl=spy))
 
 
+@pytest.mark.torch_compat
 def test_auto_knn_picks_cluster_for_coordinates_only(monkeypatch: pytest.MonkeyPatch) -> None:
     used = []
     _spy_on(monkeypatch, "knn", used, {"cluster": "torch"})
@@ -399,6 +402,7 @@ def test_auto_knn_picks_cluster_for_coordinates_only(monkeypatch: pytest.MonkeyP
     assert used[2:] == ["torch"] and bool(torch.isinf(dist[..., 3]).all())
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("backend", ["cluster", "pytorch3d"])
 def test_explicit_knn_backend_refuses_a_cloud_with_fewer_than_k_real_points(
     backend: str, monkeypatch: pytest.MonkeyPatch
@@ -416,6 +420,7 @@ def test_explicit_knn_backend_refuses_a_cloud_with_fewer_than_k_real_points(
     assert used == [backend]
 
 
+@pytest.mark.torch_compat
 def test_auto_fps_picks_numba_on_cpu_for_coordinates_only(monkeypatch: pytest.MonkeyPatch) -> None:
     used = []
     _spy_on(monkeypatch, "fps", used, {"numba": "torch"})
@@ -456,6 +461,7 @@ print("ok")
 """
 
 
+@pytest.mark.torch_compat
 @pytest.mark.slow
 @pytest.mark.skipif(not points.HAS_TRITON, reason="triton missing")
 def test_fps_triton_kernel_under_interpreter_equals_reference() -> None:

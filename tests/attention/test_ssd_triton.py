@@ -18,6 +18,9 @@ from attention import backends
 from attention.mixers import MatrixMixer, QuasiseparableMatrix, apply_matrix, hydra_factors, quasiseparable_mix
 from engine.testing import assert_backends_agree, assert_interpreted, compile_for_sm90, skip_if_interpreted
 
+# The kernels under the Triton interpreter, their ahead-of-time compile and their dispatch follow torch and triton
+pytestmark = pytest.mark.torch_compat
+
 _NAMES = ("y", "dc_fwd", "db_fwd", "dc_bwd", "db_bwd", "dv", "dlog_fwd", "dlog_bwd", "ddiag")
 
 

@@ -170,6 +170,7 @@ def test_chunked_low_precision_is_close_to_float32() -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("chunk_bytes", [64 * 2**10, 1024])
 def test_chunked_never_materializes_the_full_matrix(chunk_bytes: int) -> None:
     B, N, M, C = 2, 300, 200, 3
@@ -189,6 +190,7 @@ def test_chunked_never_materializes_the_full_matrix(chunk_bytes: int) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.torch_compat
 def test_auto_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     small = torch.zeros(2, 10, 3), torch.zeros(2, 12, 3)
     large = torch.zeros(8, 2048, 3), torch.zeros(8, 2048, 3)
@@ -202,6 +204,7 @@ def test_auto_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert chamfer_mod._resolve_backend("knn_torch", *large) == "knn_torch"
 
 
+@pytest.mark.torch_compat
 def test_missing_backend_raises_import_error(monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = _clouds(1, 4, 5, 3, torch.float32)
     monkeypatch.setitem(backends.INSTALLED, "pytorch3d", False)

@@ -22,6 +22,8 @@ import pytest
 from engine.testing import REPO, tool_env
 
 _logger = logging.getLogger(__name__)
+# Chromium starts a handful of processes per page; the site is built once, for the build test and the pages alike
+pytestmark = pytest.mark.serial
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
 # what a page must not show: a Python error, mkdocstrings' failure to load a module, the 404 page (the API pages

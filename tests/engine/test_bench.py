@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from engine import bench as benchutil
 
 
+@pytest.mark.torch_compat
 def test_count_aten_ops_counts_forward_backward_views_and_syncs() -> None:
     x = torch.randn(4, 3, requires_grad=True)
     # forward view, mul, sum; backward: ones_like for the seed gradient, expand, mul, view, detach for x.grad
@@ -23,6 +24,7 @@ def test_count_aten_ops_counts_forward_backward_views_and_syncs() -> None:
     assert sync_ops == 2  # sum + _local_scalar_dense
 
 
+@pytest.mark.torch_compat
 def test_count_aten_ops_sees_chunking() -> None:
     """More chunks, more ops: what the KNN attention's chunk budget changes."""
     x = torch.randn(64, 8)
@@ -80,6 +82,7 @@ def test_run_isolated_imports_the_measure_function_by_name_in_a_fresh_process() 
         benchutil.run_isolated(local, {})
 
 
+@pytest.mark.torch_compat
 def test_one_counter_counts_ops_by_name_and_shows_each_to_a_hook() -> None:
     """:class:`engine.bench.OpCounter` is what count_aten_ops and engine.testing.host_syncs both use."""
     seen = []
@@ -91,6 +94,7 @@ def test_one_counter_counts_ops_by_name_and_shows_each_to_a_hook() -> None:
     assert seen[1][1] is not None and float(seen[2][1]) == float(y)  # the hook sees each op's result
 
 
+@pytest.mark.torch_compat
 def test_host_syncs_counts_only_sync_ops_where_they_were_called() -> None:
     from engine.testing import host_syncs
 
@@ -198,6 +202,7 @@ def test_a_failing_profile_costs_the_row_its_profile_not_its_timing(tmp_path) ->
     assert rows == [["row", 1.5, "-", "-", "-", "error: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"]]
 
 
+@pytest.mark.torch_compat
 @pytest.mark.gpu
 def test_profile_step_on_cuda_sums_the_kernels_of_a_step(tmp_path) -> None:
     x = torch.randn(512, 512, device="cuda")
@@ -212,6 +217,7 @@ def test_profile_step_on_cuda_sums_the_kernels_of_a_step(tmp_path) -> None:
     assert 1 <= summary["device_activities"] <= 3 and 0 < summary["device_ms"] < 50  # the kernels, not the span
 
 
+@pytest.mark.torch_compat
 @pytest.mark.gpu
 def test_capture_call_replays_an_inference_call_on_each_new_batch() -> None:
     """capture_call: an eager and a compiled no-grad call under bf16 autocast, captured once, give the call's output
@@ -257,6 +263,7 @@ def test_capture_call_refuses_a_capture_without_warm_up_or_of_non_tensors_before
         benchutil.capture_call(torch.nn.Identity(), torch.zeros(1), 3)
 
 
+@pytest.mark.torch_compat
 @pytest.mark.gpu
 def test_captured_graphs_replay_the_eager_step_of_the_fused_layers() -> None:
     """capture_graphs: the KNN centroid step (the fused kernels: search and attention), FSAT's edge kernel and Hydra's

@@ -13,6 +13,9 @@ from torch import nn
 from engine import CompileMode, Trainer, load_checkpoint, run
 from engine.testing import BlobsTask, BlobsTaskConfig, blobs, read_log, strip_timing
 
+# Training through torch.compile changes with the torch version
+pytestmark = pytest.mark.torch_compat
+
 DIM, CLASSES = 8, 3
 
 

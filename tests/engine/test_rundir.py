@@ -94,6 +94,7 @@ def _contend(barrier, folder, trials, holders, overlaps, taken):
         barrier.wait()
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the race needs fork to start its processes fast")
 @pytest.mark.parametrize("mechanism", ["flock", "link"])
 def test_lock_has_one_holder_when_processes_race_for_it(tmp_path, monkeypatch, mechanism):

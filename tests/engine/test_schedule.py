@@ -128,6 +128,7 @@ def test_step_decay_goes_on_unchanged_when_epochs_grow():
     assert _run(10, stop=5, resume_epochs=16, **kwargs) == _run(16, **kwargs)
 
 
+@pytest.mark.torch_compat
 def test_a_checkpoint_without_the_schedule_state_resumes_as_before():
     opt = _optimizer()
     sched = epoch_lr_schedule(opt, epochs=10, **COSINE)
@@ -206,6 +207,7 @@ def test_timm_schedule_same_epochs_exact_more_epochs_stretched(on_updates):
     assert lrs[-1] == pytest.approx(1e-4) and lrs[-2] > 1e-4 * 1.01
 
 
+@pytest.mark.torch_compat
 def test_timm_bare_state_of_an_older_checkpoint_loads():
     opt, sched = _timm(6, 3, True)
     for n in range(1, 7):

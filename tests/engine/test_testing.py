@@ -31,6 +31,7 @@ def test_assert_backends_agree_compares_outputs_and_every_gradient() -> None:
     assert m.backend == "off"  # the last backend stays set
 
 
+@pytest.mark.torch_compat
 def test_assert_interpreted_wants_a_clean_exit_that_prints_ok(tmp_path) -> None:
     assert_interpreted("import os; assert os.environ['TRITON_INTERPRET'] == '1'; print('ok')", tmp_path / "t.py")
     with pytest.raises(AssertionError):

@@ -165,6 +165,7 @@ def test_resume_after_finished_run_is_bit_exact(reference, tmp_path):
     assert_resumes_like(full, full_final, make_trainer(tmp_path, 4))
 
 
+@pytest.mark.torch_compat
 def test_resume_after_kill_mid_epoch_is_bit_exact(reference, tmp_path):
     full, full_final, _ = reference
     with pytest.raises(Killed):
@@ -198,6 +199,7 @@ def test_unknown_monitor_lists_available_keys(tmp_path):
         make_trainer(tmp_path, 1, monitor="val_los").fit()
 
 
+@pytest.mark.torch_compat
 def test_resume_exact_with_amp_clip_step_scheduler_ema_and_extra_state(tmp_path):
     def build(run_dir, epochs):
         trainer = make_trainer(run_dir, epochs, amp=True, grad_clip=0.5, log_every=3, max_steps_per_epoch=3)
@@ -289,6 +291,7 @@ def test_resume_refuses_a_best_pt_of_another_run(tmp_path):
         check_best_agrees(last, tmp_path / "a" / "best.pt")
 
 
+@pytest.mark.torch_compat
 def test_checkpoints_load_without_pickle(tmp_path):
     """Everything the Trainer saves (RNG states included) loads with torch.load(weights_only=True)."""
     trainer = make_trainer(tmp_path, 1)

@@ -105,6 +105,7 @@ def test_default_models_include_registered_peers(monkeypatch: pytest.MonkeyPatch
     assert modes[2][3]["_compile"] == "reduce-overhead"
 
 
+@pytest.mark.torch_compat
 def test_a_compiled_row_trains_and_infers_through_torch_compile(monkeypatch: pytest.MonkeyPatch) -> None:
     """The row's closures call the compiled model (static shapes); it counts no aten ops (generated kernels)."""
     calls = []

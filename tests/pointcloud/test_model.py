@@ -115,6 +115,7 @@ def test_masked_knn_attention_gives_the_same_model() -> None:
         create_model("centroid_transformer_modelnet40", attn_backend="sparse")
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("attn_backend", ["gather", "masked"])
 def test_train_step_reads_nothing_back_but_its_input_check(attn_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The CUDA path's host syncs, counted on CPU: one train step of the centroid transformer reads one value back,
@@ -155,6 +156,7 @@ def test_cuda_train_step_without_input_checks_has_no_host_sync() -> None:
         torch.cuda.set_sync_debug_mode("default")
 
 
+@pytest.mark.torch_compat
 @pytest.mark.slow
 def test_compiled_centroid_transformer_equals_eager() -> None:
     """torch.compile (inductor on CPU) of the centroid transformer: the train-mode output and every parameter's

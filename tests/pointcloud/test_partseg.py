@@ -309,6 +309,7 @@ def _contract_model() -> torch.nn.Module:
                         widths=(16, 32, 32, 64), fuse_dim=32, global_dim=16, head_dims=(16,)).eval()  # fmt: skip
 
 
+@pytest.mark.torch_compat
 @pytest.mark.slow
 def test_partseg_model_compiles_without_graph_breaks() -> None:
     model = _contract_model()
@@ -318,6 +319,7 @@ def test_partseg_model_compiles_without_graph_breaks() -> None:
     assert explanation.graph_break_count == 0, [str(b.reason) for b in explanation.break_reasons]
 
 
+@pytest.mark.torch_compat
 @pytest.mark.slow
 def test_partseg_model_torch_export_equals_eager() -> None:
     model = _contract_model()

@@ -126,6 +126,7 @@ def test_bad_input(name: str) -> None:
         model(torch.rand(64, 3))
 
 
+@pytest.mark.torch_compat
 def test_pointnet_sizes_match_its_paper() -> None:
     """PointNet paper, Table 6: 3.5 M params with the transforms, 0.8 M without (its FLOPs are MACs: 440 M, 148 M)."""
     from engine.stats import count_gmacs, count_params

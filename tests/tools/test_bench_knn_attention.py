@@ -46,6 +46,7 @@ def test_a_cpu_run_times_the_gather_path_and_says_why_the_kernel_is_not(tmp_path
     assert "# shapes of --shape, torch.float32" in run.stdout
 
 
+@pytest.mark.torch_compat
 @pytest.mark.slow
 def test_the_kernels_rows_under_the_interpreter_equal_the_gather_path(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "bench.json"

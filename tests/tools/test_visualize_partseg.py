@@ -33,6 +33,20 @@ def keep_threads():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny trained run that every viewer test reads (none writes into it), trained before keep_threads looks."""
+    _open3d()
+    run = tmp_path_factory.mktemp("partseg") / "run"
+    threads = torch.get_num_threads()
+    try:
+        engine.main(PartSegRecipe, ["--no-progress", "--device", "cpu", "--epochs", "1", "--output-dir", str(run),
+                                    "--set", *TINY_PARTSEG_SETS])  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    return run
+
+
 def test_segmentation_view_colours_by_part_side_by_side() -> None:
     points = np.random.default_rng(0).normal(size=(10, 3))
     labels, pred = np.arange(10) % 3, np.arange(10) % 2
@@ -46,12 +60,10 @@ def test_segmentation_view_colours_by_part_side_by_side() -> None:
 
 
 @pytest.mark.slow
-def test_writes_pngs_with_the_parts_and_plys_that_read_back(tmp_path: Path) -> None:
+def test_writes_pngs_with_the_parts_and_plys_that_read_back(trained: Path, tmp_path: Path) -> None:
     o3d = _open3d()
-    engine.main(PartSegRecipe, ["--no-progress", "--device", "cpu", "--epochs", "1", "--output-dir",
-                                str(tmp_path / "run"), "--set", *TINY_PARTSEG_SETS])  # fmt: skip
     out = tmp_path / "viz"
-    args = ["--checkpoint", str(tmp_path / "run" / "best.pt"), "--headless", "--output-dir", str(out), "--width", "320",
+    args = ["--checkpoint", str(trained / "best.pt"), "--headless", "--output-dir", str(out), "--width", "320",
             "--height", "200"]  # fmt: skip
     proc = run_tool("visualize_partseg", [*args, "--index", "0", "2"])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -75,11 +87,8 @@ def test_writes_pngs_with_the_parts_and_plys_that_read_back(tmp_path: Path) -> N
     assert bad.returncode == 2 and "outside the test split's 4 shapes" in bad.stderr
 
 
-def test_shapes_are_chosen_by_name(tmp_path: Path) -> None:
-    _open3d()
-    engine.main(PartSegRecipe, ["--no-progress", "--device", "cpu", "--epochs", "1", "--output-dir",
-                                str(tmp_path / "run"), "--set", *TINY_PARTSEG_SETS])  # fmt: skip
-    checkpoint = tmp_path / "run" / "best.pt"
+def test_shapes_are_chosen_by_name(trained: Path, tmp_path: Path) -> None:
+    checkpoint = trained / "best.pt"
     rows = visualize_checkpoint(checkpoint, shapes=["mug_0001", "table_0000"], headless=True, width=200, height=100,
                                 output_dir=tmp_path / "viz")  # fmt: skip
     assert [(r["index"], r["name"], r["category"]) for r in rows] == [

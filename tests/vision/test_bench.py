@@ -121,6 +121,7 @@ def test_inference_only_rows_have_no_train_columns() -> None:
     assert headers[-1] == "infer vs DeiT" and len(rows[1]) == len(headers)
 
 
+@pytest.mark.torch_compat
 @pytest.mark.gpu
 def test_captured_inference_calls_of_both_models_equal_their_eager_calls() -> None:
     """What a ``--capture`` row replays: each model's inference call (bf16 autocast, channels-last), eager and for
@@ -189,6 +190,7 @@ def test_every_rows_train_steps_are_timed_before_every_rows_inference_calls(monk
     assert [(r["train_ms"], r["infer_ms"]) for r in results] == [(1.0, 1.0), (2.0, 2.0)]
 
 
+@pytest.mark.torch_compat
 def test_compile_both_times_each_model_both_ways_against_deit_run_the_same_way(monkeypatch) -> None:
     """The compiled rows call torch.compile's wrapper (a spy here: compiling on a CPU takes minutes) and are compared
     with the compiled DeiT; the eager rows with the eager DeiT."""

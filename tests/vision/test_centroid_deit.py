@@ -89,6 +89,7 @@ def test_fx_trace_and_torchscript_equal_eager(name, convert):
     assert_close(convert(model)(x), model(x))
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("name", NAMES)
 def test_timm_fx_features_equal_forward_features(name):
     model = _model(name).eval()
@@ -97,6 +98,7 @@ def test_timm_fx_features_equal_forward_features(name):
     assert_close(features(x)["features"], model.forward_features(x))
 
 
+@pytest.mark.torch_compat
 def test_timm_fx_feature_extractor():
     model = _model(NAMES[1]).eval()
     k = model.centroid_index
@@ -262,6 +264,7 @@ def test_model_surface():
     assert len(model.forward_intermediates(x, indices=[1], stop_early=True, intermediates_only=True)) == 1
 
 
+@pytest.mark.torch_compat
 def test_grad_checkpointing_same_output():
     model = _model(NAMES[1]).train()
     x = _images()
@@ -297,6 +300,7 @@ BASELINES = [
 ]
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("name", BASELINES)
 def test_baseline_sweep(name):
     model = _model(name).train()

@@ -85,6 +85,7 @@ def test_forward_backward(name: str) -> None:
     assert not missing, f"{name}: parameters without a gradient: {missing}"
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("name", NAMES)
 def test_fx_forward_and_backward(name: str) -> None:
     """timm's test_model_forward_fx and test_model_backward_fx: the FX graph equals eager, and trains."""
@@ -100,6 +101,7 @@ def test_fx_forward_and_backward(name: str) -> None:
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("name", NAMES)
 def test_feature_extraction_reports_the_reduction(name: str) -> None:
     """timm's FX feature extraction (create_feature_extractor and FeatureGraphNet) on the blocks, with the
@@ -119,6 +121,7 @@ def test_feature_extraction_reports_the_reduction(name: str) -> None:
         assert reductions[1] == reductions[0]
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("name", SCRIPTABLE)
 def test_torchscript_and_fx_then_torchscript(name: str) -> None:
     """timm's test_model_forward_torchscript and test_model_forward_fx_torchscript."""
@@ -132,6 +135,7 @@ def test_torchscript_and_fx_then_torchscript(name: str) -> None:
         assert_close(next(iter(fx_scripted(x).values())), ref)
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("mixer", sorted(set(MIXERS) - UNSCRIPTABLE_MIXERS))
 def test_centroid_deit_with_a_scriptable_mixer_scripts(mixer: str) -> None:
     """``mixer=`` on a centroid DeiT: every mixer TorchScript can compile (softmax, linear, lowrank, toeplitz, hydra,
@@ -146,6 +150,7 @@ def test_centroid_deit_with_a_scriptable_mixer_scripts(mixer: str) -> None:
         assert_close(next(iter(torch.jit.script(_create_fx_model(model))(x).values())), ref)
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("name", UNSCRIPTABLE)
 def test_mixer_deit_scripting_fails_naming_the_mixer(name: str) -> None:
     """TorchScript cannot compile the FSAT, Cauchy and Vandermonde mixers (custom autograd Functions): scripting the
@@ -167,6 +172,7 @@ def _graph_breaks(model: torch.nn.Module, x: torch.Tensor) -> tuple[int, list]:
     return explanation.graph_break_count, [str(b.reason) for b in explanation.break_reasons]
 
 
+@pytest.mark.torch_compat
 @pytest.mark.parametrize("name", [n if n == CENTROID[0] else pytest.param(n, marks=pytest.mark.slow) for n in CENTROID])
 def test_centroid_deit_compiles_without_graph_breaks(name: str) -> None:
     model = _model(name)
@@ -178,6 +184,7 @@ def test_centroid_deit_compiles_without_graph_breaks(name: str) -> None:
 OURS_1 = "centroid_deit_tiny_c6_patch16_224"
 
 
+@pytest.mark.torch_compat
 @pytest.mark.slow
 def test_ours_1_compiled_fullgraph_equals_eager() -> None:
     model = _model(OURS_1)
@@ -188,6 +195,7 @@ def test_ours_1_compiled_fullgraph_equals_eager() -> None:
         assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.torch_compat
 @pytest.mark.slow
 def test_ours_1_torch_export_equals_eager() -> None:
     model = _model(OURS_1)
@@ -197,6 +205,7 @@ def test_ours_1_torch_export_equals_eager() -> None:
             assert_close(exported(x), model(x), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.torch_compat
 @pytest.mark.slow
 def test_ours_1_onnx_export_equals_eager(tmp_path) -> None:
     pytest.importorskip("onnxscript")
