@@ -39,22 +39,40 @@ pytag="${pytag%%-*}"
 
 find_wheel() { compgen -G "$DIR/torch_cluster-$VERSION-$pytag-*.whl" | head -n 1 || true; }
 
-wheel="$(find_wheel)"
-if [ -z "$wheel" ]; then
-    say "building torch-cluster $VERSION against the installed torch into $DIR (slow; once per torch and Python)"
+# Builds the wheel into the kept folder: in a scratch folder next to it, moved in whole, so that a killed build leaves
+# no partial wheel. Extra pip options: $@.
+build() {
+    local scratch built
     mkdir -p "$DIR"
-    # Built in a scratch folder next to the cache and moved in whole, so that a killed build leaves no partial wheel.
-    # No pip cache: pip keys its built wheels by the sdist, not by the torch they were compiled against.
     scratch="$(mktemp -d "$DIR/.build.XXXXXX")"
-    trap 'rm -rf "$scratch"' EXIT
-    MAX_JOBS="${MAX_JOBS:-$(nproc)}" "${PIP[@]}" wheel -q --no-cache-dir --no-build-isolation --no-deps \
-        -w "$scratch" "torch-cluster==$VERSION"
+    MAX_JOBS="${MAX_JOBS:-$(nproc)}" "${PIP[@]}" wheel -q "$@" --no-build-isolation --no-deps \
+        -w "$scratch" "torch-cluster==$VERSION" || { rm -rf "$scratch"; return 1; }
     for built in "$scratch"/torch_cluster-*.whl; do
         mv "$built" "$DIR/"
     done
+    rm -rf "$scratch"
     wheel="$(find_wheel)"
-    [ -n "$wheel" ] || { say "pip wheel left no torch_cluster-$VERSION-$pytag wheel in $DIR"; exit 1; }
-else
+    [ -n "$wheel" ] || { say "pip wheel left no torch_cluster-$VERSION-$pytag wheel in $DIR"; return 1; }
+}
+
+install() { "${PIP[@]}" install -q --force-reinstall --no-deps "$wheel" && "${PIP[@]}" install -q -c "$CONSTRAINTS" "$wheel"; }
+imports() { "$VENV/bin/python" -c "import torch_cluster" >/dev/null 2>&1; }
+
+wheel="$(find_wheel)"
+if [ -n "$wheel" ]; then
     say "installing torch-cluster from $wheel (built before for this torch and Python)"
+    install
+    exit 0
 fi
-"${PIP[@]}" install -q -c "$CONSTRAINTS" "$wheel"
+say "building torch-cluster $VERSION against the installed torch into $DIR (slow; once per torch and Python)"
+# pip's own cache may hold a wheel it built before; pip keys it by the sdist, not by the torch it was compiled
+# against, so it is kept only if it imports against this torch, else built again without the cache.
+build
+install
+if ! imports; then
+    say "the wheel from pip's cache does not import against this torch: building it again without the cache"
+    rm -f "$wheel"
+    build --no-cache-dir
+    install
+    imports || { say "torch-cluster $VERSION does not import after a fresh build"; exit 1; }
+fi

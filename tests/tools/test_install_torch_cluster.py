@@ -17,7 +17,9 @@ WHEEL = f"torch_cluster-1.6.3-{PYTAG}-{PYTAG}-linux_x86_64.whl"
 TORCH = "2.15.0+cu130"
 
 
-def _venv(tmp_path: Path) -> Path:
+def _venv(tmp_path: Path, importable: str = "") -> Path:
+    """A stand-in virtualenv; its torch_cluster module runs ``importable`` on import (``raise ImportError`` for a wheel
+    built against another torch)."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     python = venv / "bin" / "python"
@@ -37,6 +39,8 @@ exec "{sys.executable}" "$@"
     python.chmod(0o755)
     (tmp_path / "stub" / "torch").mkdir(parents=True)
     (tmp_path / "stub" / "torch" / "__init__.py").write_text(f"__version__ = {TORCH!r}\n")
+    (tmp_path / "stub" / "torch_cluster").mkdir(parents=True)
+    (tmp_path / "stub" / "torch_cluster" / "__init__.py").write_text(importable)
     return venv
 
 
@@ -70,14 +74,26 @@ def test_the_wheel_is_built_once_then_installed_from_the_cache(tmp_path: Path) -
 
     done = _run(str(venv), str(constraints), env=env)
     assert done.returncode == 0, done.stderr
-    build, install = log.read_text().splitlines()
-    assert build.startswith("--disable-pip-version-check wheel -q --no-cache-dir --no-build-isolation --no-deps -w ")
+    build, reinstall, install = log.read_text().splitlines()
+    assert build.startswith("--disable-pip-version-check wheel -q --no-build-isolation --no-deps -w ")  # pip's cache
     assert build.endswith(" torch-cluster==1.6.3") and f"-w {folder}/.build." in build
+    assert reinstall == f"--disable-pip-version-check install -q --force-reinstall --no-deps {folder / WHEEL}"
     assert install == f"--disable-pip-version-check install -q -c {constraints} {folder / WHEEL}"
     assert sorted(p.name for p in folder.iterdir()) == sorted([WHEEL, WHEEL.replace(PYTAG, "cp27")])  # no scratch
 
     log.unlink()
     done = _run(str(venv), str(constraints), env=env)  # a second clone: installed from the cache, nothing built
     assert done.returncode == 0, done.stderr
-    assert log.read_text().splitlines() == [install]
+    assert log.read_text().splitlines() == [reinstall, install]
     assert "installing torch-cluster from" in done.stderr
+
+
+def test_a_cached_wheel_that_does_not_import_is_built_again_without_pips_cache(tmp_path: Path) -> None:
+    venv, cache, log = _venv(tmp_path, "raise ImportError('undefined symbol')\n"), tmp_path / "cache", tmp_path / "pip.log"
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("torch-cluster==1.6.3\n")
+    done = _run(str(venv), str(constraints), env=_env(tmp_path, CENTROID_WHEEL_CACHE=str(cache)))
+    assert done.returncode == 1  # the stand-in never imports: refused after the fresh build, named
+    assert "does not import after a fresh build" in done.stderr
+    builds = [line for line in log.read_text().splitlines() if " wheel " in line]
+    assert len(builds) == 2 and "--no-cache-dir" not in builds[0] and "--no-cache-dir" in builds[1]
