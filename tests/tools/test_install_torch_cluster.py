@@ -89,7 +89,8 @@ def test_the_wheel_is_built_once_then_installed_from_the_cache(tmp_path: Path) -
 
 
 def test_a_cached_wheel_that_does_not_import_is_built_again_without_pips_cache(tmp_path: Path) -> None:
-    venv, cache, log = _venv(tmp_path, "raise ImportError('undefined symbol')\n"), tmp_path / "cache", tmp_path / "pip.log"
+    venv = _venv(tmp_path, "raise ImportError('undefined symbol')\n")
+    cache, log = tmp_path / "cache", tmp_path / "pip.log"
     constraints = tmp_path / "constraints.txt"
     constraints.write_text("torch-cluster==1.6.3\n")
     done = _run(str(venv), str(constraints), env=_env(tmp_path, CENTROID_WHEEL_CACHE=str(cache)))
