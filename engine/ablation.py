@@ -11,8 +11,15 @@ the load average before and after it, and its wall time; the table names every c
 
 A run folder holds checkpoints; its result is one small JSON. With a ``records`` folder, every finished run's final
 metrics and record are also kept as ``<records>/<table>/<row>/seed<seed>.json``, and a run found there counts as
-finished: a table can then be continued, merged from several machines, or regenerated (``max_runs=0``) from the
+finished: a table can then be continued, merged from several machines, or regenerated (``plan=True``) from the
 records alone, without the run folders.
+
+Every result read (from a run folder or the records) is checked before it counts: its ``table`` / ``row`` / ``seed``
+keys, where present, and its command's run folder name its path; its command equals the table's for that row and
+seed (wherever and on whatever device it ran, and at whatever commit: a table's runs may come from several); its
+metric is a finite number in the table's range. One that does not fit is left out and listed with the reason, and its
+seed counts as missing. A kept record is only ever rewritten by its own run (same command, commit and metric): a run
+folder that holds another run is an error, never a silent replacement.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from typing import Any
 from engine.atomic import atomic_write_text
 from engine.bench import git_commit, markdown_table
 from engine.config import load_config
+from engine.errors import UsageError
 from engine.logger import read_records
 from engine.recipe import Recipe
 from engine.run import RunOptions, run
@@ -89,6 +97,7 @@ class Table:
         description: the regime in words, and why (printed above the table).
         prepare: called with the output folder before any run (e.g. to write a data set every row reads, once:
             it must return at once when that is done); returns more ``key=value`` items for every row.
+        metric_range: the metric's possible values (accuracies in %); a record outside them does not fit.
     """
 
     name: str
@@ -100,6 +109,7 @@ class Table:
     regime: tuple[str, ...] = ()
     description: str = ""
     prepare: Callable[[Path], tuple[str, ...]] | None = field(default=None, compare=False)
+    metric_range: tuple[float, float] = (0.0, 100.0)
 
 
 TABLES: dict[str, Table] = {}  # by name; the domain packages' ``ablation`` modules register theirs
@@ -145,16 +155,126 @@ def record_path(table: Table, row: Row, seed: int, records: str | Path) -> Path:
     return Path(records) / table.name / _slug(row.label) / f"seed{seed}.json"
 
 
+def _load_json(path: Path) -> Any:
+    """``path``'s JSON; a file that is not JSON (truncated, edited) is a :class:`UsageError` that names it."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path} is not valid JSON ({e}): restore it or move it away") from None
+
+
 def _read(folder: Path) -> dict[str, Any] | None:
     done = folder / "final_metrics.json"
     if not done.is_file():
         return None
-    metrics = json.loads(done.read_text())
+    metrics = _load_json(done)
+    if not isinstance(metrics, dict):
+        raise UsageError(f"{done} holds no metrics (a JSON object was expected): restore it or move it away")
     record = folder / RECORD
-    # the learning curve (every epoch's log record: train loss and accuracy, the eval metrics, samples/s) travels
-    # with the result, so a kept record shows whether the run had converged
-    curve = {"curve": read_records(folder)}
-    return {**metrics, **curve, **(json.loads(record.read_text()) if record.is_file() else {})}
+    try:
+        # the learning curve (every epoch's log record: train loss and accuracy, the eval metrics, samples/s) travels
+        # with the result, so a kept record shows whether the run had converged
+        curve = {"curve": read_records(folder)}
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{folder / 'log.jsonl'} is not valid JSON lines ({e}): restore it or move it away") from None
+    return {**metrics, **curve, **(_load_json(record) if record.is_file() else {})}
+
+
+def _read_kept(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    record = _load_json(path)
+    if not isinstance(record, dict):
+        raise UsageError(f"{path} holds no record (a JSON object was expected): restore it or move it away")
+    return record
+
+
+def _metric_problem(table: Table, value: Any) -> str | None:
+    """Why ``value`` cannot be the table's metric (``None`` if it can)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return f"{table.metric} {value!r} is not a finite number"
+    lo, hi = table.metric_range
+    if not lo <= value <= hi:
+        return f"{table.metric} {value!r} is outside {lo:g}-{hi:g}"
+    return None
+
+
+def _regime(line: str) -> list[str] | None:
+    """``line``'s words with what depends on where the run was trained left out: the device, and the root of its run
+    folder (``--output-dir`` keeps ``<table>/<row>/seed<N>``; items under that root, like ``data_root``, keep the
+    rest). ``None`` if ``line`` is no run of an ablation table."""
+    try:
+        words = shlex.split(line)
+        folder = Path(words[words.index("--output-dir") + 1])
+    except (ValueError, IndexError):
+        return None
+    if len(folder.parts) < 3:
+        return None
+    root = str(folder.parents[2])
+    out = []
+    for before, word in zip(["", *words], words):
+        if before == "--device":
+            continue
+        if before == "--output-dir":
+            word = "/".join(folder.parts[-3:])
+        key, sep, value = word.partition("=")
+        if sep and value.startswith(root + os.sep):
+            word = f"{key}=<out>{value[len(root) :]}"
+        out.append(word)
+    return out
+
+
+def _words_apart(a: str, b: str) -> tuple[str, str]:
+    """The words of command ``a`` that ``b`` lacks, and those of ``b`` that ``a`` lacks."""
+    wa, wb = a.split(), b.split()
+    return " ".join(w for w in wa if w not in wb) or "(nothing)", " ".join(w for w in wb if w not in wa) or "(nothing)"
+
+
+def _misfit(
+    table: Table, row: Row, seed: int, record: dict[str, Any], out_dir: str | Path, extra: Sequence[str] = ()
+) -> str | None:
+    """Why ``record`` cannot stand for ``row`` trained with ``seed`` in ``table``'s regime (``None`` if it can).
+
+    Checked: the record's ``table`` / ``row`` / ``seed`` keys, if any; its command, which must be the one the table
+    runs for that row and seed (its run folder's root and its device may differ, its commit is not compared: a
+    table's runs may come from several commits); its metric, a finite number in ``table.metric_range``.
+    """
+    for key, want in (("table", table.name), ("row", row.label), ("seed", seed)):
+        if key in record and record[key] != want:
+            return f"its {key} is {record[key]!r}, not {want!r}"
+    if not isinstance(record.get("command"), str):
+        return "it names no command, so its regime is unknown"
+    have, want = _regime(record["command"]), _regime(command(table, row, seed, out_dir, extra))
+    if have != want:
+        if have is None:
+            return f"its command is no run of an ablation table: {record['command']}"
+        only_have, only_want = _words_apart(" ".join(have), " ".join(want))
+        return f"its command has {only_have} where the table runs {only_want}"
+    return _metric_problem(table, record.get(table.metric))
+
+
+def _differences(kept: dict[str, Any], result: dict[str, Any], metric: str) -> list[str]:
+    """What tells the kept record's run from the run folder's: its command, commit or metric (kept value first)."""
+    out = []
+    for key in ("command", "commit", metric):
+        a, b = kept.get(key, "missing"), result.get(key, "missing")
+        if a != b:
+            if key == "command" and isinstance(a, str) and isinstance(b, str):
+                a, b = _words_apart(a, b)
+            out.append(f"{key} {a} against {b}")
+    return out
+
+
+def _check_request(table: Table, seeds: Sequence[int], rows: Sequence[str] | None, max_runs: int | None) -> None:
+    if rows is not None:
+        unknown = sorted(set(rows) - {r.label for r in table.rows})
+        if unknown:
+            choices = [r.label for r in table.rows]
+            raise UsageError(f"unknown rows {unknown} of table {table.name!r}; choose from {choices}")
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise UsageError(f"seeds must be distinct and at least 0, and at least one (--seeds N >= 1), got {list(seeds)}")
+    if max_runs is not None and max_runs < 0:
+        raise UsageError(f"max_runs (--max-runs) must be at least 0 (0: train none), got {max_runs}")
 
 
 def run_table(
@@ -166,9 +286,12 @@ def run_table(
     rows: Sequence[str] | None = None,
     max_runs: int | None = None,
     records: str | Path | None = None,
+    plan: bool = False,
 ) -> list[dict[str, Any]]:
     """Trains every (row, seed) of ``table`` that has no finished run in ``out_dir`` (or in ``records``) yet; returns
-    one record per finished run (read back or new) with the row's label, the seed and the run's final metrics.
+    one record per finished run (read back or new) with the row's label, the seed and the run's final metrics, and
+    one per result that does not fit (see the module's docstring) with the row's label, the seed, ``path`` and
+    ``refused`` (the reason) and no metrics.
 
     Args:
         table: the table.
@@ -179,13 +302,16 @@ def run_table(
         rows: labels of the rows to run (default: all); the others are only read back.
         max_runs: train at most this many new runs in this call (0: none, only read back).
         records: folder of the runs' kept records (:func:`record_path`): read as finished runs, and every finished run
-            of ``out_dir`` is written there.
+            of ``out_dir`` is written there (or refreshed: only by the same run).
+        plan: train nothing and write nothing into ``records``: only read back.
+
+    Raises:
+        UsageError: An unknown row, no seeds, a negative ``max_runs``, a file that is not JSON, a run folder whose run
+            is not the kept record's (command, commit or metric differ), or a run folder locked by another process.
     """
-    if rows is not None:
-        unknown = sorted(set(rows) - {r.label for r in table.rows})
-        if unknown:
-            choices = [r.label for r in table.rows]
-            raise ValueError(f"unknown rows {unknown} of table {table.name!r}; choose from {choices}")
+    _check_request(table, seeds, rows, max_runs)
+    if plan:
+        max_runs = 0
     out_dir = Path(out_dir)
     finished, trained = [], 0
     commit = git_commit() or "unknown"  # the code this process imported, whatever the checkout becomes while it trains
@@ -194,15 +320,27 @@ def run_table(
             folder = run_dir(table, row, seed, out_dir)
             kept = record_path(table, row, seed, records) if records is not None else None
             result = _read(folder)
-            from_kept = result is None and kept is not None and kept.is_file()
-            if from_kept:
-                result = json.loads(kept.read_text())
+            kept_result = _read_kept(kept) if kept is not None else None
+            if result is not None and kept_result is not None:
+                differ = _differences(kept_result, result, table.metric)
+                if differ:
+                    raise UsageError(
+                        f"{folder} holds another run than the kept record {kept} (kept against run folder: "
+                        f"{'; '.join(differ)}): a kept record is never replaced by another run; move the run folder "
+                        "or the record away"
+                    )
+            source = folder / "final_metrics.json" if result is not None else kept
+            if result is None:
+                result = kept_result
             wanted = rows is None or row.label in rows
             if result is None and wanted and (max_runs is None or trained < max_runs):
                 cfg = load_config(table.recipe.config_cls, REPO / row.config, _items(table, row, seed, extra))
                 _logger.info("%s: %s, seed %d -> %s", table.name, row.label, seed, folder)
                 load_before, start = _load(), time.perf_counter()
-                run(table.recipe, cfg, RunOptions(output_dir=folder, resume="auto", device=device, progress=False))
+                try:
+                    run(table.recipe, cfg, RunOptions(output_dir=folder, resume="auto", device=device, progress=False))
+                except UsageError as e:  # e.g. another runner holds the folder: say which run it is
+                    raise UsageError(f"{table.name}, {row.label!r}, seed {seed}: {e}") from e
                 record = {
                     "commit": commit,
                     "load_before": load_before,
@@ -212,13 +350,20 @@ def run_table(
                 }
                 atomic_write_text(folder / RECORD, json.dumps(record, indent=1) + "\n")
                 trained += 1
-                result = _read(folder)
+                result, source = _read(folder), folder / "final_metrics.json"
             if result is None:
                 continue
-            if kept is not None and not from_kept:  # the run folder's result is the newer one
+            reason = _misfit(table, row, seed, result, out_dir, extra)
+            if reason is not None:
+                # a misfit is not retrained over: its file stays until someone looks at it
+                _logger.warning("%s does not fit %s, %r, seed %d: %s", source, table.name, row.label, seed, reason)
+                finished.append({"row": row.label, "seed": seed, "path": str(source), "refused": reason})
+                continue
+            if kept is not None and source != kept and not plan and result != kept_result:
+                # the same run (checked above) or a first record: the run folder's may add to it (the curve)
                 kept.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_text(kept, json.dumps(result, indent=1, sort_keys=True) + "\n")
-            finished.append({"row": row.label, "seed": seed, **result})
+            finished.append({**result, "row": row.label, "seed": seed})
     return finished
 
 
@@ -228,11 +373,19 @@ def _spread(values: list[float]) -> float | None:
 
 def summarize(table: Table, records: Sequence[dict[str, Any]], seeds: Sequence[int]) -> list[dict[str, Any]]:
     """Per row: the metric's mean, sample standard deviation (n - 1; None for one seed), every seed's value, the
-    parameter count, the mean training time and wall time per run, the load averages and the commits."""
+    parameter count, the mean training time and wall time per run, the load averages, the commits, the records that
+    do not fit (``refused``: seed, path, reason; a metric that is no finite number in range among them) and the
+    seeds without a run that fits (``missing_seeds``)."""
     out = []
     for row in table.rows:
-        runs = sorted((r for r in records if r["row"] == row.label), key=lambda r: r["seed"])
-        values = [float(r[table.metric]) for r in runs if math.isfinite(float(r.get(table.metric, math.nan)))]
+        runs, refused = [], []
+        for r in sorted((r for r in records if r["row"] == row.label), key=lambda r: r["seed"]):
+            reason = r["refused"] if "refused" in r else _metric_problem(table, r.get(table.metric))
+            if reason is None:
+                runs.append(r)
+            else:
+                refused.append({"seed": r["seed"], "path": r.get("path"), "reason": reason})
+        values = [float(r[table.metric]) for r in runs]
         out.append({
             "row": row.label,
             "config": row.config,
@@ -247,6 +400,7 @@ def summarize(table: Table, records: Sequence[dict[str, Any]], seeds: Sequence[i
             if any("wall_s" in r for r in runs) else None,
             "load": sorted({r[k] for r in runs for k in ("load_before", "load_after") if k in r}),
             "commits": sorted({r.get("commit", "unknown") for r in runs}),
+            "refused": refused,
             "missing_seeds": [s for s in seeds if s not in {r["seed"] for r in runs}],
         })  # fmt: skip
     return out
@@ -293,7 +447,15 @@ def write_table(
     text += ["with `<row>` / `<config>`: " + "; ".join(f"`{_slug(r.label)}` / `{r.config}`" + "".join(
         f" `{o}`" for o in r.overrides) for r in table.rows) + " (a row's own items follow its config's name: they go "
         "after the table's items)."]  # fmt: skip
-    missing = {s["row"]: s["missing_seeds"] for s in summary if s["missing_seeds"]}
+    refused = [(s["row"], r) for s in summary for r in s.get("refused", ())]
+    if refused:
+        head = f"{len(refused)} record does not fit" if len(refused) == 1 else f"{len(refused)} records do not fit"
+        text += ["", f"Left out ({head}; such a seed counts as missing until its file is moved away or replaced): "]
+        text[-1] += "; ".join(f"{row} seed {r['seed']} (`{r['path']}`): {r['reason']}" for row, r in refused) + "."
+    # a seed held by a record that does not fit is not retrained over (see run_table), so it is not listed as to run
+    held = {(row, r["seed"]) for row, r in refused}
+    missing = {s["row"]: [n for n in s["missing_seeds"] if (s["row"], n) not in held] for s in summary}
+    missing = {row: v for row, v in missing.items() if v}
     if missing:
         runs = sum(len(v) for v in missing.values())
         text += ["", f"Not run yet ({runs} runs): " + "; ".join(f"{r} seeds {v}" for r, v in missing.items()) + "."]
@@ -384,14 +546,16 @@ def ablate(
     markdown: str | Path | None = None,
     json_path: str | Path | None = None,
     records: str | Path | None = None,
+    plan: bool = False,
     curves: str | Path | None = None,
 ) -> str:
-    """Prepares ``table``, trains its missing runs (at most ``max_runs``; 0: none), and writes the table
-    (:func:`write_table`) from every finished run in ``out_dir`` and ``records``, and with ``curves`` the runs'
-    learning curves as an SVG (:func:`curves_svg`). Returns the Markdown."""
+    """Prepares ``table``, trains its missing runs (at most ``max_runs``; 0: none; ``plan``: none, and nothing is
+    written into ``records``), and writes the table (:func:`write_table`) from every finished run in ``out_dir`` and
+    ``records``, and with ``curves`` the runs' learning curves as an SVG (:func:`curves_svg`). Returns the Markdown."""
+    _check_request(table, seeds, rows, max_runs)  # before prepare, which may write a data set
     out_dir = Path(out_dir)
     extra = table.prepare(out_dir) if table.prepare is not None else ()
-    finished = run_table(table, seeds, out_dir, extra, device, rows, max_runs, records)
+    finished = run_table(table, seeds, out_dir, extra, device, rows, max_runs, records, plan)
     if curves is not None:
         atomic_write_text(Path(curves), curves_svg(table, finished))
     return write_table(table, summarize(table, finished, seeds), seeds, out_dir, extra, markdown, json_path, device)

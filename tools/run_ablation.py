@@ -14,7 +14,9 @@ draws the finished runs' learning curves. Runs go to
 stopped ones resume, so a table fills up over several calls (``--max-runs``). The table (mean, std, every seed, the
 commits and load averages the runs saw) goes to ``<out>/<table>.md`` and ``.json`` and to the console. With
 ``--records DIR`` each finished run's result is also kept as ``DIR/<table>/<row>/seed<N>.json`` and runs found there
-count as finished, so a table continues on another machine or from a fresh clone.
+count as finished, so a table continues on another machine or from a fresh clone. A result whose path, command or
+metric does not fit the table is left out and listed (its seed counts as missing); a run folder whose run is not the
+kept record's stops the command: a kept record is never replaced by another run, and ``--plan`` writes no record.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import logging
 
 import lra.ablation  # noqa: F401  (registers the fsat and sam tables)
 import pointcloud.ablation  # noqa: F401  (registers the modelnet table)
+from engine import user_errors
 from engine.ablation import TABLES, ablate
 
 
@@ -33,7 +36,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0 .. N-1 of every row")
     parser.add_argument("--rows", nargs="+", default=None, help="train only these rows (labels); all are reported")
     parser.add_argument("--max-runs", type=int, default=None, help="train at most this many new runs in this call")
-    parser.add_argument("--plan", action="store_true", help="train nothing: write the table of the finished runs")
+    parser.add_argument(
+        "--plan", action="store_true", help="train nothing and write no record: write the table of the finished runs"
+    )
     parser.add_argument("--out", default="runs/ablation", help="folder of the runs and the tables")
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
@@ -43,11 +48,24 @@ def main(argv: list[str] | None = None) -> str:
         "a table continues or is regenerated without its run folders (docs/ablations/records holds the docs' runs)",
     )
     parser.add_argument("--curves", default=None, help="also draw the finished runs' learning curves into this SVG")
+    parser.add_argument("--debug", action="store_true", help="errors show their traceback")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     table = TABLES[args.table]
-    md = ablate(table, list(range(args.seeds)), args.out, args.device, args.rows, 0 if args.plan else args.max_runs,
-                f"{args.out}/{table.name}.md", f"{args.out}/{table.name}.json", args.records, args.curves)  # fmt: skip
+    with user_errors(args.debug):
+        md = ablate(
+            table,
+            list(range(args.seeds)),
+            args.out,
+            args.device,
+            args.rows,
+            args.max_runs,
+            f"{args.out}/{table.name}.md",
+            f"{args.out}/{table.name}.json",
+            args.records,
+            args.plan,
+            args.curves,
+        )
     print(md)
     return md
 

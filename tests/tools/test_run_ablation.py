@@ -4,6 +4,7 @@ mean / std / per-seed values, the command each run equals, partial tables; the t
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import statistics
 from pathlib import Path
@@ -16,6 +17,7 @@ import lra.ablation
 import pointcloud.ablation  # noqa: F401  (registers the modelnet table)
 from engine import ablation
 from engine.ablation import TABLES, Row, Table
+from engine.rundir import RunLock
 from engine.testing import REPO, run_tool
 from lra.testing import TINY_LISTOPS_SETS
 
@@ -76,7 +78,9 @@ def test_kept_records_stand_for_runs_whose_folders_are_gone(tmp_path: Path, monk
 
     t1 = ablation.record_path(TABLES["modelnet"], TABLES["modelnet"].rows[0], 0, kept)
     t1.parent.mkdir(parents=True)
-    t1.write_text(json.dumps({"test_oa": 61.25, "params": 1000, "train_time_s": 60.0, "commit": "abc1234"}))
+    t1_command = ablation.command(TABLES["modelnet"], TABLES["modelnet"].rows[0], 0, "elsewhere")
+    t1.write_text(json.dumps({"test_oa": 61.25, "params": 1000, "train_time_s": 60.0, "commit": "abc1234",
+                              "command": t1_command}))  # fmt: skip
     argv = ["--table", "modelnet", "--plan", "--seeds", "1", "--out", str(tmp_path / "d"), "--records", str(kept)]
     out = run_tool("run_ablation", argv)
     assert out.returncode == 0, out.stderr
@@ -159,3 +163,165 @@ def test_cli_plan_writes_the_table_without_training(tmp_path: Path) -> None:
         "python tools/train_modelnet.py --config configs/pointcloud/modelnet40_dgcnn.yaml"
     )
     assert not (tmp_path / "modelnet").exists()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Kept records are checked before they are used and never replaced by another run (issue 50, items 2 and 3). These
+# plant files instead of training: the modelnet table never trains with max_runs=0.
+# --------------------------------------------------------------------------------------------------------------------
+
+MODELNET = TABLES["modelnet"]
+T1 = MODELNET.rows[0]
+DOCS_RECORDS = REPO / "docs" / "ablations" / "records"
+
+
+def _plant(path: Path, record: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+    return path
+
+
+def _docs_record(row: Row = T1, seed: int = 0) -> dict:
+    return json.loads(ablation.record_path(MODELNET, row, seed, DOCS_RECORDS).read_text())
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_the_docs_records_fit_their_table(tmp_path: Path) -> None:
+    """Records trained at several commits and run folders (runs/ablation, runs/ablation_b) all fit: only the regime
+    counts, not where or when a run was trained."""
+    before = _files(DOCS_RECORDS)
+    md = ablation.ablate(MODELNET, [0, 1, 2], tmp_path, max_runs=0, records=DOCS_RECORDS, plan=True)
+    assert "Not run yet" not in md and "do not fit" not in md
+    assert _files(DOCS_RECORDS) == before
+
+
+def test_plan_never_replaces_a_kept_record_with_another_run(tmp_path: Path) -> None:
+    """The probe: another run's final_metrics.json in OUT/modelnet/t_1/seed0 rewrote the kept record, under --plan."""
+    rec, out = tmp_path / "rec", tmp_path / "out"
+    _plant(ablation.record_path(MODELNET, T1, 0, rec), _docs_record())
+    _plant(ablation.run_dir(MODELNET, T1, 0, out) / "final_metrics.json", {"test_oa": 33.33, "train_time_s": 1.0})
+    before = _files(rec)
+    for plan in (["--plan"], ["--max-runs", "0"]):
+        argv = ["--table", "modelnet", *plan, "--seeds", "3", "--out", str(out), "--records", str(rec)]
+        res = run_tool("run_ablation", argv)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        (line,) = res.stderr.strip().splitlines()
+        assert str(ablation.record_path(MODELNET, T1, 0, rec)) in line and "commit" in line and "test_oa" in line
+        assert _files(rec) == before
+
+
+def test_plan_writes_no_record_and_the_same_run_refreshes_its_record(tmp_path: Path) -> None:
+    """A run folder holding the kept record's own run (same command and commit) refreshes it (here: adds the learning
+    curve), except under plan, which writes nothing into the records."""
+    rec, out = tmp_path / "rec", tmp_path / "out"
+    kept = _docs_record()
+    path = _plant(ablation.record_path(MODELNET, T1, 0, rec), kept)
+    folder = ablation.run_dir(MODELNET, T1, 0, out)
+    run_keys = ("commit", "load_before", "load_after", "wall_s", "command")
+    _plant(folder / "final_metrics.json", {k: v for k, v in kept.items() if k not in run_keys})
+    _plant(folder / ablation.RECORD, {k: kept[k] for k in run_keys})
+    (folder / "log.jsonl").write_text(json.dumps({"epoch": 1, "test_oa": 50.0}) + "\n")
+    before = _files(rec)
+    (first,) = [r for r in ablation.run_table(MODELNET, [0], out, max_runs=0, records=rec, plan=True) if "test_oa" in r]
+    assert first["curve"] == [{"epoch": 1, "test_oa": 50.0}] and _files(rec) == before
+    ablation.run_table(MODELNET, [0], out, max_runs=0, records=rec)
+    assert json.loads(path.read_text()) == {**kept, "curve": [{"epoch": 1, "test_oa": 50.0}]}
+
+
+def _tampered(change: str) -> dict:
+    record = _docs_record()
+    if change == "command":  # another regime
+        record["command"] = record["command"].replace("lr=0.002", "lr=0.01")
+    elif change == "other seed's run":
+        record["command"] = _docs_record(seed=1)["command"]
+    elif change == "no command":
+        del record["command"]
+    else:
+        key, value = change.split("=", 1)
+        record[key] = json.loads(value)
+    return record
+
+
+TAMPERED = {
+    "test_oa=100.5": "test_oa 100.5 is outside 0-100",
+    "test_oa=-1": "test_oa -1 is outside 0-100",
+    "test_oa=NaN": "test_oa nan is not a finite number",
+    'test_oa="92.7"': "test_oa '92.7' is not a finite number",
+    'row="T = 2"': "its row is 'T = 2'",
+    "seed=7": "its seed is 7",
+    'table="fsat"': "its table is 'fsat'",
+    "command": "lr=0.01",
+    "other seed's run": "seed=1",
+    "no command": "it names no command",
+}
+
+
+@pytest.mark.parametrize("source", ["records", "run folder"])
+@pytest.mark.parametrize("change", list(TAMPERED))
+def test_records_that_do_not_fit_are_listed_and_their_seed_is_missing(tmp_path: Path, change: str, source: str) -> None:
+    """A record is checked against its path (table, row, seed), the table's regime (its command) and its metric's
+    range; one that does not fit is listed with the reason, and its seed counts as missing."""
+    record = _tampered(change)
+    if source == "records":
+        path = _plant(ablation.record_path(MODELNET, T1, 0, tmp_path / "rec"), record)
+    else:
+        path = _plant(ablation.run_dir(MODELNET, T1, 0, tmp_path / "out") / "final_metrics.json", record)
+    md = ablation.ablate(MODELNET, [0], tmp_path / "out", max_runs=0, records=tmp_path / "rec")
+    finished = ablation.run_table(MODELNET, [0], tmp_path / "out", max_runs=0, records=tmp_path / "rec")
+    (t1,) = [s for s in ablation.summarize(MODELNET, finished, [0]) if s["row"] == T1.label]
+    assert t1["n"] == 0 and t1["values"] == [] and t1["missing_seeds"] == [0]
+    assert [(r["seed"], r["path"]) for r in t1["refused"]] == [(0, str(path))]
+    assert TAMPERED[change] in t1["refused"][0]["reason"]
+    assert "1 record does not fit" in md and str(path) in md and TAMPERED[change] in md
+
+
+def test_a_nan_metric_counts_its_seed_as_missing() -> None:
+    """summarize alone: a run without a finite metric is no value of the row (it was dropped silently, not missing)."""
+    good = {"row": T1.label, "seed": 1, "test_oa": 90.0, "train_time_s": 1.0}
+    nan = {**good, "seed": 0, "test_oa": math.nan}
+    (t1,) = [s for s in ablation.summarize(MODELNET, [nan, good], [0, 1]) if s["row"] == T1.label]
+    assert t1["seeds"] == [1] and t1["values"] == [90.0] and t1["missing_seeds"] == [0]
+
+
+def _truncate(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_docs_record())[:40])
+    return path
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["--rows nope", "--seeds 0", "--max-runs -1", "truncated record", "truncated run folder", "locked row"],
+)
+def test_bad_inputs_are_one_line_errors(tmp_path: Path, case: str) -> None:
+    """Each ends with exit status 2 and one line that names what to fix, before anything trains."""
+    rec, out = tmp_path / "rec", tmp_path / "out"
+    argv = ["--table", "modelnet", "--seeds", "1", "--out", str(out), "--records", str(rec), "--max-runs", "0"]
+    lock = None
+    if case.startswith("--"):
+        flag, value = case.split()
+        argv += [flag, value]
+        expected = {"--rows": "'nope'", "--seeds": "--seeds", "--max-runs": "--max-runs"}[flag]
+    elif case == "truncated record":
+        expected = str(_truncate(ablation.record_path(MODELNET, T1, 0, rec)))
+    elif case == "truncated run folder":
+        expected = str(_truncate(ablation.run_dir(MODELNET, T1, 0, out) / "final_metrics.json"))
+    else:  # a second runner on the same row: this process holds the run folder's lock
+        folder = ablation.run_dir(MODELNET, T1, 0, out)
+        lock = RunLock(folder).acquire()
+        argv = ["--table", "modelnet", "--seeds", "1", "--out", str(out), "--rows", T1.label, "--max-runs", "1"]
+        expected = str(folder)
+    try:
+        res = run_tool("run_ablation", argv)
+    finally:
+        if lock is not None:
+            lock.release()
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert expected in line, line
+    if case == "--rows nope":
+        assert all(r.label in line for r in MODELNET.rows)
+    assert not (out / "modelnet" / "t_1" / "seed0" / "log.jsonl").exists()
