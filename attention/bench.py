@@ -4,8 +4,9 @@ paths they replace (``tools/gpu_check.py``), and the targets those runs declare.
 
 Every target is a ratio of two rows measured in the same run (:func:`engine.bench.target`): a speedup of a kernel
 over the path it replaces, never an absolute time, so that it reads the same on a busy machine. The thresholds are
-CUDA figures: a CPU run reports the ratios with no verdict. The scripts print the tables; the functions here measure
-and return rows (progress goes to this module's logger).
+CUDA figures: a CPU run reports the ratios with no verdict. The exception is the KNN search's memory
+(:func:`knn_memory_targets`): a peak resident set on CPU, which load on the machine does not change. The scripts
+print the tables; the functions here measure and return rows (progress goes to this module's logger).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from engine.bench import (
     peak_tensor_bytes,
     profile_step,
     run_config,
+    run_isolated,
     target,
     time_fn,
     time_round_robin,
@@ -42,6 +44,7 @@ from engine.bench import (
 from . import backends, points
 from .centroid import CentroidAttention, attention_step_reference
 from .centroid import functional as centroid_functional
+from .chunking import chunk_budget
 from .mixers import build_mixer
 from .mixers import functional as mixer_functional
 from .points import farthest_point_sample
@@ -62,6 +65,11 @@ __all__ = [
     "KNN_KERNEL_BATCH",
     "KNN_KERNEL_HEADERS",
     "KNN_KERNEL_PRESETS",
+    "KNN_MEMORY_CALLS",
+    "KNN_MEMORY_HEADERS",
+    "KNN_MEMORY_MAX_GROWTH_MB",
+    "KNN_MEMORY_SHAPE",
+    "KNN_MEMORY_TARGET_GB",
     "LARGE_CLOUDS",
     "LARGE_HEADERS",
     "MIXER_BASELINES",
@@ -79,9 +87,13 @@ __all__ = [
     "knn_kernel_rows",
     "knn_kernel_shapes",
     "knn_kernel_table",
+    "knn_memory_row",
+    "knn_memory_sizes",
+    "knn_memory_targets",
     "large_cloud_rows",
     "large_clouds",
     "measure_centroid",
+    "measure_knn_memory",
     "measure_mixer",
     "mixer_kernel_targets",
     "mixer_path",
@@ -407,12 +419,97 @@ def large_cloud_rows(
     return rows
 
 
-def points_results(fps_rows: Sequence[list], knn_rows: Sequence[list], large_rows: Sequence[list]) -> dict:
+# The exact KNN search of one large cloud in feature space (a centroid layer's first search on a 200,000-point cloud
+# takes 100,000 queries): its process's peak resident set on CPU, and that peak's growth over repeated searches.
+KNN_MEMORY_SHAPE = (20000, 200000, 128)  # (M, N, C): queries, reference points, channels (~110 MB of float32 inputs)
+KNN_MEMORY_TARGET_GB = 1.5  # the most the search's process may hold at its peak, at KNN_MEMORY_SHAPE on CPU
+KNN_MEMORY_CALLS = 5  # repeated searches of the growth measure, each of M / calls queries
+KNN_MEMORY_MAX_GROWTH_MB = chunk_budget("knn", "cpu") / 2**20  # less than one chunk of distances over those calls
+KNN_MEMORY_HEADERS = ["M", "N", "C", "k", "threads", "RSS before GB", "peak RSS GB", "growth calls", "growth M",
+                      "growth MB", "error"]  # fmt: skip
+
+
+def knn_memory_sizes(sizes: Sequence[int] | None, num_points: Sequence[int], device: torch.device | str) -> list[int]:
+    """The KNN memory row's M N C, as ``--knn-memory`` spells them.
+
+    ``None`` (the flag not given): :data:`KNN_MEMORY_SHAPE` with the default grid (:data:`GRID_POINTS`) on CPU, none
+    otherwise (a run asked to be small stays small; a CUDA run has its own rows); ``[]``: none.
+    """
+    if sizes is None:
+        return list(KNN_MEMORY_SHAPE) if tuple(num_points) == GRID_POINTS and torch.device(device).type == "cpu" else []
+    if len(sizes) not in (0, 3) or any(v < 1 for v in sizes):
+        raise ValueError(f"--knn-memory takes M N C (positive), got {' '.join(map(str, sizes)) or 'nothing'}")
+    return list(sizes)
+
+
+def measure_knn_memory(cfg: dict) -> dict:
+    """``cfg["calls"]`` exact KNN searches (:func:`attention.points.knn_chunked`, the reference of ``knn``) of
+    ``cfg["k"]`` neighbours for ``cfg["M"]`` queries among ``cfg["N"]`` points of ``cfg["C"]`` channels: one cloud,
+    float32, ``no_grad``, CPU, ``cfg["threads"]`` threads.
+
+    Returns ``{"before_gb", "peaks_gb"}``: the resident set once the inputs exist, and the process's peak resident set
+    after each call. Meant for a fresh process (:func:`engine.bench.run_isolated`, without its ``rss`` mmap threshold:
+    what the allocator keeps of freed chunk buffers is part of the figure, as it is in a model's process)."""
+    torch.set_num_threads(cfg["threads"])
+    g = torch.Generator().manual_seed(0)
+    query = torch.randn(1, cfg["M"], cfg["C"], generator=g)
+    ref = torch.randn(1, cfg["N"], cfg["C"], generator=g)
+    before = current_rss_bytes()
+    peaks = []
+    with torch.no_grad():
+        for _ in range(cfg["calls"]):
+            points.knn_chunked(query, ref, cfg["k"])
+            peaks.append(peak_rss_bytes() / 2**30)
+    return {"before_gb": before / 2**30, "peaks_gb": peaks}
+
+
+def knn_memory_row(sizes: Sequence[int], k: int, threads: int = 1, calls: int = KNN_MEMORY_CALLS) -> list:
+    """The KNN memory row (:data:`KNN_MEMORY_HEADERS`), each measure in a fresh process: the peak resident set of one
+    search of M queries, and the growth of the peak over ``calls`` searches of ``ceil(M / calls)`` queries (as much
+    work as the one search): the last call's peak minus the first's."""
+    M, N, C = sizes
+    cfg = {"N": N, "C": C, "k": k, "threads": threads}
+    growth_m = -(-M // calls)
+    one = run_isolated(measure_knn_memory, {**cfg, "M": M, "calls": 1})
+    many = run_isolated(measure_knn_memory, {**cfg, "M": growth_m, "calls": calls}) if "error" not in one else one
+    nan = float("nan")
+    before, peak = (one["before_gb"], one["peaks_gb"][0]) if "error" not in one else (nan, nan)
+    growth = (many["peaks_gb"][-1] - many["peaks_gb"][0]) * 1024 if "error" not in many else nan
+    error = one.get("error") or many.get("error") or ""
+    return [M, N, C, k, threads, before, peak, calls, growth_m, growth, error]
+
+
+def knn_memory_targets(row: dict | None) -> list[dict]:
+    """The KNN search's memory targets, from :func:`knn_memory_row` (as a dict keyed by :data:`KNN_MEMORY_HEADERS`;
+    None: no row, no targets): its peak resident set at most :data:`KNN_MEMORY_TARGET_GB` at
+    :data:`KNN_MEMORY_SHAPE` (another shape: the figure, no verdict), and no growth over repeated calls (at most
+    :data:`KNN_MEMORY_MAX_GROWTH_MB`, any shape). Both are CPU figures, measured on CPU whatever ``--device``."""
+    if row is None:
+        return []
+    shape = (row["M"], row["N"], row["C"])
+    M, N, C = KNN_MEMORY_SHAPE
+    error = row["error"]
+    peak_detail = error or (f"the target is for M={M} N={N} C={C}" if shape != KNN_MEMORY_SHAPE else "")
+    peak = target(f"KNN search peak RSS (M={row['M']} N={row['N']} C={row['C']} k={row['k']} threads={row['threads']})",
+                  row["peak RSS GB"], "<=", KNN_MEMORY_TARGET_GB, device="cpu", on="cpu", unit=" GB",
+                  detail=peak_detail)  # fmt: skip
+    if shape != KNN_MEMORY_SHAPE and peak["met"] is not None:
+        peak.update(met=None, verdict="no verdict")
+    growth = target(f"KNN search peak RSS growth over {row['growth calls']} calls of M={row['growth M']} (MB)",
+                    row["growth MB"], "<=", KNN_MEMORY_MAX_GROWTH_MB, device="cpu", on="cpu", unit=" MB",
+                    detail=error)  # fmt: skip
+    return [peak, growth]
+
+
+def points_results(
+    fps_rows: Sequence[list], knn_rows: Sequence[list], large_rows: Sequence[list], memory_rows: Sequence[list] = ()
+) -> dict:
     """``bench_points``' ``--json`` results: each table's rows as dicts keyed by its headers."""
     return {
         "fps": [dict(zip(FPS_HEADERS, r)) for r in fps_rows],
         "knn": [dict(zip(KNN_HEADERS, r)) for r in knn_rows],
         "large": [dict(zip(LARGE_HEADERS, r)) for r in large_rows],
+        "knn_memory": [dict(zip(KNN_MEMORY_HEADERS, r)) for r in memory_rows],
     }
 
 

@@ -303,17 +303,22 @@ def farthest_point_sample(
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _exact_sq_dist(query: Tensor, ref: Tensor, idx: Tensor) -> Tensor:
+def _exact_sq_dist(
+    query: Tensor, ref: Tensor, idx: Tensor, *, nbrs: Tensor | None = None, out: Tensor | None = None
+) -> Tensor:
     """Squared distances of each query to its selected neighbours, ``(B, M, K)``, computed as sum((q - r)^2).
 
     ``query`` and ``ref`` carry no gradient: the gathered ``(B, M, K, C)`` block is the only temporary of that size
     (it is turned into the squared differences in place; (r - q)^2 rounds exactly as (q - r)^2). It is gathered as
     whole rows of the flattened ``(B * N, C)`` reference, one index per row; :func:`gather` reads an index per
-    element, which made it the largest gather of a training step on GPU."""
+    element, which made it the largest gather of a training step on GPU. ``nbrs`` (contiguous ``(B * M * K, C)``)
+    and ``out`` (contiguous ``(B, M, K)``) are a chunked caller's buffers for that block and the result."""
     B, N, C = ref.shape
     rows = (idx + (torch.arange(B, device=idx.device) * N).view(-1, *([1] * (idx.dim() - 1)))).reshape(-1)
-    nbrs = ref.reshape(B * N, C).index_select(0, rows).view(*idx.shape, C)  # (B, M, K, C)
-    return nbrs.sub_(query.unsqueeze(2)).square_().sum(-1)
+    flat = ref.reshape(B * N, C)
+    block = flat.index_select(0, rows) if nbrs is None else torch.index_select(flat, 0, rows, out=nbrs)
+    nbrs = block.view(*idx.shape, C)  # (B, M, K, C)
+    return torch.sum(nbrs.sub_(query.unsqueeze(2)).square_(), -1, out=out)
 
 
 def cloud_centres(ref: Tensor, mask: Tensor | None) -> Tensor:
@@ -374,29 +379,67 @@ def knn_chunked(
     cols = N if B * max(N, kc * C) * item <= budget else max(1, budget // (B * item))
     rows = chunk_rows(M, B * max(cols, kc * C) * item, budget)
     rt = r.transpose(1, 2)  # (B, C, N)
-    dists, idxs = [], []
+    dev = query.device
+
+    def buffer(width: int, dtype: torch.dtype = work) -> Tensor:
+        return torch.empty(B * rows * width, dtype=dtype, device=dev)
+
+    # One workspace for every chunk, allocated here for a full one; a smaller chunk or column tile takes a contiguous
+    # prefix of each buffer (the layout a new tensor of that shape would have, so the arithmetic is the same), and
+    # each chunk writes its rows into the preallocated results: nothing allocated inside a chunk outlives it. Results
+    # kept per chunk sat between the freed distance blocks, and the allocator's heap grew with every chunk (peak
+    # resident set: tools/bench_points.py --knn-memory).
+    tk = min(kc, cols)  # candidates of one column tile
+    d_buf = buffer(cols)  # the expanded distances of one column tile
+    tile_buf = buffer(tk), buffer(tk, torch.long)  # its tk nearest
+    if cols < N:  # the running kc nearest; those followed by a tile's (the merge's input)
+        run_buf = buffer(kc), buffer(kc, torch.long), buffer(kc, torch.long)
+        both_buf = buffer(kc + tk), buffer(kc + tk, torch.long)
+    nbrs_buf, exact_buf = buffer(kc * C), buffer(kc)  # the candidates' coordinates and exact distances
+    top_buf = buffer(k), buffer(k, torch.long), buffer(k, torch.long)  # the k nearest: distances, order, indices
+    dist = torch.empty(B, M, k, dtype=work, device=dev)
+    idx = torch.empty(B, M, k, dtype=torch.long, device=dev)
     for s in range(0, M, rows):
-        qc = q[:, s : s + rows]  # (B, m, C)
-        cand = cand_d = None
+        m = min(rows, M - s)
+        qc = q[:, s : s + m]  # (B, m, C)
+        cand_d = cand = None  # the running candidates of these queries
         for t in range(0, N, cols):
-            d = torch.baddbmm(r_sq[:, None, t : t + cols], qc, rt[:, :, t : t + cols], alpha=-2.0)  # minus |q|^2
-            tile_d, tile_i = d.topk(min(kc, d.shape[-1]), dim=-1, largest=False, sorted=False)  # (B, m, <= kc)
-            del d
+            w = min(cols, N - t)
+            d = _prefix(d_buf, B, m, w)
+            torch.baddbmm(r_sq[:, None, t : t + w], qc, rt[:, :, t : t + w], alpha=-2.0, out=d)  # minus |q|^2
+            n = min(tk, w)
+            if cand is not None:  # the running candidates move to the merge's input before tile_buf is reused
+                width = cand.shape[-1]
+                both_d, both_i = (_prefix(b, B, m, width + n) for b in both_buf)
+                both_d[..., :width] = cand_d
+                both_i[..., :width] = cand
+            tile_d, tile_i = (_prefix(b, B, m, n) for b in tile_buf)  # (B, m, n)
+            torch.topk(d, n, dim=-1, largest=False, sorted=False, out=(tile_d, tile_i))
+            tile_i.add_(t)
             if cand is None:
-                cand_d, cand = tile_d, tile_i + t
+                cand_d, cand = tile_d, tile_i
             else:  # keep the kc nearest of the running candidates and this column tile's
-                cand_d, cand = torch.cat([cand_d, tile_d], -1), torch.cat([cand, tile_i + t], -1)
-                cand_d, keep = cand_d.topk(min(kc, cand_d.shape[-1]), dim=-1, largest=False, sorted=False)
-                cand = cand.gather(-1, keep)
-        exact = _exact_sq_dist(q0[:, s : s + rows], r0, cand)  # (B, m, kc)
+                both_d[..., width:] = tile_d
+                both_i[..., width:] = tile_i
+                cand_d, keep, cand = (_prefix(b, B, m, min(kc, width + n)) for b in run_buf)
+                torch.topk(both_d, cand.shape[-1], dim=-1, largest=False, sorted=False, out=(cand_d, keep))
+                torch.gather(both_i, -1, keep, out=cand)
+        exact = _prefix(exact_buf, *cand.shape)  # (B, m, kc)
+        nbrs = _prefix(nbrs_buf, cand.numel(), C)
+        _exact_sq_dist(q0[:, s : s + m], r0, cand, nbrs=nbrs, out=exact)
         if mask is not None:
-            exact = exact.masked_fill(~gather(mask, cand), math.inf)
-        dist, order = exact.topk(k, dim=-1, largest=False, sorted=True)
-        dists.append(dist)
-        idxs.append(cand.gather(-1, order))
-    if len(dists) == 1:
-        return dists[0], idxs[0]
-    return torch.cat(dists, 1), torch.cat(idxs, 1)
+            exact.masked_fill_(~gather(mask, cand), math.inf)
+        top_d, order, top_i = (_prefix(b, B, m, k) for b in top_buf)
+        torch.topk(exact, k, dim=-1, largest=False, sorted=True, out=(top_d, order))
+        torch.gather(cand, -1, order, out=top_i)
+        dist[:, s : s + m] = top_d
+        idx[:, s : s + m] = top_i
+    return dist, idx
+
+
+def _prefix(flat: Tensor, *shape: int) -> Tensor:
+    """The first ``prod(shape)`` elements of the 1-D ``flat``, as a contiguous tensor of ``shape``."""
+    return flat[: math.prod(shape)].view(shape)
 
 
 def _knn_torch(

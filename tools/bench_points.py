@@ -1,6 +1,6 @@
 """Benchmark of the point ops: FPS and KNN time per backend, with ratios to torch_cluster.
 
-    python tools/bench_points.py                 # CPU grid and the two large clouds
+    python tools/bench_points.py                 # CPU grid, the two large clouds and the KNN memory row
     python tools/bench_points.py --device cuda   # on a GPU machine
     python tools/bench_points.py --batch 2 --points 256 --channels 3 --repeats 1   # seconds: small grid only
 
@@ -19,8 +19,16 @@ largest distance from a point to its nearest sample, which FPS greedily minimize
 cloud in the unit cube and a clustered one (``--clouds``: 16 Gaussian blobs, where a spatial index prunes
 differently). The ``auto`` row shows which backend ``backend="auto"`` picks for that shape.
 
-Target (:func:`attention.bench.fps_cluster_target`, on CUDA): the Triton FPS at least 2x torch-cluster's at B=32,
-N=1024, M=512; printed under the tables and written with every row to ``--json``.
+KNN memory (``--knn-memory M N C``; by default 20,000 queries against 200,000 points at C = 128 on CPU with the
+default ``--points`` grid, none otherwise): the peak resident set of one exact KNN search (``attention.knn``'s
+reference, :func:`attention.points.knn_chunked`; one cloud, float32, ``no_grad``, one thread unless ``--threads``),
+measured on CPU in a fresh process so the figure is the search's own, and the growth of that peak over
+``--knn-memory-calls`` searches of M / calls queries in another fresh process.
+
+Targets, printed under the tables and written with every row to ``--json``: the Triton FPS at least 2x
+torch-cluster's at B=32, N=1024, M=512 (:func:`attention.bench.fps_cluster_target`, on CUDA); with the KNN memory row,
+its peak at most 1.5 GB at 20,000 x 200,000 x 128 and at most one CPU chunk of distances (32 MB) of growth over the
+repeated calls (:func:`attention.bench.knn_memory_targets`, on CPU).
 
 With numba installed, the first line also gives the numba FPS's first-call cost in a fresh process: compiling into an
 empty cache, and loading the compiled code from the cache (the usual case after the first run).
@@ -38,9 +46,14 @@ from attention.bench import (
     FPS_HEADERS,
     GRID_POINTS,
     KNN_HEADERS,
+    KNN_MEMORY_CALLS,
+    KNN_MEMORY_HEADERS,
     LARGE_HEADERS,
     fps_backends,
     fps_cluster_target,
+    knn_memory_row,
+    knn_memory_sizes,
+    knn_memory_targets,
     large_cloud_rows,
     large_clouds,
     numba_first_call_ms,
@@ -63,12 +76,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--large", type=int, nargs="*", default=None, metavar="N M",
                         help="single-cloud FPS rows as N M pairs (empty: skip; default: 50000 4096 100000 8192 with "
                         "the default --points grid, none with any other)")  # fmt: skip
+    parser.add_argument("--knn-memory", type=int, nargs="*", default=None, metavar="M N C",
+                        help="the KNN memory row's queries, points and channels (empty: skip; default: 20000 200000 "
+                        "128 on CPU with the default --points grid, none otherwise)")  # fmt: skip
+    parser.add_argument("--knn-memory-calls", type=int, default=KNN_MEMORY_CALLS,
+                        help="searches of M / calls queries each for the KNN memory row's growth measure")  # fmt: skip
     parser.add_argument("--json", default=None, help="also write the rows and the target to this JSON file")
     args = parser.parse_args(argv)
     try:
         args.large = large_clouds(args.large, args.points)
+        args.knn_memory = knn_memory_sizes(args.knn_memory, args.points, args.device)
     except ValueError as e:
         parser.error(str(e))
+    if args.knn_memory_calls < 2:
+        parser.error(f"--knn-memory-calls must be at least 2 (growth is between calls), got {args.knn_memory_calls}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -88,8 +109,15 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print_table(LARGE_HEADERS, large_rows, tables, title="FPS on one large cloud (C = 3)")
         print(f"\n# load average after the run: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-    results = points_results(fps_rows, knn_rows, large_rows)
+    memory_rows = []
+    if args.knn_memory:
+        memory_rows.append(knn_memory_row(args.knn_memory, args.k, args.threads or 1, args.knn_memory_calls))
+        print()
+        title = "KNN search memory (CPU, one cloud, float32, no_grad; a fresh process per measure)"
+        print_table(KNN_MEMORY_HEADERS, memory_rows, tables, title=title)
+    results = points_results(fps_rows, knn_rows, large_rows, memory_rows)
     targets = [fps_cluster_target(results["fps"], args.device)]
+    targets += knn_memory_targets(results["knn_memory"][0] if memory_rows else None)
     finish("bench_points", device, args, targets, argv=argv, results=results, tables=tables)
 
 

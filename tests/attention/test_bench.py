@@ -54,6 +54,30 @@ def test_large_clouds_follow_the_requested_sizes() -> None:
         bench.large_clouds([8192, 512, 4096], [256])
 
 
+def test_knn_memory_row_runs_at_the_target_size_by_default_on_cpu_only() -> None:
+    assert bench.knn_memory_sizes(None, bench.GRID_POINTS, "cpu") == [20000, 200000, 128]
+    assert bench.knn_memory_sizes(None, bench.GRID_POINTS, "cuda") == []
+    assert bench.knn_memory_sizes(None, [256], "cpu") == []
+    assert bench.knn_memory_sizes([], bench.GRID_POINTS, "cpu") == []  # `--knn-memory` alone: skip
+    assert bench.knn_memory_sizes([50, 300, 8], [256], "cpu") == [50, 300, 8]
+    with pytest.raises(ValueError, match="--knn-memory takes M N C"):
+        bench.knn_memory_sizes([50, 0, 8], [256], "cpu")
+
+
+def test_knn_memory_targets_judge_the_peak_at_its_size_and_the_growth_at_any() -> None:
+    row = dict(zip(bench.KNN_MEMORY_HEADERS, [20000, 200000, 128, 16, 1, 0.9, 1.2, 5, 4000, 0.0, ""]))
+    peak, growth = bench.knn_memory_targets(row)
+    assert (peak["verdict"], peak["measured"], growth["verdict"]) == ("MET", 1.2, "MET")
+    peak, growth = bench.knn_memory_targets({**row, "peak RSS GB": 7.1, "growth MB": 99.0})
+    assert (peak["verdict"], growth["verdict"]) == ("NOT MET", "NOT MET")
+    peak, _ = bench.knn_memory_targets({**row, "M": 200, "peak RSS GB": 0.5})
+    assert peak["met"] is None and peak["measured"] == 0.5 and "the target is for M=20000" in peak["detail"]
+    nan = float("nan")
+    peak, growth = bench.knn_memory_targets({**row, "peak RSS GB": nan, "growth MB": nan, "error": "MemoryError"})
+    assert peak["met"] is None and growth["met"] is None and peak["detail"] == "MemoryError"
+    assert bench.knn_memory_targets(None) == []
+
+
 def test_large_cloud_rows_time_every_backend_against_the_reference() -> None:
     rows = bench.large_cloud_rows([300, 32], "cpu", repeats=1, clouds=["uniform", "clustered"])
     by = {(r[0], r[3].removesuffix(" (auto)")): dict(zip(bench.LARGE_HEADERS, r)) for r in rows}

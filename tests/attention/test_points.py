@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import pytest
 import torch
 from torch.testing import assert_close
+from torch.utils._pytree import tree_leaves
 
 from attention import CentroidAttention, backends, points
-from attention.points import farthest_point_sample, gather, interpolate, knn, knn_chunked, nearest_upsample
+from attention.points import (
+    farthest_point_sample,
+    gather,
+    interpolate,
+    knn,
+    knn_chunked,
+    knn_spare_candidates,
+    nearest_upsample,
+)
+from engine.bench import OpCounter
 
 KNN_ALT = [
     pytest.param("cluster", marks=pytest.mark.skipif(not points.HAS_TORCH_CLUSTER, reason="torch-cluster missing")),
@@ -233,6 +244,54 @@ def test_knn_chunking_bounds_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch, "baddbmm", spy)
     knn(torch.rand(2, 1000, 3), torch.rand(2, 2000, 3), 4, backend="torch", chunk_bytes=1 << 20)
     assert seen and max(seen) <= 1 << 20 and len(seen) > 1
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_knn_chunked_with_a_tiny_budget_equals_one_chunk(masked: bool) -> None:
+    """Many chunks of queries with a smaller last one, and column tiles narrower than the spare candidates (k = 9
+    keeps 13 per query: each 7-column tile offers fewer, the last tile 3) give one chunk's neighbours and distances."""
+    g = torch.Generator().manual_seed(0)
+    B, M, N, C, k = 2, 37, 101, 5, 9
+    q, r = torch.randn(B, M, C, generator=g), torch.randn(B, N, C, generator=g)
+    mask = torch.rand(B, N, generator=g) > 0.3 if masked else None
+    assert knn_spare_candidates(k) == 13
+    one = knn_chunked(q, r, k, mask=mask, chunk_bytes=1 << 30)
+    row = 4 * B * N  # one query's distances: 4 rows a chunk make 9 chunks of 4 and one of 1
+    for budget in (4 * row, 4 * B * 7, 1):  # row chunks; 7-column tiles (101 = 14 * 7 + 3); one column at a time
+        dist, idx = knn_chunked(q, r, k, mask=mask, chunk_bytes=budget)
+        assert torch.equal(idx, one[1]) and torch.equal(dist, one[0]), budget
+        assert dist.is_contiguous() and idx.is_contiguous()
+    brute = ((q[:, :, None] - r[:, None]) ** 2).sum(-1)
+    if mask is not None:
+        brute = brute.masked_fill(~mask[:, None], float("inf"))
+    assert_close(one[0], brute.topk(k, dim=-1, largest=False).values)
+
+
+def test_knn_chunked_keeps_nothing_from_one_chunk_to_the_next() -> None:
+    """Each chunk works in buffers allocated before the first one and writes its rows into the preallocated result:
+    no tensor an op makes during a chunk is alive two chunks later. Results kept per chunk until the end sat between
+    the freed distance blocks of later chunks, and the allocator's heap grew with every chunk (tools/bench_points.py
+    --knn-memory measures the resident set)."""
+    made: list[tuple[int, weakref.ref]] = []  # (chunk, tensor) of every tensor an op returned that it was not given
+    kept: list[int] = []
+    chunk = 0
+
+    def see(func, args, kwargs, out) -> None:
+        nonlocal chunk
+        if func.overloadpacket.__name__ == "baddbmm":  # a chunk's distances (one block a chunk: no column tiles)
+            chunk += 1
+            kept.extend(c for c, ref in made if 0 < c < chunk - 1 and ref() is not None)
+        given = {id(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        made.extend(
+            (chunk, weakref.ref(t)) for t in tree_leaves(out) if isinstance(t, torch.Tensor) and id(t) not in given
+        )
+
+    q, r = torch.rand(1, 60, 3), torch.rand(1, 50, 3)
+    with OpCounter(see):
+        dist, idx = knn_chunked(q, r, 4, chunk_bytes=4 * 50 * 4)  # 4 queries a chunk: 15 chunks
+    assert chunk == 15 and not kept, f"tensors of chunks {sorted(set(kept))} outlived them"
+    one = knn_chunked(q, r, 4, chunk_bytes=1 << 30)
+    assert torch.equal(idx, one[1]) and torch.equal(dist, one[0])
 
 
 def test_knn_mask_excludes_padding_and_pads_with_inf() -> None:
