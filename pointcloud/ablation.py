@@ -92,8 +92,9 @@ DEV_REGIME = (
 )
 """The development regime of the lever table: the main job's cloud size (256 points: 128 then 64 centroids, K = 16)
 on all 13 synthetic classes, 40 training and 30 test shapes per class, 12 epochs (204 steps of batch 32). Chosen for
-cost: a T = 1 run takes about 8 minutes on one core, so a lever's three seeds fit in half an hour of a 2-core machine;
-390 test shapes put one run's binomial standard error near 1.5 points at 90%. It ranks levers by what they do in a
+cost: 204 train steps of T = 1 at about 9 samples/s on one core (``tools/bench_modelnet.py --points 256 --threads 1
+--variant ...``) are about 12 minutes a run; 390 test shapes put one run's binomial standard error near 1.5 points at
+90%. It ranks levers by what they do in a
 short schedule; the converged table checks the chosen design against its twins and PointNet++."""
 
 _T1 = "configs/pointcloud/modelnet40_centroid_t1.yaml"
