@@ -26,9 +26,9 @@ class CentroidBlock(nn.Module):
         dim: channels C.
         init: a name from :data:`CENTROID_INITS` or an init module.
         init_kwargs: constructor arguments of the named init (e.g. ``num_centroids``, ``space``, ``grid_size``).
-        num_heads, num_neighbors, num_steps, normalize, qkv_bias, attn_drop, knn_backend, attn_backend,
-            pos_encoding, pos_hidden, layer_scale: of :class:`CentroidAttention`. ``num_steps=0`` gives the ablation
-            that only downsamples (init + MLP).
+        num_heads, num_neighbors, num_steps, normalize, qkv_bias, attn_drop, knn_backend, attn_backend: of
+            :class:`CentroidAttention`. ``num_steps=0`` gives the ablation that only downsamples (init + MLP).
+        pos_encoding, pos_hidden, layer_scale: of :class:`CentroidAttention` (relative position encoding, LayerScale).
         neighbor_space: where each centroid's K neighbours are searched: ``"feature"`` (the paper: feature space,
             recomputed at every step) or ``"pos"`` (the K inputs nearest the centroid's position, e.g. in xyz; needs
             ``pos`` and an init that returns the centroids' positions).
