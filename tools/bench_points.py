@@ -22,8 +22,9 @@ differently). The ``auto`` row shows which backend ``backend="auto"`` picks for 
 KNN memory (``--knn-memory M N C``; by default 20,000 queries against 200,000 points at C = 128 on CPU with the
 default ``--points`` grid, none otherwise): the peak resident set of one exact KNN search (``attention.knn``'s
 reference, :func:`attention.points.knn_chunked`; one cloud, float32, ``no_grad``, one thread unless ``--threads``),
-measured on CPU in a fresh process so the figure is the search's own, and the growth of that peak over
-``--knn-memory-calls`` searches of M / calls queries in another fresh process.
+measured on CPU in a fresh process so the figure is the search's own, and the growth of that peak over the second
+half of ``--knn-memory-calls`` searches of M / calls queries in another fresh process (the first half lets the
+allocator settle).
 
 Targets, printed under the tables and written with every row to ``--json``: the Triton FPS at least 2x
 torch-cluster's at B=32, N=1024, M=512 (:func:`attention.bench.fps_cluster_target`, on CUDA); with the KNN memory row,
