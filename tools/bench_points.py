@@ -6,21 +6,21 @@
 
 Grid: B in {8, 32}, N in {1024, 4096}, M in {N/2, N/4}. FPS samples M of N points; KNN finds the k nearest of the
 N points for each of the M sampled points, in xyz (C = 3) and in a 64-d feature space. On CUDA two more rows time the
-Triton kernel itself (``attention.knn``'s NaN/Inf checks, a host sync each, are in the ``triton`` row only):
-``triton-split`` splits the N points among programs where the query blocks alone would leave the GPU idle (e.g.
-``--batch 1``), ``triton-1split`` searches them in one part. ``speedup vs cluster`` =
+Triton kernel itself (`attention.knn`'s NaN/Inf checks, a host sync each, are in the `triton` row only):
+`triton-split` splits the N points among programs where the query blocks alone would leave the GPU idle (e.g.
+`--batch 1`), `triton-1split` searches them in one part. `speedup vs cluster` =
 torch_cluster's time / the backend's time (> 1: faster than torch_cluster). Every backend's FPS indices are checked
 against the reference in the same run.
 
-Large single clouds (``--large N M ...``; by default 50K / M = 4096 and 100K / M = 8192 with the default ``--points``
+Large single clouds (`--large N M ...`; by default 50K / M = 4096 and 100K / M = 8192 with the default `--points`
 grid, none with any other, so a small run stays small): every exact FPS backend and the approximate
-``fpsample_bucket``, with each one's time relative to the bucket FPS and to the reference, and its coverage (the
+`fpsample_bucket`, with each one's time relative to the bucket FPS and to the reference, and its coverage (the
 largest distance from a point to its nearest sample, which FPS greedily minimizes) relative to exact FPS, on a uniform
-cloud in the unit cube and a clustered one (``--clouds``: 16 Gaussian blobs, where a spatial index prunes
-differently). The ``auto`` row shows which backend ``backend="auto"`` picks for that shape.
+cloud in the unit cube and a clustered one (`--clouds`: 16 Gaussian blobs, where a spatial index prunes
+differently). The `auto` row shows which backend `backend="auto"` picks for that shape.
 
-Target (:func:`attention.bench.fps_cluster_target`, on CUDA): the Triton FPS at least 2x torch-cluster's at B=32,
-N=1024, M=512; printed under the tables and written with every row to ``--json``.
+Target (`attention.bench.fps_cluster_target`, on CUDA): the Triton FPS at least 2x torch-cluster's at B=32,
+N=1024, M=512; printed under the tables and written with every row to `--json`.
 
 With numba installed, the first line also gives the numba FPS's first-call cost in a fresh process: compiling into an
 empty cache, and loading the compiled code from the cache (the usual case after the first run).
