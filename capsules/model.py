@@ -12,13 +12,13 @@ centroid variant. The network, with N input points, P primary capsules of K = 16
                      c = softmax of b over the M latent capsules, v_m = squash(sum_p c[m, p] u_hat[m, p]);
                      u_hat is detached in every iteration but the last (as in the reference code)
            centroid: primary capsules -> Linear(K -> D) = the inputs; centroids from a learned linear map over
-                     the P capsules (attention's ``"linear"`` init); T = 3 dense centroid-attention steps + MLP
+                     the P capsules (attention's "linear" init); T = 3 dense centroid-attention steps + MLP
       -> decoder, H = ceil(N_out / M) grid points per capsule; output point i = h * M + m is grid point h of capsule
-         m, and :attr:`PointCapsNet.point_capsule` holds m for every output point:
-           heads (the reference, ``decoder="heads"``): H separate heads; head h maps [grid point g[h, m] (2-D);
+         m, and PointCapsNet.point_capsule holds m for every output point:
+           heads (the reference, decoder="heads"): H separate heads; head h maps [grid point g[h, m] (2-D);
                      capsule m (D)] with Conv1d (D+2) -> (D+2) -> (D+2)/2 -> (D+2)/4 -> 3 (BN, ReLU, tanh at the
                      end): capsule m's patch is the m-th point of every head
-           patch (default, ``decoder="patch"``): one MLP of the same form, shared by all points, maps [g; v_m] to a
+           patch (default, decoder="patch"): one MLP of the same form, shared by all points, maps [g; v_m] to a
                      point: capsule m's patch is the image of the unit square under g -> f([g; v_m]), one continuous
                      surface patch (AtlasNet's patches, with the capsule vector choosing the patch)
 

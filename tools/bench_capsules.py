@@ -6,32 +6,32 @@
     python tools/bench_capsules.py --models pointcaps_routing_small pointcaps_centroid_small --routing-impls einsum \\
         --points 128 --batch 2 --mem-batches 2 3 --train-steps 2 --chamfer-points 64 --train-per-class 2   # seconds
 
-For every registered model (``pointcaps_{routing,centroid}_{small,base}``), on the same random unit-sphere clouds, and
-for the routing models once per implementation (``--routing-impls``: ``einsum``, ours, and ``reference``, the
+For every registered model (`pointcaps_{routing,centroid}_{small,base}`), on the same random unit-sphere clouds, and
+for the routing models once per implementation (`--routing-impls`: `einsum`, ours, and `reference`, the
 reference code's matmul that expands W over the batch; same function, tested equal):
 
 * params;
-* train-step time: forward + Chamfer loss + backward + Adam step at ``--batch`` clouds of ``--points`` points; all
-  models are built first and timed round-robin (each of ``--repeats`` rounds times one step of every model in turn,
-  so background load hits all alike), median (or ``--stat min``) of the rounds;
+* train-step time: forward + Chamfer loss + backward + Adam step at `--batch` clouds of `--points` points; all
+  models are built first and timed round-robin (each of `--repeats` rounds times one step of every model in turn,
+  so background load hits all alike), median (or `--stat min`) of the rounds;
 * peak memory of forward + backward with the weights, gradients and Adam states in memory, at two batch sizes
-  (``--mem-batches``): on CPU by exact tensor accounting (PyTorch's ``MemTracker``: every tensor storage counted
-  while it is alive, repeatable to the byte, unlike the resident set), on CUDA ``torch.cuda.max_memory_allocated``.
+  (`--mem-batches`): on CPU by exact tensor accounting (PyTorch's `MemTracker`: every tensor storage counted
+  while it is alive, repeatable to the byte, unlike the resident set), on CUDA `torch.cuda.max_memory_allocated`.
   The optimizer step is left out (its temporaries do not grow with the batch). Memory per sample = the slope between
-  the two batch sizes; the largest batch within ``--budget-gb`` = ``floor((budget - fixed) / slope)`` with
-  ``fixed`` the intercept (weights, gradients, Adam states, batch-independent temporaries);
-* Chamfer distance (``capsules.CHAMFER_DEFINITION``), part purity and its chance level (the same reconstructions cut
+  the two batch sizes; the largest batch within `--budget-gb` = `floor((budget - fixed) / slope)` with
+  `fixed` the intercept (weights, gradients, Adam states, batch-independent temporaries);
+* Chamfer distance (`capsules.CHAMFER_DEFINITION`), part purity and its chance level (the same reconstructions cut
   into random patches of the capsules' sizes) on the embedded synthetic part shapes' test split after
-  ``--train-steps`` Adam steps (lr ``--lr``, batch 8, ``--chamfer-points`` points, the same shapes in the same order for
-  every model), once per decoder of ``--decoders`` (``patch``, the default decoder, and ``heads``, the reference's):
-  the second table, with the patch spread (:func:`capsules.metrics.patch_spread`: about 1 when each capsule's points
+  `--train-steps` Adam steps (lr `--lr`, batch 8, `--chamfer-points` points, the same shapes in the same order for
+  every model), once per decoder of `--decoders` (`patch`, the default decoder, and `heads`, the reference's):
+  the second table, with the patch spread (`capsules.metrics.patch_spread`: about 1 when each capsule's points
   are scattered over the whole shape). The main table's Chamfer and purity columns are the first decoder's. Not
   repeated for the reference routing impl, which trains identically.
 
 Ratios: each centroid model against the routing model of its size (each implementation), measured in the same run
-(:mod:`capsules.bench`). Targets: centroid max batch >= 3x routing (paper 58 vs 22 at 12 capsules, 36 vs 12 at 64),
+(`capsules.bench`). Targets: centroid max batch >= 3x routing (paper 58 vs 22 at 12 capsules, 36 vs 12 at 64),
 params <= 1/3 of routing, lower Chamfer after the same steps (paper x 1e-3: 1.6 vs 2.7 at 12 capsules, 1.4 vs 1.5 at
-64, after full training). Each target prints under the tables; ``--json`` writes them with every row. Absolute times
+64, after full training). Each target prints under the tables; `--json` writes them with every row. Absolute times
 are meaningful only on an otherwise idle machine.
 """
 

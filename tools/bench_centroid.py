@@ -7,28 +7,28 @@
 
 N in {1024, 4096, 8192, 16384}, M = N / 4 centroids, K = 32 neighbours, C = 128 channels, 4 heads, batch 1.
 Implementations of one attention step from M centroids to N inputs, with the same projections
-(:data:`attention.bench.CENTROID_PATHS`):
+(`attention.bench.CENTROID_PATHS`):
 
-* ``dense-matmul``: softmax(Q K^T) V with the (B, H, M, N) score matrix materialized (a plain implementation);
-* ``dense-sdpa``:   the layer's dense path, ``scaled_dot_product_attention`` (fused kernels where torch has them);
-* ``knn``:          the layer's KNN path (K nearest inputs in feature space, gathered keys and values);
-* ``knn-masked``:   the same neighbours, attention as dense products under the (B, M, N) neighbour mask;
-* ``knn-triton``:   the same neighbours, the fused Triton kernel (``attn_backend="triton"``; CUDA only);
-* ``knn-compiled``: ``torch.compile`` of the KNN path in the form ``"auto"`` took before the fused kernel (masked
-  while N / K <= 128, else gather): what the compiler alone gives (``--compiled``, default on CUDA only);
-* ``knn-triton-compiled``: ``torch.compile`` of the layer with the fused kernel, which stays one opaque operator in
-  the compiled graph (:mod:`attention.kernels.ops`): what a compiled model runs (``--compiled``; CUDA only);
-* ``knn-triton-graphs``, ``dense-sdpa-graphs``: the fused step and SDPA's compiled with ``mode="reduce-overhead"``
-  (CUDA graphs: a step is one replay, no per-kernel launch cost; ``--compiled``; CUDA only);
-* ``knn-triton-captured``, ``dense-sdpa-captured``: the same eager steps captured whole into CUDA graphs
-  (:func:`engine.bench.capture_graphs`: one replay forward and one backward, no compiler and no guards, the least
+* `dense-matmul`: softmax(Q K^T) V with the (B, H, M, N) score matrix materialized (a plain implementation);
+* `dense-sdpa`:   the layer's dense path, `scaled_dot_product_attention` (fused kernels where torch has them);
+* `knn`:          the layer's KNN path (K nearest inputs in feature space, gathered keys and values);
+* `knn-masked`:   the same neighbours, attention as dense products under the (B, M, N) neighbour mask;
+* `knn-triton`:   the same neighbours, the fused Triton kernel (`attn_backend="triton"`; CUDA only);
+* `knn-compiled`: `torch.compile` of the KNN path in the form `"auto"` took before the fused kernel (masked
+  while N / K <= 128, else gather): what the compiler alone gives (`--compiled`, default on CUDA only);
+* `knn-triton-compiled`: `torch.compile` of the layer with the fused kernel, which stays one opaque operator in
+  the compiled graph (`attention.kernels.ops`): what a compiled model runs (`--compiled`; CUDA only);
+* `knn-triton-graphs`, `dense-sdpa-graphs`: the fused step and SDPA's compiled with `mode="reduce-overhead"`
+  (CUDA graphs: a step is one replay, no per-kernel launch cost; `--compiled`; CUDA only);
+* `knn-triton-captured`, `dense-sdpa-captured`: the same eager steps captured whole into CUDA graphs
+  (`engine.bench.capture_graphs`: one replay forward and one backward, no compiler and no guards, the least
   host work a step; CUDA only).
 
 Peak memory is the growth of the peak resident set of a fresh process during forward + backward on CPU (a process
-per configuration), and ``torch.cuda.max_memory_allocated`` on CUDA (all in this process; ``--isolate`` says).
-Ratios are against ``dense-matmul`` and ``dense-sdpa`` of the same N. Targets (:func:`attention.bench.
-centroid_targets`, verdicts on CUDA): the fused step faster than SDPA at every N from 1K to 16K (its fastest row
-against eager SDPA, and both in CUDA graphs, each its faster graph row), with a lower peak (both eager).
+per configuration), and `torch.cuda.max_memory_allocated` on CUDA (all in this process; `--isolate` says).
+Ratios are against `dense-matmul` and `dense-sdpa` of the same N. Targets (`attention.bench.centroid_targets`,
+verdicts on CUDA): the fused step faster than SDPA at every N from 1K to 16K (its fastest row against eager SDPA, and
+both in CUDA graphs, each its faster graph row), with a lower peak (both eager).
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--paths", nargs="+", default=list(CENTROID_PATHS), choices=CENTROID_PATHS,
-                        help="rows to time (default: all)")  # fmt: skip
+    parser.add_argument("--paths", nargs="+", default=list(CENTROID_PATHS), choices=CENTROID_PATHS, metavar="PATH",
+                        help=f"rows to time, of {', '.join(CENTROID_PATHS)} (default: all)")  # fmt: skip
     parser.add_argument("--compiled", choices=["auto", "yes", "no"], default="auto",
                         help="time the compiled rows (auto: on CUDA only; a CPU compiles for minutes)")  # fmt: skip
     add_isolate_option(parser)

@@ -1,20 +1,20 @@
-"""The fused KNN-attention kernel's heads per program (``block_h``) at a model's shapes, against the gather path.
+"""The fused KNN-attention kernel's heads per program (`block_h`) at a model's shapes, against the gather path.
 
     python tools/bench_knn_attention.py --device cuda                    # the ModelNet40 model's four blocks
     python tools/bench_knn_attention.py --device cuda --preset centroid  # tools/bench_centroid.py's step
     python tools/bench_knn_attention.py --device cuda --block-h 1 4 --batch 128 --dtype fp32
 
-Shapes (:data:`attention.bench.KNN_KERNEL_PRESETS`): ``modelnet``, the four KNN attentions of the ModelNet40 centroid
+Shapes (`attention.bench.KNN_KERNEL_PRESETS`): `modelnet`, the four KNN attentions of the ModelNet40 centroid
 transformer at 1024 points (two self-attention blocks over each point's 24 nearest points, two centroid blocks),
-batch 32; ``centroid``, one centroid-attention step of ``tools/bench_centroid.py`` (M = N / 4, K = 32, C = 128 in 4
-heads, N = 1K, 4K, 16K), batch 1. Rows (:func:`attention.bench.knn_kernel_rows`): the gather path, and the fused
-kernel (:func:`attention.kernels.knn_attention_triton.knn_attention_triton`, CUDA) at each ``--block-h``: forward
-alone and forward + backward, each call ``--inner`` times a round (the GPU runs the launches back to back), the forms
-of a shape timed round-robin over ``--repeats`` rounds, the median round per call; the kernel's speedup over
-``block_h=1`` and over the gather path, and its output's largest difference from the gather path's.
+batch 32; `centroid`, one centroid-attention step of `tools/bench_centroid.py` (M = N / 4, K = 32, C = 128 in 4
+heads, N = 1K, 4K, 16K), batch 1. Rows (`attention.bench.knn_kernel_rows`): the gather path, and the fused
+kernel (`attention.kernels.knn_attention_triton.knn_attention_triton`, CUDA) at each `--block-h`: forward
+alone and forward + backward, each call `--inner` times a round (the GPU runs the launches back to back), the forms
+of a shape timed round-robin over `--repeats` rounds, the median round per call; the kernel's speedup over
+`block_h=1` and over the gather path, and its output's largest difference from the gather path's.
 
-The second table sums forward + backward over the shapes for each ``block_h``: the one with the least time is what
-the layer's default should be for that model on that GPU. Under ``TRITON_INTERPRET=1`` the kernel also runs on CPU
+The second table sums forward + backward over the shapes for each `block_h`: the one with the least time is what
+the layer's default should be for that model on that GPU. Under `TRITON_INTERPRET=1` the kernel also runs on CPU
 (slowly: only its outputs mean anything there); otherwise a CPU run times the gather path alone.
 """
 

@@ -8,12 +8,12 @@
         centroid_transformer_modelnet40_random
     python tools/bench_modelnet.py --device cuda --amp --steps 1 --profile runs/profile   # what bounds each train step
 
-Rows, columns and targets are described in :mod:`pointcloud.bench`: the centroid transformer for each T
-(``--steps``), KNN attention form (``--attn-backends``), chunk budget (``--chunk-mb``) and compiled form
-(``--compile``, in each ``torch.compile`` mode of ``--compile-mode``), its downsampling-only twins and every
-registered peer, all on the same batch (one table per size of ``--batch``); ``--repeats`` rounds
-timed round-robin after ``--warmup`` untimed calls (``--stat min``: the fastest round, the least disturbed by other
-jobs on a shared machine). The verdicts print under the table; ``--json`` writes every row (each round's time
+Rows, columns and targets are described in `pointcloud.bench`: the centroid transformer for each T
+(`--steps`), KNN attention form (`--attn-backends`), chunk budget (`--chunk-mb`) and compiled form
+(`--compile`, in each `torch.compile` mode of `--compile-mode`), its downsampling-only twins and every
+registered peer, all on the same batch (one table per size of `--batch`); `--repeats` rounds
+timed round-robin after `--warmup` untimed calls (`--stat min`: the fastest round, the least disturbed by other
+jobs on a shared machine). The verdicts print under the table; `--json` writes every row (each round's time
 included) and the targets.
 """
 

@@ -4,10 +4,10 @@
     python tools/bench_partseg.py --points 256 --batch 16           # the main job's clouds
     python tools/bench_partseg.py --device cuda --amp --batch 32    # GPU, bf16 autocast
 
-Rows and columns are described in :mod:`pointcloud.partseg.bench`: every registered part-segmentation model at its
+Rows and columns are described in `pointcloud.partseg.bench`: every registered part-segmentation model at its
 defaults and the centroid model at the main job's size, 50 parts and 16 categories, all on the same batch, timed
-round-robin (``--repeats`` rounds after ``--warmup`` untimed calls; ``--stat min``: the fastest round, the least
-disturbed by other jobs on a shared machine). ``--json`` writes every row (each round's time included).
+round-robin (`--repeats` rounds after `--warmup` untimed calls; `--stat min`: the fastest round, the least
+disturbed by other jobs on a shared machine). `--json` writes every row (each round's time included).
 """
 
 from __future__ import annotations

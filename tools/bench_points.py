@@ -6,30 +6,30 @@
 
 Grid: B in {8, 32}, N in {1024, 4096}, M in {N/2, N/4}. FPS samples M of N points; KNN finds the k nearest of the
 N points for each of the M sampled points, in xyz (C = 3) and in a 64-d feature space. On CUDA two more rows time the
-Triton kernel itself (``attention.knn``'s NaN/Inf checks, a host sync each, are in the ``triton`` row only):
-``triton-split`` splits the N points among programs where the query blocks alone would leave the GPU idle (e.g.
-``--batch 1``), ``triton-1split`` searches them in one part. ``speedup vs cluster`` =
+Triton kernel itself (`attention.knn`'s NaN/Inf checks, a host sync each, are in the `triton` row only):
+`triton-split` splits the N points among programs where the query blocks alone would leave the GPU idle (e.g.
+`--batch 1`), `triton-1split` searches them in one part. `speedup vs cluster` =
 torch_cluster's time / the backend's time (> 1: faster than torch_cluster). Every backend's FPS indices are checked
 against the reference in the same run.
 
-Large single clouds (``--large N M ...``; by default 50K / M = 4096 and 100K / M = 8192 with the default ``--points``
+Large single clouds (`--large N M ...`; by default 50K / M = 4096 and 100K / M = 8192 with the default `--points`
 grid, none with any other, so a small run stays small): every exact FPS backend and the approximate
-``fpsample_bucket``, with each one's time relative to the bucket FPS and to the reference, and its coverage (the
+`fpsample_bucket`, with each one's time relative to the bucket FPS and to the reference, and its coverage (the
 largest distance from a point to its nearest sample, which FPS greedily minimizes) relative to exact FPS, on a uniform
-cloud in the unit cube and a clustered one (``--clouds``: 16 Gaussian blobs, where a spatial index prunes
-differently). The ``auto`` row shows which backend ``backend="auto"`` picks for that shape.
+cloud in the unit cube and a clustered one (`--clouds`: 16 Gaussian blobs, where a spatial index prunes
+differently). The `auto` row shows which backend `backend="auto"` picks for that shape.
 
-KNN memory (``--knn-memory M N C``; by default 20,000 queries against 200,000 points at C = 128 on CPU with the
-default ``--points`` grid, none otherwise): the peak resident set of one exact KNN search (``attention.knn``'s
-reference, :func:`attention.points.knn_chunked`; one cloud, float32, ``no_grad``, one thread unless ``--threads``),
+KNN memory (`--knn-memory M N C`; by default 20,000 queries against 200,000 points at C = 128 on CPU with the
+default `--points` grid, none otherwise): the peak resident set of one exact KNN search (`attention.knn`'s
+reference, `attention.points.knn_chunked`; one cloud, float32, `no_grad`, one thread unless `--threads`),
 measured on CPU in a fresh process so the figure is the search's own, and the growth of that peak over the second
-half of ``--knn-memory-calls`` searches of M / calls queries in another fresh process (the first half lets the
+half of `--knn-memory-calls` searches of M / calls queries in another fresh process (the first half lets the
 allocator settle).
 
-Targets, printed under the tables and written with every row to ``--json``: the Triton FPS at least 2x
-torch-cluster's at B=32, N=1024, M=512 (:func:`attention.bench.fps_cluster_target`, on CUDA); with the KNN memory row,
+Targets, printed under the tables and written with every row to `--json`: the Triton FPS at least 2x
+torch-cluster's at B=32, N=1024, M=512 (`attention.bench.fps_cluster_target`, on CUDA); with the KNN memory row,
 its peak at most 1.5 GB at 20,000 x 200,000 x 128 and at most one CPU chunk of distances (32 MB) of growth over the
-repeated calls (:func:`attention.bench.knn_memory_targets`, on CPU).
+repeated calls (`attention.bench.knn_memory_targets`, on CPU).
 
 With numba installed, the first line also gives the numba FPS's first-call cost in a fresh process: compiling into an
 empty cache, and loading the compiled code from the cache (the usual case after the first run).

@@ -5,44 +5,44 @@
     python tools/bench_vision.py --batch 2 --img-size 32 --repeats 1 --warmup 0 \\
         --models deit_tiny_patch16_224 centroid_deit_tiny_c6_patch16_224                     # seconds
 
-Rows: timm's ``deit_tiny_patch16_224`` and ``deit_small_patch16_224`` (the baselines) and every model registered by
-:mod:`vision` (or ``--models``), all at 224 px, 1000 classes, random images, with the same settings for every row:
-fused attention as timm configures it (``scaled_dot_product_attention`` where available, in timm's blocks and ours),
-``--compile`` for all or none (``--compile both``: every model both ways, two rows each; ``--compile-mode
-reduce-overhead`` adds CUDA graphs), fp32 on CPU, ``--amp`` (bf16 autocast) on CUDA, where cuDNN picks its fastest
-convolution for the fixed shapes (``torch.backends.cudnn.benchmark``, as timm's ``benchmark.py`` sets it).
+Rows: timm's `deit_tiny_patch16_224` and `deit_small_patch16_224` (the baselines) and every model registered by
+`vision` (or `--models`), all at 224 px, 1000 classes, random images, with the same settings for every row:
+fused attention as timm configures it (`scaled_dot_product_attention` where available, in timm's blocks and ours),
+`--compile` for all or none (`--compile both`: every model both ways, two rows each; `--compile-mode
+reduce-overhead` adds CUDA graphs), fp32 on CPU, `--amp` (bf16 autocast) on CUDA, where cuDNN picks its fastest
+convolution for the fixed shapes (`torch.backends.cudnn.benchmark`, as timm's `benchmark.py` sets it).
 
-* inference: eval mode, ``torch.no_grad``;
+* inference: eval mode, `torch.no_grad`;
 * train step: train mode, forward + cross-entropy + backward + AdamW step;
-* rows are timed round-robin (:func:`vision.bench.benchmark`) over ``--repeats`` rounds after ``--warmup`` untimed
+* rows are timed round-robin (`vision.bench.benchmark`) over `--repeats` rounds after `--warmup` untimed
   calls each, so a change in background load hits every row alike (every row's train steps, then every row's
   inference calls, so that no timed call switches its model's mode); images/s = batch / the median (or
-  ``--stat min``) time of a round;
-* ``vs DeiT`` = images/s over the same-width DeiT's images/s in the same run (tiny rows against DeiT-tiny, small
+  `--stat min`) time of a round;
+* `vs DeiT` = images/s over the same-width DeiT's images/s in the same run (tiny rows against DeiT-tiny, small
   rows against DeiT-small);
-* ``--batch`` takes several sizes: every row at each, one table per size.
+* `--batch` takes several sizes: every row at each, one table per size.
 
-Targets (:func:`vision.bench.ours_target`): Ours-1 (``centroid_deit_tiny_c6_patch16_224``) at least 1.4x
+Targets (`vision.bench.ours_target`): Ours-1 (`centroid_deit_tiny_c6_patch16_224`) at least 1.4x
 DeiT-tiny's inference images/s on CPU fp32, and at least 1.5x on a GPU with AMP (95% of its MAC ratio; Token
-Merging's best DeiT-Ti result is 1.56x), both models run the same way: ``--compile both`` times each model eager and
+Merging's best DeiT-Ti result is 1.56x), both models run the same way: `--compile both` times each model eager and
 compiled and the verdict takes the better mode (naming it). With several batch sizes each model's throughput is its
 images/s at its best one, as DeiT and Token Merging report throughput (at a batch that fills the GPU; Ours-1's
-50-token blocks launch kernels a quarter the size of DeiT's). The verdict prints under the tables; ``--json`` writes
-it with every row::
+50-token blocks launch kernels a quarter the size of DeiT's). The verdict prints under the tables; `--json` writes
+it with every row:
 
     python tools/bench_vision.py --device cuda --amp --batch 512 2048 --compile both \\
         --models deit_tiny_patch16_224 centroid_deit_tiny_c6_patch16_224
 
-``--capture`` (CUDA, ``--no-train``) captures each row's inference call, eager or compiled (``--compile-mode
-default``), whole into one CUDA graph: a timed call copies the batch into the graph's input and replays it, so the
+`--capture` (CUDA, `--no-train`) captures each row's inference call, eager or compiled (`--compile-mode
+default`), whole into one CUDA graph: a timed call copies the batch into the graph's input and replays it, so the
 rows time the models' kernels and not the host's launches, guards or cudagraph-tree bookkeeping (a
-``reduce-overhead`` row still times those: each timed call ends in a synchronize, as in timm's ``benchmark.py``, so
-host work before the replay adds to it)::
+`reduce-overhead` row still times those: each timed call ends in a synchronize, as in timm's `benchmark.py`, so
+host work before the replay adds to it):
 
     python tools/bench_vision.py --device cuda --amp --batch 512 2048 --compile both --capture --no-train \\
         --channels-last --models deit_tiny_patch16_224 centroid_deit_tiny_c6_patch16_224
 
-``--profile DIR`` profiles each row's inference call after timing it: an op table and a Chrome trace per row, and a
+`--profile DIR` profiles each row's inference call after timing it: an op table and a Chrome trace per row, and a
 table of device time against the call's time (what bounds it: launches or the GPU's work).
 """
 

@@ -1,16 +1,16 @@
 """Measure what each block of trained centroid transformers does, side by side: per-block gradient norms, attention
 entropy, the centroid step's update against its skip, the xyz distance of the attended neighbours and their same-part
-rate (:mod:`pointcloud.diagnostics`).
+rate (`pointcloud.diagnostics`).
 
     python tools/diagnose_modelnet.py --checkpoint runs/modelnet40/main/latest/last.pt
     python tools/diagnose_modelnet.py --checkpoint t1=runs/ablation/modelnet_levers/t_1/seed0/last.pt \\
         fps=runs/ablation/modelnet_levers/fps_only/seed0/last.pt --initial --out runs/diagnosis/t1_vs_fps
 
-Each checkpoint is a ``tools/train_modelnet.py`` checkpoint of a centroid transformer or one of its twins (``NAME=PATH``
-names its column). The gradient norms are averaged over ``--batches`` augmented training batches of the run's own
+Each checkpoint is a `tools/train_modelnet.py` checkpoint of a centroid transformer or one of its twins (`NAME=PATH`
+names its column). The gradient norms are averaged over `--batches` augmented training batches of the run's own
 data, the attention statistics read the first test batch, the same-part rate the synthetic part shapes' test split.
-``--initial`` adds each model at a fresh initialization (seeded by its run's seed). The table goes to the console and,
-with every figure, to ``<out>/diagnosis.md`` and ``<out>/diagnosis.json``.
+`--initial` adds each model at a fresh initialization (seeded by its run's seed). The table goes to the console and,
+with every figure, to `<out>/diagnosis.md` and `<out>/diagnosis.json`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Writes docs/benchmarks.md from the benches' reports in docs/benchmarks/ (:mod:`engine.bench_report`).
+"""Writes docs/benchmarks.md from the benches' reports in docs/benchmarks/ (`engine.bench_report`).
 
     python tools/docs_benchmarks.py           # rewrite the page
     python tools/docs_benchmarks.py --check   # exit 1 when the page is not what the reports give
 
-A report is a bench's own ``--json``, kept as ``docs/benchmarks/<bench>-<device>.json``, e.g.::
+A report is a bench's own `--json`, kept as `docs/benchmarks/<bench>-<device>.json`, e.g.:
 
     python tools/bench_centroid.py --points 256 1024 --json docs/benchmarks/bench_centroid-cpu.json
     python tools/docs_benchmarks.py

@@ -1,28 +1,28 @@
-"""Export a run's checkpoint as ``model.safetensors`` plus a timm-style ``config.json``, for use in other projects.
+"""Export a run's checkpoint as `model.safetensors` plus a timm-style `config.json`, for use in other projects.
 
     python tools/export_weights.py runs/modelnet40/main/latest/best.pt --out exported/ct
     python tools/export_weights.py runs/deit/synthetic_centroid_tiny/latest/best.pt --out exported/ours1 --ema
 
 The model is rebuilt from what the checkpoint records (its name and constructor keywords, however the run was
-started: ``--set``, ``--config``), its weights (``model``, or ``ema`` with ``--ema``) are loaded strictly, and the
-export is checked to load back. ``--set KEY=VALUE`` may add constructor keywords (values read as YAML, as in the
+started: `--set`, `--config`), its weights (`model`, or `ema` with `--ema`) are loaded strictly, and the
+export is checked to load back. `--set KEY=VALUE` may add constructor keywords (values read as YAML, as in the
 training CLIs); changing one the run recorded is refused. For a checkpoint written outside the training CLIs, which
-records no model, name it with ``--model`` and give its keywords with ``--set`` (:mod:`engine.export`).
+records no model, name it with `--model` and give its keywords with `--set` (`engine.export`).
 
 Loading the result:
 
-* any exported model (its package imported first: ``pointcloud``, ``capsules``, ``lra``, ``vision``)::
+* any exported model (its package imported first: `pointcloud`, `capsules`, `lra`, `vision`):
 
       from engine.export import load_exported
       model = load_exported("exported/ct")
 
-* vision (timm), with ``config.json``'s ``model_args`` passed again::
+* vision (timm), with `config.json`'s `model_args` passed again:
 
       import timm, vision
       model = timm.create_model(name, pretrained=True, **model_args,
                                 pretrained_cfg_overlay=dict(file="exported/ours1/model.safetensors"))
 
-* point models::
+* point models:
 
       model = pointcloud.create_model(name, checkpoint="exported/ct/model.safetensors", **model_args)
 """

@@ -7,7 +7,7 @@
     python tools/gpu_check.py --only env tests kernels # some sections
 
 The sections (env, tests, kernels, the benches, the training CLIs), the output folder and the summary of the targets
-that each bench declares are described in :mod:`engine.gpu_check`.
+that each bench declares are described in `engine.gpu_check`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--quick", action="store_true", help="smaller grids and fewer rows, for a shorter run")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default runs/gpu_check/<device>-<mode>)")
-    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=None, help="run only these sections")
-    parser.add_argument("--skip", nargs="+", choices=SECTIONS, default=[], help="leave these sections out")
+    sections = ", ".join(SECTIONS)
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, default=None, metavar="SECTION",
+                        help=f"run only these sections, of {sections}")  # fmt: skip
+    parser.add_argument("--skip", nargs="+", choices=SECTIONS, default=[], metavar="SECTION",
+                        help="leave these sections out")  # fmt: skip
     half = "one half of the sections (1, then 2 into the same --out: 2 keeps 1's results)"
     parser.add_argument("--part", type=int, choices=sorted(PARTS), default=None, help=half)
     parser.add_argument("--wheels", type=Path, default=None, help="folder of wheels to install offline (default .whl)")

@@ -6,21 +6,21 @@
     python tools/model_stats.py --check                           # CI: exit 1 if a checked model is off the paper
 
 One Markdown table per family; each row is a registered model, so a model appears here as soon as its package
-registers it, and a paper number whose model is not registered yet is not printed. ``ratio`` = ours / paper. Each
-family's paper numbers, tolerances and notes live in its package: ``pointcloud/stats.py``, ``capsules/stats.py``,
-``vision/stats.py`` (measured by :func:`engine.stats.stats_report`).
+registers it, and a paper number whose model is not registered yet is not printed. `ratio` = ours / paper. Each
+family's paper numbers, tolerances and notes live in its package: `pointcloud/stats.py`, `capsules/stats.py`,
+`vision/stats.py` (measured by `engine.stats.stats_report`).
 
-GMACs are per sample (batch 1, eval mode), counted by :func:`engine.count_gmacs`, i.e. by
-``torch.utils.flop_counter.FlopCounterMode`` with 1 MAC = 2 FLOPs. It counts the matmul-like aten ops that actually
-run: linear layers, convolutions, ``bmm``/``baddbmm`` and ``scaled_dot_product_attention``, so the attention matmuls
+GMACs are per sample (batch 1, eval mode), counted by `engine.count_gmacs`, i.e. by
+`torch.utils.flop_counter.FlopCounterMode` with 1 MAC = 2 FLOPs. It counts the matmul-like aten ops that actually
+run: linear layers, convolutions, `bmm`/`baddbmm` and `scaled_dot_product_attention`, so the attention matmuls
 (scores and weighted sums, dense or over the K gathered neighbours) are included, and so is the brute-force KNN
-distance matrix in feature space (a ``baddbmm``; 0.04 GMACs of the centroid transformer at 1024 points). Not counted:
+distance matrix in feature space (a `baddbmm`; 0.04 GMACs of the centroid transformer at 1024 points). Not counted:
 element-wise ops (norms, activations, softmax, residual adds), gather/scatter and indexing (neighbour gathering,
 nearest-neighbour upsampling), sorting and top-k, farthest point sampling (a loop of element-wise ops) and
 compiled extensions (torch_cluster's xyz KNN on CPU; with the brute-force backend instead, that KNN adds a few
-MMACs). The cost of those point ops shows up in time, not in GMACs: see ``tools/bench_modelnet.py``.
+MMACs). The cost of those point ops shows up in time, not in GMACs: see `tools/bench_modelnet.py`.
 
-``--check`` compares the models in a family's ``checks`` with the paper within a relative tolerance (the centroid
+`--check` compares the models in a family's `checks` with the paper within a relative tolerance (the centroid
 transformer: params 4.1 M +-15%, GMACs 5.4 +-25%) and exits with a message naming the measured and expected values.
 """
 

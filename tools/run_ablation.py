@@ -5,18 +5,18 @@
     python tools/run_ablation.py --table modelnet --plan              # the table and its commands, no training
     python tools/run_ablation.py --table modelnet --plan --records docs/ablations/records  # the docs' table again
 
-Tables: ``fsat`` and ``sam`` (:mod:`lra.ablation`: FSAT's switches; each matrix mixer with and without data
-dependence, Dense and DFT) on ListOps at 128-256 tokens, ``modelnet`` (:mod:`pointcloud.ablation`: T = 1 / 2 / 3,
+Tables: `fsat` and `sam` (`lra.ablation`: FSAT's switches; each matrix mixer with and without data
+dependence, Dense and DFT) on ListOps at 128-256 tokens, `modelnet` (`pointcloud.ablation`: T = 1 / 2 / 3,
 the downsampling-only twins, PointNet, PointNet++, DGCNN) on 13 synthetic classes at 1,024 points, and
-``modelnet_levers`` (the centroid step's levers against the FPS-only twin, at 256 points). ``--curves FILE.svg``
+`modelnet_levers` (the centroid step's levers against the FPS-only twin, at 256 points). `--curves FILE.svg`
 draws the finished runs' learning curves. Runs go to
-``<out>/<table>/<row>/seed<N>``, each equal to the training command the table lists; finished runs are read back and
-stopped ones resume, so a table fills up over several calls (``--max-runs``). The table (mean, std, every seed, the
-commits and load averages the runs saw) goes to ``<out>/<table>.md`` and ``.json`` and to the console. With
-``--records DIR`` each finished run's result is also kept as ``DIR/<table>/<row>/seed<N>.json`` and runs found there
+`<out>/<table>/<row>/seed<N>`, each equal to the training command the table lists; finished runs are read back and
+stopped ones resume, so a table fills up over several calls (`--max-runs`). The table (mean, std, every seed, the
+commits and load averages the runs saw) goes to `<out>/<table>.md` and `.json` and to the console. With
+`--records DIR` each finished run's result is also kept as `DIR/<table>/<row>/seed<N>.json` and runs found there
 count as finished, so a table continues on another machine or from a fresh clone. A result whose path, command or
 metric does not fit the table is left out and listed (its seed counts as missing); a run folder whose run is not the
-kept record's stops the command: a kept record is never replaced by another run, and ``--plan`` writes no record.
+kept record's stops the command: a kept record is never replaced by another run, and `--plan` writes no record.
 """
 
 from __future__ import annotations

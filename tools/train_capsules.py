@@ -7,11 +7,11 @@
     python tools/train_capsules.py --eval-only --checkpoint runs/capsules/main/latest/best.pt
     torchrun --nproc-per-node 4 tools/train_capsules.py --config ...                   # DistributedDataParallel
 
-The run folder (default: a new ``runs/capsules/<name>/<timestamp>``, ``latest`` points to the newest; rules in
-docs/harness.md) gets the resolved ``config.yaml``, ``train.log``, ``log.jsonl``
-(one line per epoch: train and test Chamfer, test part purity), TensorBoard events in ``tb/``, ``last.pt`` (every
-epoch, atomic), ``best.pt`` (lowest test Chamfer) and ``final_metrics.json`` (``chamfer``, ``part_purity``,
-``params``, ``chamfer_definition``, ``first_epoch_test_chamfer``, ...).
+The run folder (default: a new `runs/capsules/<name>/<timestamp>`, `latest` points to the newest; rules in
+docs/harness.md) gets the resolved `config.yaml`, `train.log`, `log.jsonl`
+(one line per epoch: train and test Chamfer, test part purity), TensorBoard events in `tb/`, `last.pt` (every
+epoch, atomic), `best.pt` (lowest test Chamfer) and `final_metrics.json` (`chamfer`, `part_purity`,
+`params`, `chamfer_definition`, `first_epoch_test_chamfer`, ...).
 """
 
 from __future__ import annotations

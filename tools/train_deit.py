@@ -7,13 +7,13 @@
     python tools/train_deit.py --eval-only --checkpoint runs/deit/synthetic_centroid_tiny/latest/best.pt
     torchrun --nproc-per-node 8 tools/train_deit.py --config configs/vision/deit_tiny_centroid_c6_300e.yaml ...
 
-The run folder (default: a new ``runs/deit/<name>/<timestamp>``, ``latest`` points to the newest; rules in
-docs/harness.md) gets the resolved ``config.yaml``, ``train.log``, ``log.jsonl`` (one
-line per epoch: train loss / top-1 / top-5, val loss / top-1 / top-5 (and ``ema_*``), lr, images/s as
-``samples_per_s``), TensorBoard events in ``tb/``, ``last.pt`` (every epoch, atomic), ``best.pt`` (best val top-1)
-and ``final_metrics.json`` (``top1``, ``top5``, ``params``, ``gmacs``, ``ema_top1`` with EMA, ...).
-The recipe (timm data / optimizer / scheduler / loss / EMA) is :mod:`vision.recipe`; config keys are the fields of
-``vision.recipe.DeiTConfig``.
+The run folder (default: a new `runs/deit/<name>/<timestamp>`, `latest` points to the newest; rules in
+docs/harness.md) gets the resolved `config.yaml`, `train.log`, `log.jsonl` (one
+line per epoch: train loss / top-1 / top-5, val loss / top-1 / top-5 (and `ema_*`), lr, images/s as
+`samples_per_s`), TensorBoard events in `tb/`, `last.pt` (every epoch, atomic), `best.pt` (best val top-1)
+and `final_metrics.json` (`top1`, `top5`, `params`, `gmacs`, `ema_top1` with EMA, ...).
+The recipe (timm data / optimizer / scheduler / loss / EMA) is `vision.recipe`; config keys are the fields of
+`vision.recipe.DeiTConfig`.
 """
 
 from __future__ import annotations

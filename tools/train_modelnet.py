@@ -7,10 +7,10 @@
     python tools/train_modelnet.py --eval-only --checkpoint runs/modelnet40/main/latest/best.pt --set votes=10
     torchrun --nproc-per-node 4 tools/train_modelnet.py --config ...                    # DistributedDataParallel
 
-The run folder (default: a new ``runs/modelnet40/<name>/<timestamp>``, ``latest`` points to the newest; rules in
-docs/harness.md) gets the resolved ``config.yaml``, ``train.log``, ``log.jsonl``
-(one line per epoch), TensorBoard events in ``tb/``, ``last.pt`` (every epoch, atomic), ``best.pt`` and
-``final_metrics.json``.
+The run folder (default: a new `runs/modelnet40/<name>/<timestamp>`, `latest` points to the newest; rules in
+docs/harness.md) gets the resolved `config.yaml`, `train.log`, `log.jsonl`
+(one line per epoch), TensorBoard events in `tb/`, `last.pt` (every epoch, atomic), `best.pt` and
+`final_metrics.json`.
 """
 
 from __future__ import annotations

@@ -7,12 +7,12 @@
     python tools/train_partseg.py --eval-only --checkpoint runs/partseg/main/latest/best.pt --set votes=10
     torchrun --nproc-per-node 4 tools/train_partseg.py --config ...                     # DistributedDataParallel
 
-ShapeNet Part's protocol (:mod:`pointcloud.partseg.metrics`): each point's prediction is the arg-max over its
+ShapeNet Part's protocol (`pointcloud.partseg.metrics`): each point's prediction is the arg-max over its
 category's parts; a shape's IoU is the mean over those parts (a part in neither prediction nor label counts as 1);
-``test_instance_miou`` averages it over shapes, ``test_class_miou`` over categories. The run folder (default: a new
-``runs/partseg/<name>/<timestamp>``, ``latest`` points to it) gets the resolved ``config.yaml``, ``train.log``,
-``log.jsonl`` (one line per epoch), TensorBoard events in ``tb/``, ``last.pt`` (every epoch, atomic), ``best.pt``
-and ``final_metrics.json`` (with each category's mIoU under ``class_ious``).
+`test_instance_miou` averages it over shapes, `test_class_miou` over categories. The run folder (default: a new
+`runs/partseg/<name>/<timestamp>`, `latest` points to it) gets the resolved `config.yaml`, `train.log`,
+`log.jsonl` (one line per epoch), TensorBoard events in `tb/`, `last.pt` (every epoch, atomic), `best.pt`
+and `final_metrics.json` (with each category's mIoU under `class_ious`).
 """
 
 from __future__ import annotations

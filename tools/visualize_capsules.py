@@ -6,14 +6,14 @@
     python tools/visualize_capsules.py --checkpoint best.pt --shape table_0053 sofa_0690      # shapes by name
 
 For every chosen shape the input (left, each point coloured by the capsule of its nearest decoded point) and the
-reconstruction (right, each capsule's patch in its own colour; with ``--highlight`` the other capsules are grey) are
-written to ``<output-dir>/<split>_<index>.ply``. With a display (``$DISPLAY`` or ``$WAYLAND_DISPLAY``) and without
-``--headless`` an Open3D window opens per shape; otherwise ``<split>_<index>.png`` is rendered off screen (Open3D's
-OffscreenRenderer with Debian's ``libvulkan1 mesa-vulkan-drivers``, or the legacy visualizer under ``xvfb-run``).
+reconstruction (right, each capsule's patch in its own colour; with `--highlight` the other capsules are grey) are
+written to `<output-dir>/<split>_<index>.ply`. With a display (`$DISPLAY` or `$WAYLAND_DISPLAY`) and without
+`--headless` an Open3D window opens per shape; otherwise `<split>_<index>.png` is rendered off screen (Open3D's
+OffscreenRenderer with Debian's `libvulkan1 mesa-vulkan-drivers`, or the legacy visualizer under `xvfb-run`).
 The PNG carries a legend (each coloured capsule, the part most of its points lie on and its purity) and, in its title,
 the shape's part purity, or on data without part labels its patch spread beside that of random patches of the same
 sizes. The camera frames the whole shape whatever its extent. The model, data and point count come from the
-checkpoint's config (the up axis too: the config's ``up_axis``, else the dataset's); each shape's numbers are logged.
+checkpoint's config (the up axis too: the config's `up_axis`, else the dataset's); each shape's numbers are logged.
 """
 
 from __future__ import annotations

@@ -5,15 +5,15 @@ often they share a semantic part.
     python tools/visualize_neighbourhoods.py --checkpoint best.pt --shape chair_0000 --centroids 0 1 2 3 4 --headless
     python tools/visualize_neighbourhoods.py --checkpoint best.pt --parts shapenet_part --data-root /data --index 7
 
-The checkpoint is a ModelNet classifier of ``tools/train_modelnet.py`` (a centroid transformer with FPS or random
+The checkpoint is a ModelNet classifier of `tools/train_modelnet.py` (a centroid transformer with FPS or random
 init). The part-labelled shapes are the embedded synthetic part shapes (table, chair, airplane, lamp, mug; z up) or
-ShapeNet Part (``--parts shapenet_part`` / ``shapenet_part_normal`` with ``--data-root``), read at the run's point
-count. Over the whole split (or ``--max-shapes``) the tool measures the fraction of each centroid's K neighbours that
+ShapeNet Part (`--parts shapenet_part` / `shapenet_part_normal` with `--data-root`), read at the run's point
+count. Over the whole split (or `--max-shapes`) the tool measures the fraction of each centroid's K neighbours that
 lie on its own point's part: in feature space (the neighbours its attention step uses), in xyz, and for K random
-points of the block's inputs. Per chosen shape it writes ``<output-dir>/<split>_<index>.ply`` and, without a display
-or with ``--headless``, ``<split>_<index>.png``: the shape twice, feature-space neighbours left and xyz neighbours
+points of the block's inputs. Per chosen shape it writes `<output-dir>/<split>_<index>.ply` and, without a display
+or with `--headless`, `<split>_<index>.png`: the shape twice, feature-space neighbours left and xyz neighbours
 right, each shown centroid's neighbours in its own colour over pale part colours, the centroid's point marked black.
-The numbers go to ``<output-dir>/agreement.json`` (default output folder: ``<checkpoint folder>/neighbourhoods``).
+The numbers go to `<output-dir>/agreement.json` (default output folder: `<checkpoint folder>/neighbourhoods`).
 """
 
 from __future__ import annotations

@@ -5,10 +5,10 @@
     python tools/visualize_partseg.py --checkpoint best.pt --shape table_0003 mug_0001         # shapes by name
 
 For every chosen shape the ground truth (left) and the prediction (right: the arg-max over the shape's category's
-parts, as the metric takes it) are written to ``<output-dir>/<split>_<index>.ply``. With a display (``$DISPLAY`` or
-``$WAYLAND_DISPLAY``) and without ``--headless`` an Open3D window opens per shape; otherwise ``<split>_<index>.png``
-is rendered off screen (Open3D's OffscreenRenderer with Debian's ``libvulkan1 mesa-vulkan-drivers``, or the legacy
-visualizer under ``xvfb-run``), or with ``--together`` one PNG holding every chosen shape as a row. The legend names
+parts, as the metric takes it) are written to `<output-dir>/<split>_<index>.ply`. With a display (`$DISPLAY` or
+`$WAYLAND_DISPLAY`) and without `--headless` an Open3D window opens per shape; otherwise `<split>_<index>.png`
+is rendered off screen (Open3D's OffscreenRenderer with Debian's `libvulkan1 mesa-vulkan-drivers`, or the legacy
+visualizer under `xvfb-run`), or with `--together` one PNG holding every chosen shape as a row. The legend names
 the parts of the shown categories, the title gives each shape's IoU. The model, data and point count come from the
 checkpoint's config.
 """

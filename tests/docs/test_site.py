@@ -31,6 +31,9 @@ CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "goog
 ERRORS = [r"Traceback \(most recent call last\)", r"ModuleNotFoundError", r"Could not collect", r"404 - Not found"]
 FRONT_PAGE_ERRORS = [r"\bError\b", r"\bexception\b"]
 NAV = ["Getting started", "Guides", "Benchmarks", "API reference"]
+# a docstring's Sphinx role as text: docs/hooks.py turns the roles it sees into code, and one it cannot reach (in a
+# literal block, or split from its code span) reaches the page as written
+ROLE = re.compile(r":(?:class|func|meth|attr|mod|data|exc|obj|const):(?=\S)")
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +62,17 @@ def _visible_text(dom: str) -> str:
 def test_site_builds_strictly(site: Path) -> None:
     for page in ("index.html", "benchmarks/index.html", "api/attention/index.html", "api/engine/index.html"):
         assert (site / page).is_file(), page
+
+
+@pytest.mark.slow
+def test_no_page_shows_a_sphinx_role(site: Path) -> None:
+    shown = []
+    for page in sorted(site.rglob("*.html")):
+        text = _visible_text(page.read_text(encoding="utf-8"))
+        for m in ROLE.finditer(text):
+            around = " ".join(text[max(0, m.start() - 60) : m.end() + 60].split())
+            shown.append(f"{page.relative_to(site)}: ...{around}...")
+    assert not shown, "pages show raw roles (write plain text in a docstring's literal block):\n" + "\n".join(shown)
 
 
 @pytest.mark.slow

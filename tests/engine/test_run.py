@@ -234,6 +234,17 @@ def test_eval_only_stops_at_the_lock_of_a_live_run(tmp_path, cli_logging, capsys
     assert (tmp_path / "eval_metrics.json").exists() and not (tmp_path / "run.lock").exists()
 
 
+def test_run_writes_train_log_only_when_it_sets_up_logging(tmp_path, cli_logging):
+    """As docs/harness.md says: engine.run() from Python writes the run folder without train.log, and with
+    setup_logging=True (what engine.main passes) it logs there too."""
+    _run(BlobsConfig(epochs=1), tmp_path / "python")
+    files = {p.name for p in (tmp_path / "python").iterdir()}
+    assert {"config.yaml", "log.jsonl", "last.pt", "best.pt", "final_metrics.json"} <= files
+    assert "train.log" not in files
+    _run(BlobsConfig(epochs=1), tmp_path / "logged", setup_logging=True)
+    assert (tmp_path / "logged" / "train.log").read_text(encoding="utf-8").strip()
+
+
 def test_an_interrupt_says_which_epoch_last_pt_holds(tmp_path, monkeypatch, cli_logging, capsys):
     """torchrun stops rank 0 (SIGTERM) after a peer died: the collective fails, then the signal comes in teardown."""
     calls = {"barrier": 0}
