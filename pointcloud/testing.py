@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from torch.testing import assert_close
 
+from attention import LayerScale
+
 from .model import create_model
 
 __all__ = ["TINY_MODELNET_SETS", "TINY_PARTSEG_SETS", "TinyPeer", "check_model_sweep", "check_registered_model"]
@@ -72,11 +74,24 @@ def check_model_sweep(
 ) -> None:
     """The registry sweep of any point model family: ``create(name, **kwargs)`` gives finite logits of ``shape`` on
     ``inputs``, a non-zero gradient for every parameter (of their log-sum-exp), and a second model that loads its
-    state dict gives the same eval output."""
+    state dict gives the same eval output.
+
+    A :class:`attention.LayerScale` initialised to 0 passes no gradient to the branch it gates until its own gradient
+    has moved it (ReZero's design): such a gate must get a gradient itself, and the check for every other parameter
+    runs with the gates opened (set to 0.1)."""
     model = create(name, **kwargs)
     logits = model(*inputs)
     assert logits.shape == shape and bool(torch.isfinite(logits).all())
     logits.logsumexp(-1).sum().backward()
+    gates = [m.gamma for m in model.modules() if isinstance(m, LayerScale) and not bool(m.gamma.any())]
+    shut = [g for g in gates if g.grad is None or not bool(g.grad.abs().sum() > 0)]
+    assert not shut, f"{name}: {len(shut)} of its zero LayerScale gates get no gradient"
+    if gates:
+        with torch.no_grad():
+            for g in gates:
+                g.fill_(0.1)
+        model.zero_grad()
+        model(*inputs).logsumexp(-1).sum().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not bool(p.grad.abs().sum() > 0)]
     assert not missing, f"{name}: no gradient for {missing}"
     model.eval()

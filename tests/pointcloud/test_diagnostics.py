@@ -52,7 +52,7 @@ def test_attention_statistics_fixed_points() -> None:
         assert stats[ca]["nbr_dist_ratio"] == pytest.approx(1.0)  # xyz neighbours are the K nearest in xyz
         assert stats[ca]["weighted_dist_ratio"] == pytest.approx(1.0)
     assert 0.0 < stats["SA1"]["entropy"] <= 1.0
-    feature = attention_statistics(_model(), points)
+    feature = attention_statistics(_model(layer_scale=None), points)  # the paper's unscaled update
     assert feature["CA2"]["nbr_dist_ratio"] >= 1.0 - 1e-6  # no K inputs lie nearer in xyz than the K nearest
     assert feature["CA2"]["update_ratio"] > 0.0
     twin = attention_statistics(_model(num_steps=0), points)
