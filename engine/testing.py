@@ -6,6 +6,7 @@ Nothing in the library imports this module.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -28,8 +29,10 @@ from engine.recipe import Recipe
 from engine.trainer import TIMING_KEYS
 
 __all__ = [
+    "HELP_COLUMNS",
     "NOTEST",
     "REPO",
+    "TOOLS",
     "BlobsTask",
     "BlobsTaskConfig",
     "FencedBlock",
@@ -44,11 +47,13 @@ __all__ = [
     "read_log",
     "run_interpreted",
     "run_tool",
+    "run_tools_batched",
     "skip_if_interpreted",
     "start_tool",
     "stop_after_first_checkpoint",
     "strip_timing",
     "tool_env",
+    "tools_help",
     "torchrun",
 ]
 
@@ -206,6 +211,62 @@ def run_tool(name: str, args: list[str], timeout: float = 300) -> subprocess.Com
     itself (its printed output, exit status, files), where the library behind it is tested in process."""
     cmd = [sys.executable, str(REPO / "tools" / f"{name}.py"), *args]
     return subprocess.run(cmd, env=tool_env(), capture_output=True, text=True, timeout=timeout)
+
+
+# Runs each (script, argv) of a JSON list on stdin as ``python script argv`` would, in this one process, and prints
+# one JSON result per call: the import of torch and the toolkit is paid once for all of them.
+_BATCH_RUNNER = r"""
+import contextlib, io, json, runpy, sys, traceback
+results = []
+for script, args in json.loads(sys.stdin.read()):
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    sys.argv, sys.path[0] = [script, *args], script.rpartition("/")[0]  # as `python script args` sets them
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            err.write(f"{e.code}\n")
+    except BaseException:
+        code = 1
+        err.write(traceback.format_exc())
+    results.append({"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
+sys.__stdout__.write(json.dumps(results))
+"""
+
+
+def run_tools_batched(
+    calls: list[tuple[str, list[str]]], env: dict[str, str] | None = None, timeout: float = 600
+) -> list[subprocess.CompletedProcess]:
+    """Runs ``python tools/<name>.py args`` for every ``(name, args)`` of ``calls`` in one fresh process, one after the
+    other, each as its own ``__main__`` with its own ``sys.argv``, stdout and stderr: for calls that end in the
+    argument parser (``--help``, a bad value), where a process per call would mostly pay for importing torch.
+
+    Returns one :class:`subprocess.CompletedProcess` per call, in order (``returncode`` the ``SystemExit`` code, 1 for
+    an exception, whose traceback ends its ``stderr``); ``env`` adds to :func:`tool_env`."""
+    jobs = [(str(REPO / "tools" / f"{name}.py"), list(args)) for name, args in calls]
+    env = {**tool_env(), **(env or {})}
+    done = subprocess.run([sys.executable, "-c", _BATCH_RUNNER], input=json.dumps(jobs), env=env, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+    assert done.returncode == 0, f"the batched tool runner failed: {done.stderr[-3000:]}"
+    results = json.loads(done.stdout)
+    return [
+        subprocess.CompletedProcess([sys.executable, script, *args], r["returncode"], r["stdout"], r["stderr"])
+        for (script, args), r in zip(jobs, results, strict=True)
+    ]
+
+
+TOOLS = tuple(sorted(p.stem for p in (REPO / "tools").glob("*.py")))
+HELP_COLUMNS = 120  # the source's line length: argparse wraps its help to COLUMNS - 2
+
+
+@functools.cache
+def tools_help() -> dict[str, subprocess.CompletedProcess]:
+    """Every tool's ``--help`` as a terminal of :data:`HELP_COLUMNS` columns shows it, by name: one batched process
+    (:func:`run_tools_batched`) the first time a test asks, then cached for the test session."""
+    results = run_tools_batched([(name, ["--help"]) for name in TOOLS], env={"COLUMNS": str(HELP_COLUMNS)})
+    return dict(zip(TOOLS, results, strict=True))
 
 
 def stop_after_first_checkpoint(

@@ -11,17 +11,14 @@ terminal as raw markup. The rendered site is checked for roles in ``tests/docs/t
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from engine.testing import REPO, tool_env
+from engine.testing import HELP_COLUMNS, REPO, TOOLS, tools_help
 
 PAGES = sorted((REPO / "docs").rglob("*.md"))
-TOOLS = sorted(p.stem for p in (REPO / "tools").glob("*.py"))
-HELP_WIDTH = 120  # the source's line length: the docstrings fit it, and argparse wraps its own text to it
+HELP_WIDTH = HELP_COLUMNS  # the source's line length: the docstrings fit it, and argparse wraps its own text to it
 # reStructuredText that a terminal shows as is: a role (:func:`x`) or an inline literal (``x``)
 RST = re.compile(r":(?:func|class|meth|attr|mod|data|exc|obj|const|ref|doc):`|``")
 _ITEM = re.compile(r" *(?:[-*+]|\d+[.)]) +\S")
@@ -101,9 +98,7 @@ def test_the_help_check_sees_markup() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("tool", TOOLS)
 def test_help_is_plain_text_that_fits_a_terminal(tool: str) -> None:
-    env = {**tool_env(), "COLUMNS": str(HELP_WIDTH)}  # argparse wraps to COLUMNS - 2
-    done = subprocess.run([sys.executable, str(REPO / "tools" / f"{tool}.py"), "--help"], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = tools_help()[tool]
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     markup = [line for line in lines if RST.search(line)]

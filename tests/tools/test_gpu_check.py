@@ -14,7 +14,7 @@ import pytest
 from attention.bench import kernel_targets
 from engine import gpu_check
 from engine.bench import target
-from engine.testing import run_tool, tool_env
+from engine.testing import run_tool, run_tools_batched, tool_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -103,17 +103,15 @@ def test_bench_arguments_name_real_options() -> None:
 def test_bench_arguments_parse() -> None:
     """The values too: each bench's parser takes the whole argument list gpu_check gives it (choices, counts; argparse
     reads every argument before the trailing ``--help`` ends the run), for each device and mode."""
-    seen = set()
+    seen: dict[tuple[str, ...], None] = {}
     for device in ("cpu", "cuda"):
         for quick in (True, False):
             ctx = gpu_check.Ctx(device, quick, Path("."), {}, Path("."), gpu_mem_gib=80.0)
             for name in (s for s in gpu_check.SECTIONS if s.startswith("bench_")):
-                args = (name, *gpu_check.bench_args(ctx, name))
-                if args in seen:
-                    continue
-                seen.add(args)
-                done = run_tool(name, [*args[1:], "--json", "report.json", "--help"], timeout=120)
-                assert done.returncode == 0, (args, done.stderr[-500:])
+                seen[(name, *gpu_check.bench_args(ctx, name))] = None
+    calls = [(args[0], [*args[1:], "--json", "report.json", "--help"]) for args in seen]
+    for args, done in zip(seen, run_tools_batched(calls), strict=True):  # one process: the parsers only
+        assert done.returncode == 0, (args, done.stderr[-500:])
 
 
 def test_the_two_parts_cover_every_section_once_but_env() -> None:

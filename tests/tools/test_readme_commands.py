@@ -23,7 +23,7 @@ import engine
 import lra
 from capsules.recipe import CapsulesRecipe
 from capsules.testing import TINY_CAPSULES_SETS
-from engine.testing import REPO, doc_pages, fenced_blocks, tool_env
+from engine.testing import REPO, doc_pages, fenced_blocks, tool_env, tools_help
 from lra.testing import TINY_LISTOPS_SETS
 from pointcloud.partseg.recipe import PartSegRecipe
 from pointcloud.recipe import ModelNetRecipe
@@ -151,8 +151,7 @@ def test_doc_commands_name_a_script_and_its_flags() -> None:
         if script.endswith(".sh"):
             continue
         if script not in helps:
-            done = subprocess.run([sys.executable, str(REPO / script), "--help"], env=tool_env(), capture_output=True,
-                                  text=True, timeout=300)  # fmt: skip
+            done = tools_help()[Path(script).stem]
             assert done.returncode == 0, f"{script} --help: {done.stderr[-2000:]}"
             helps[script] = set(re.findall(r"--[\w-]+", done.stdout))
         unknown = [a.split("=")[0] for a in args if a.startswith("--") and a.split("=")[0] not in helps[script]]
