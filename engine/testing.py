@@ -305,13 +305,48 @@ def torchrun(name: str, args: list[str], nproc: int = 2, timeout: float = 300) -
     return subprocess.run(cmd, env=tool_env(), capture_output=True, text=True, timeout=timeout)
 
 
+# Run first in every interpreted script. Triton's interpreter reduces element by element in Python when it does not
+# know the combine function; tl.sort's bitonic network reduces with XOR (tl.standard.xor_sum) at every stage, which
+# made the sort-based kernels (the KNN lists) take seconds a call on a few points. XOR is exact, associative and
+# commutative, so NumPy's reduction gives the same bits; triton's other reductions are left as they are.
+INTERPRETER_PRELUDE = """
+def _numpy_xor_reduce():
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    ops, xor = getattr(interpreter, "ReduceOps", None), getattr(tl.standard, "_xor_combine", None)
+    if ops is None or xor is None or not hasattr(ops, "apply_impl"):
+        return  # another interpreter layout: keep its own reduction
+    generic = ops.apply_impl
+
+    def apply_impl(self, input):
+        if self.combine_fn is not xor or len(input) != 1:
+            return generic(self, input)
+        data = input[0].handle.data
+        if self.axis is None:
+            out = np.bitwise_xor.reduce(data.reshape(-1))
+            out = out.reshape((1,) * data.ndim) if self.keep_dims else out.item()
+        else:
+            out = np.bitwise_xor.reduce(data, axis=self.axis, keepdims=self.keep_dims)
+        return self.to_tensor(out, input[0].dtype)
+
+    ops.apply_impl = apply_impl
+
+
+_numpy_xor_reduce()
+del _numpy_xor_reduce
+"""
+
+
 def run_interpreted(script: str, test_dir: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     """Runs ``script`` in a fresh Python under Triton's interpreter (``TRITON_INTERPRET=1``, which triton reads when it
     is imported, hence a process of its own), where Triton kernels run on CPU tensors. ``test_dir`` (a test file's
     folder, whose helpers the script imports) and this checkout lead the child's ``PYTHONPATH``."""
     path = os.pathsep.join([str(test_dir), str(REPO), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-c", INTERPRETER_PRELUDE + script], env=env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
 
 
 def assert_interpreted(script: str, test_file: str | Path, timeout: float = 900) -> None:
