@@ -288,10 +288,30 @@ def _separate_dt_and_a(shape: Shape, dtype: torch.dtype | None) -> str | None:
 
 def _masked_attention_preferred(shape: Shape, dtype: torch.dtype | None) -> bool:
     # N / K must be known and the neighbours distinct (the masked form counts a repeated index once), as after a KNN
-    # search; a caller's own index may repeat one.
-    if not shape.get("distinct") or shape.get("normalize", "inputs") != "inputs":
+    # search, or checked to be (a caller's own index may repeat one): the check runs last, when all else prefers it.
+    if shape.get("normalize", "inputs") != "inputs" or shape["N"] / shape["K"] > MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR:
         return False
-    return shape["N"] / shape["K"] <= MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR
+    return _known_distinct(shape)
+
+
+def _known_distinct(shape: Shape) -> bool:
+    """``shape["distinct"]``: True (a KNN search's neighbours), False (not known) or a check to run (a caller's)."""
+    distinct = shape.get("distinct", False)
+    return bool(distinct()) if callable(distinct) else bool(distinct)
+
+
+def _masked_attention_supported(shape: Shape, dtype: torch.dtype | None) -> str | None:
+    """The masked form marks each centroid's neighbours in a (B, M, N) mask, so a neighbour listed twice in a row
+    counts once; the other forms count it each time. Refused when the caller's index was checked to repeat one; when
+    nothing was checked (input checks off) an explicit request is taken as asked."""
+    distinct = shape.get("distinct")
+    if callable(distinct) and not distinct():
+        return (
+            "backend 'masked' of knn_attention counts a neighbour index listed twice in a row once (the others count "
+            "it each time), got an idx that repeats one: use backend='gather' (or 'triton' on CUDA), which count "
+            "every listed neighbour"
+        )
+    return None
 
 
 def _fused_attention_supported(shape: Shape, dtype: torch.dtype | None) -> str | None:
@@ -438,6 +458,7 @@ _register(
         "knn_attention",
         "masked",
         "attention.centroid.functional:masked_knn_attention",
+        check=_masked_attention_supported,
         prefer=_masked_attention_preferred,
     ),
     # attention/kernels/knn_attention_triton.py: one fused kernel per direction, keys and values read by index, an

@@ -78,6 +78,7 @@ from attention import CentroidBlock
 from attention.centroid import LinearInit
 from attention.checks import check_heads, check_points
 from engine.registry import ModelRegistry
+from pointcloud.model import example_clouds
 
 __all__ = [
     "DECODERS",
@@ -611,7 +612,9 @@ class PointCapsNet(nn.Module):
 # --------------------------------------------------------------------------------------------------------------------
 
 # create_model: kwargs override a model's defaults (e.g. ``num_points=1024``)
-MODELS, register_model, list_models, create_model = ModelRegistry("point capsule").exports()
+MODELS, register_model, list_models, create_model = ModelRegistry(
+    "point capsule", example_inputs=lambda model, config: (example_clouds(model, config, default_points=2048),)
+).exports()
 
 _SMALL = {"num_primary": 512, "primary_dim": 16, "num_latent": 12, "latent_dim": 128, "num_points": 2048}
 _BASE = {"num_primary": 1024, "primary_dim": 16, "num_latent": 64, "latent_dim": 64, "num_points": 2048}

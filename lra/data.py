@@ -13,7 +13,8 @@ application (``( ( ( [MAX 2 ) 9 ) ] )`` for ``[MAX 2 9 ]``), and its value. :fun
 parentheses, as the state-space models' LRA loaders do, so the remaining whitespace-separated tokens are the
 vocabulary here (:data:`VOCAB`); :func:`write_listops_tsv` writes generated expressions in the same format
 (:func:`to_lra_string`), and both reach the model through :func:`parse_row`: generated and released data take one
-code path.
+code path. Every row is evaluated (:func:`evaluate_tokens`): a file with rows that do not parse as one expression or
+whose expression's value is not their label is refused, naming their count and the first few by file and line.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ __all__ = [
     "END",
     "LRA_FILES",
     "OPERATORS",
+    "SHOWN_BAD_ROWS",
     "TOKEN_IDS",
     "TSV_HEADER",
     "VOCAB",
+    "ListOpsSet",
     "encode",
     "evaluate_tokens",
     "generate_listops",
@@ -75,20 +78,30 @@ def _apply(op: str, args: list[int]) -> int:
 
 
 def evaluate_tokens(tokens: list[str]) -> int:
-    """Value of a token list, by a stack machine (independent of the generator's recursion)."""
+    """Value of a token list, by a stack machine (independent of the generator's recursion).
+
+    Raises:
+        ValueError: the tokens are not one expression (a ``]`` without its operator, an operator without arguments
+            or without its ``]``, no value or several at the top level); the message says which.
+    """
     stack: list[list] = [[None, []]]
     for t in tokens:
         if t in OPERATORS:
             stack.append([t, []])
         elif t == END:
+            if len(stack) == 1:
+                raise ValueError(f"malformed expression (a ']' closes no operator): {' '.join(tokens)[:80]}")
             op, args = stack.pop()
-            if op is None or not args:
-                raise ValueError(f"malformed expression near {t!r}: {' '.join(tokens)[:80]}")
+            if not args:
+                raise ValueError(f"malformed expression ({op} without arguments): {' '.join(tokens)[:80]}")
             stack[-1][1].append(_apply(op, args))
         else:
             stack[-1][1].append(int(t))
-    if len(stack) != 1 or len(stack[0][1]) != 1:
-        raise ValueError(f"malformed expression: {' '.join(tokens)[:80]}")
+    if len(stack) != 1:
+        raise ValueError(f"malformed expression ({stack[-1][0]} without its ']'): {' '.join(tokens)[:80]}")
+    if len(stack[0][1]) != 1:
+        found = len(stack[0][1])
+        raise ValueError(f"malformed expression ({found} values at the top level, not one): {' '.join(tokens)[:80]}")
     return stack[0][1][0]
 
 
@@ -114,7 +127,20 @@ def generate_listops(
     return out
 
 
-def encode(examples: list[tuple[list[str], int]], seq_len: int, truncate: bool = False) -> TensorDataset:
+class ListOpsSet(TensorDataset):
+    """Encoded expressions: ``tensors`` are the ``(N, seq_len)`` token ids and the ``(N,)`` labels; ``source`` says
+    where they came from (a file, or the generator), which its ``repr`` names."""
+
+    def __init__(self, ids: torch.Tensor, labels: torch.Tensor, source: str = "") -> None:
+        super().__init__(ids, labels)
+        self.source = source
+
+    def __repr__(self) -> str:
+        source = f", source={self.source!r}" if self.source else ""
+        return f"{type(self).__name__}(rows={len(self)}, seq_len={self.tensors[0].shape[1]}{source})"
+
+
+def encode(examples: list[tuple[list[str], int]], seq_len: int, truncate: bool = False, source: str = "") -> ListOpsSet:
     """``(N, seq_len)`` token ids (right-padded with 0) and ``(N,)`` labels.
 
     Args:
@@ -122,6 +148,7 @@ def encode(examples: list[tuple[list[str], int]], seq_len: int, truncate: bool =
         seq_len: the model's input length.
         truncate: cut longer expressions to their first ``seq_len`` tokens (as LRA's loaders do); otherwise a longer
             expression is an error.
+        source: where the examples came from (e.g. the file), for the dataset's ``repr`` and so for messages.
     """
     ids = torch.zeros(len(examples), seq_len, dtype=torch.long)
     for n, (tokens, _) in enumerate(examples):
@@ -130,7 +157,7 @@ def encode(examples: list[tuple[list[str], int]], seq_len: int, truncate: bool =
                 raise ValueError(f"an expression has {len(tokens)} tokens > seq_len={seq_len}: raise seq_len")
             tokens = tokens[:seq_len]
         ids[n, : len(tokens)] = torch.tensor([TOKEN_IDS[t] for t in tokens])
-    return TensorDataset(ids, torch.tensor([v for _, v in examples]))
+    return ListOpsSet(ids, torch.tensor([v for _, v in examples], dtype=torch.long), source)
 
 
 def to_lra_string(tokens: list[str]) -> str:
@@ -164,8 +191,9 @@ def parse_row(line: str, where: str = "row") -> tuple[list[str], int]:
         where: names the row in errors (``"basic_train.tsv line 7"``).
 
     Raises:
-        ValueError: not two tab-separated fields, a value that is not a digit 0-9, a token outside :data:`VOCAB`, or
-            operators and ``]`` that do not pair up; the message names ``where``.
+        ValueError: not two tab-separated fields, a value that is not a digit 0-9, a token outside :data:`VOCAB`,
+            operators and ``]`` that do not pair up, tokens that are not one expression (``[MAX ]``, ``3 4 5``), or an
+            expression whose value (:func:`evaluate_tokens`) is not the row's value; the message names ``where``.
     """
     fields = line.split("\t")
     if len(fields) != 2:
@@ -184,26 +212,66 @@ def parse_row(line: str, where: str = "row") -> tuple[list[str], int]:
             break
     if not tokens or depth != 0:
         raise ValueError(f"{where}: operators and ']' do not pair up (or no token): {source.strip()[:80]!r}")
+    try:
+        value = evaluate_tokens(tokens)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    if value != int(target):
+        raise ValueError(
+            f"{where}: the expression's value is {value}, not the row's {int(target)}: {' '.join(tokens)[:80]!r}"
+        )
     return tokens, int(target)
+
+
+#: Refused rows a message names (with its file and line) before it counts the rest.
+SHOWN_BAD_ROWS = 3
+
+
+def _text(raw: bytes, path: Path, line: int) -> str:
+    """One line of ``path`` as text (its line break dropped); bytes that are not UTF-8 are an error naming the line."""
+    try:
+        return raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} line {line}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}): expected LRA's "
+            f"ListOps TSV ({TSV_HEADER!r} header, then one expression<TAB>value a line)"
+        ) from None
 
 
 def read_listops_tsv(path: str | Path) -> list[tuple[list[str], int]]:
     """Every ``(tokens, value)`` of a ListOps TSV file in LRA's format (header ``Source<TAB>Target``).
 
+    Every row is checked (:func:`parse_row`): one that does not parse or whose expression's value is not its label
+    cannot be right, and a file holding any is refused with their count and the first few, by file and line.
+
     Raises:
-        ValueError: a missing header or a row :func:`parse_row` rejects, naming the file and the line (1-based,
-            the header is line 1).
+        ValueError: a missing header, bytes that are not UTF-8, or rows :func:`parse_row` rejects, naming the file
+            and the line (1-based, the header is line 1).
     """
     path = Path(path)
-    with path.open(encoding="utf-8") as f:
-        header = f.readline().rstrip("\r\n")
+    out: list[tuple[list[str], int]] = []
+    bad: list[str] = []
+    rows = 0
+    with path.open("rb") as f:
+        header = _text(f.readline(), path, 1)
         if header != TSV_HEADER:
             raise ValueError(f"{path} line 1: expected the header {TSV_HEADER!r}, got {header[:40]!r}")
-        out = []
-        for n, line in enumerate(f, start=2):
-            line = line.rstrip("\r\n")
-            if line.strip():
-                out.append(parse_row(line, f"{path} line {n}"))
+        for n, raw in enumerate(f, start=2):
+            line = _text(raw, path, n)
+            if not line.strip():
+                continue
+            rows += 1
+            try:
+                out.append(parse_row(line, f"{path.name} line {n}"))
+            except ValueError as e:
+                bad.append(str(e))
+    if bad:
+        more = f"; and {len(bad) - SHOWN_BAD_ROWS} more" if len(bad) > SHOWN_BAD_ROWS else ""
+        raise ValueError(
+            f"{path}: {len(bad)} of {rows} rows cannot be right (fix or drop them): "
+            + "; ".join(bad[:SHOWN_BAD_ROWS])
+            + more
+        )
     return out
 
 

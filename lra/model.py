@@ -64,7 +64,15 @@ class ListOpsClassifier(nn.Module):
         return self.head((x * keep).sum(1) / keep.sum(1).clamp_min(1))
 
 
-MODELS, register_model, list_models, create_model = ModelRegistry("sequence").exports()
+def _example_inputs(model: nn.Module, config: dict) -> tuple[Tensor]:
+    """Two sequences of token ids over the model's ``seq_len``: every token, and half of them then padding."""
+    L = model.pos.shape[1]
+    tokens = torch.randint(1, len(VOCAB), (2, L), generator=torch.Generator().manual_seed(0))
+    tokens[1, (L + 1) // 2 :] = 0
+    return (tokens,)
+
+
+MODELS, register_model, list_models, create_model = ModelRegistry("sequence", example_inputs=_example_inputs).exports()
 
 
 @register_model

@@ -17,13 +17,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 import engine
 from engine import CompileMode, Recipe, check_config, collect_model_kwargs, count_params
 
 from . import model as _model  # noqa: F401  (registers listops_classifier, the model_spec's name)
-from .data import LRA_FILES, encode, generate_listops, parse_row, read_listops_tsv, to_lra_string
+from .data import LRA_FILES, ListOpsSet, encode, generate_listops, parse_row, read_listops_tsv, to_lra_string
 
 _logger = logging.getLogger(__name__)
 
@@ -82,25 +82,30 @@ def lra_folder(root: str | Path) -> Path:
     return engine.locate(root, "listops-1000", list(LRA_FILES.values()), "LRA ListOps", LRA_TREE)
 
 
-def build_data(cfg: ListOpsConfig, data_root: str | Path | None = None) -> tuple[TensorDataset, TensorDataset]:
+def build_data(cfg: ListOpsConfig, data_root: str | Path | None = None) -> tuple[ListOpsSet, ListOpsSet]:
     """The encoded train and evaluation sets of ``cfg``: LRA's files under ``data_root`` (or ``cfg.data_root``), every
     row, cut to ``seq_len``; else generated (deterministic in ``cfg.seed``) and passed through LRA's written form."""
     root = data_root or cfg.data_root
     if root is not None:
         folder = lra_folder(root)
-        train = read_listops_tsv(folder / LRA_FILES["train"])
-        evaluation = read_listops_tsv(folder / LRA_FILES[cfg.eval_split])
+        paths = folder / LRA_FILES["train"], folder / LRA_FILES[cfg.eval_split]
+        train, evaluation = (read_listops_tsv(path) for path in paths)
         cut = sum(len(t) > cfg.seq_len for t, _ in train) + sum(len(t) > cfg.seq_len for t, _ in evaluation)
         if cut:
             _logger.info("%d of %d expressions are longer than seq_len=%d: cut", cut, len(train) + len(evaluation),
                          cfg.seq_len)  # fmt: skip
-        return encode(train, cfg.seq_len, truncate=True), encode(evaluation, cfg.seq_len, truncate=True)
+        train_set, eval_set = (
+            encode(examples, cfg.seq_len, truncate=True, source=str(path))
+            for examples, path in zip((train, evaluation), paths)
+        )
+        return train_set, eval_set
     kw = dict(min_length=cfg.min_length, max_length=cfg.max_length, max_depth=cfg.max_depth, max_args=cfg.max_args)
     sets = []
     for size, seed in ((cfg.train_size, cfg.seed), (cfg.test_size, cfg.seed + 10_000)):
         examples = generate_listops(size, seed, **kw)
-        sets.append([parse_row(f"{to_lra_string(t)}\t{v}", "a generated row") for t, v in examples])
-    return encode(sets[0], cfg.seq_len), encode(sets[1], cfg.seq_len)
+        rows = [parse_row(f"{to_lra_string(t)}\t{v}", "a generated row") for t, v in examples]
+        sets.append(encode(rows, cfg.seq_len, source=f"generated with seed {seed}"))
+    return sets[0], sets[1]
 
 
 @torch.no_grad()

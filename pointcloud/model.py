@@ -57,6 +57,7 @@ __all__ = [
     "PointModel",
     "classifier_head",
     "create_model",
+    "example_clouds",
     "linear_head",
     "list_models",
     "register_model",
@@ -348,8 +349,28 @@ class CentroidTransformer(PointClassifier):
 # Registry
 # --------------------------------------------------------------------------------------------------------------------
 
+
+def example_clouds(model: nn.Module, config: dict, default_points: int = 1024, batch: int = 2) -> Tensor:
+    """``(batch, N, C)`` deterministic clouds for ``model``: xyz centred in the unit ball (max norm 1), as the data
+    pipeline's, then unit vectors for channels past xyz (normals, ``in_channels`` 6); N is the run's ``num_points``
+    (``config``, the run's config), else ``default_points``. The registries' example inputs
+    (:func:`engine.registry.example_inputs`)."""
+    n = int(config.get("num_points") or default_points)
+    channels = int(getattr(model, "in_channels", 3))
+    g = torch.Generator().manual_seed(0)
+    xyz = torch.randn(batch, n, 3, generator=g)
+    xyz = xyz - xyz.mean(1, keepdim=True)
+    xyz = xyz / xyz.norm(dim=-1).amax(1).view(-1, 1, 1)
+    if channels == 3:
+        return xyz
+    extra = torch.randn(batch, n, channels - 3, generator=g)
+    return torch.cat([xyz, extra / extra.norm(dim=-1, keepdim=True)], -1)
+
+
 # create_model: kwargs override a model's defaults (e.g. ``num_steps=2``); checkpoint= loads exported weights
-MODELS, register_model, list_models, create_model = ModelRegistry("point cloud").exports()
+MODELS, register_model, list_models, create_model = ModelRegistry(
+    "point cloud", example_inputs=lambda model, config: (example_clouds(model, config),)
+).exports()
 
 
 @register_model

@@ -571,7 +571,14 @@ def _create_centroid_deit(
     **kwargs,
 ) -> CentroidViT:
     """timm's builder for :class:`CentroidViT` (or a subclass, e.g. the baselines) with a checkpoint filter
-    (default :func:`checkpoint_filter_fn`)."""
+    (default :func:`checkpoint_filter_fn`). A local ``.safetensors`` given as ``pretrained_cfg_overlay=dict(file=...)``
+    (what ``tools/export_weights.py`` writes) is checked first (:func:`engine.weights.load_weights`: its digest,
+    finite values), as the registries' ``checkpoint=`` is."""
+    file = (kwargs.get("pretrained_cfg_overlay") or {}).get("file")
+    if pretrained and file is not None and str(file).endswith(".safetensors"):
+        from engine.weights import load_weights
+
+        load_weights(file)
     out_indices = kwargs.pop("out_indices", 3)
     return build_model_with_cfg(
         model_cls or CentroidViT,

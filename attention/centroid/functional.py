@@ -44,7 +44,9 @@ compile; it is registered as an FX leaf (``torch.fx.wrap`` and timm's ``register
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -140,8 +142,11 @@ def centroid_attention(
             ``"masked"`` (:func:`masked_knn_attention`, dense matrix products under the neighbour mask), ``"triton"``
             (:func:`triton_knn_attention`, the fused kernel: CUDA, ``normalize="inputs"``, ``dropout_p=0``) or
             ``"auto"`` (op ``"knn_attention"`` of :func:`attention.backends.resolve`: on CUDA the fused kernel where
-            it applies, else ``"gather"``; never ``"masked"`` here: a caller's ``idx`` may repeat a neighbour, which
-            the masked form counts once, while the layer's own search never repeats one).
+            it applies, else ``"masked"`` while N / K is small and every row of ``idx`` is checked to hold distinct
+            indices, else ``"gather"``). The masked form counts a repeated neighbour once where the others count it
+            each time it is listed, so ``backend="masked"`` with an ``idx`` that repeats one in a row raises a
+            ``ValueError``; with input checks off (:func:`attention.input_checks`) nothing is checked, an explicit
+            ``"masked"`` is taken as asked and ``"auto"`` does not take it.
 
     Returns:
         ``(B, H, M, D)`` attended values (before the output projection and skip).
@@ -167,8 +172,11 @@ def centroid_attention(
         kn = gather(k.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
         vn = gather(v.transpose(1, 2).reshape(B, N, H * D), idx).view(B, M, K, H, D)
         return edge_attention(q, kn, vn, idx, N, mask=mask, normalize=normalize, dropout_p=dropout_p, eps=eps)
-    # never "masked" under "auto": the caller's idx may repeat an index (attention.backends, "knn_attention")
-    shape = _knn_attention_shape(N, idx.shape[-1], D, normalize, dropout_p, distinct=False)
+    # the caller's idx may repeat an index, which the masked form would count once: checked (once, and only when the
+    # masked form is asked for or would be taken) while input checks run; unknown otherwise, and then "auto" keeps off
+    # the masked form (attention.backends, "knn_attention")
+    distinct = _distinct_check(idx) if checks_active() else False
+    shape = _knn_attention_shape(N, idx.shape[-1], D, normalize, dropout_p, distinct)
     form = resolve("knn_attention", backend, q.device, shape, q.dtype)
     if form == "masked":
         return masked_knn_attention(q, k, v, idx, mask, normalize, dropout_p, eps)
@@ -177,11 +185,27 @@ def centroid_attention(
     return knn_centroid_attention(q, k, v, idx, mask, normalize, dropout_p, eps, chunk_bytes)
 
 
-def _knn_attention_shape(N: int, K: int, D: int, normalize: str, dropout_p: float, distinct: bool) -> dict:
+def _knn_attention_shape(
+    N: int, K: int, D: int, normalize: str, dropout_p: float, distinct: bool | Callable[[], bool]
+) -> dict:
     """What :func:`attention.backends.resolve` reads to choose the KNN attention's form (op ``"knn_attention"``):
     N inputs, K neighbours, head dim D, the normalization, the dropout and whether each row's neighbours are
-    distinct (the masked form counts a repeated one once)."""
+    distinct (the masked form counts a repeated one once): True (a KNN search's), False (not known), or a check that
+    says so (:func:`_distinct_check`), run only when the masked form is asked for or would be taken."""
     return {"N": N, "K": K, "D": D, "normalize": normalize, "dropout": dropout_p, "distinct": distinct}
+
+
+def _repeats_a_neighbor(idx: Tensor) -> bool:
+    """Whether some row of ``idx`` ``(..., K)`` lists an index twice: sorted along K, two neighbours are equal (one
+    sort and one comparison; a host sync on CUDA)."""
+    s = idx.sort(dim=-1).values
+    return bool((s[..., 1:] == s[..., :-1]).any())
+
+
+def _distinct_check(idx: Tensor) -> Callable[[], bool]:
+    """A check that each row of ``idx`` holds distinct indices, computed on its first call and remembered (the
+    switchboard may ask twice: whether ``"auto"`` prefers the masked form, then whether it can run)."""
+    return functools.cache(lambda: not _repeats_a_neighbor(idx))
 
 
 def dense_centroid_attention(

@@ -20,6 +20,7 @@ from ..layers import DropPath, LayerScale, RelativePositionEncoding
 from ..points import gather, knn, knn_search
 from .functional import (
     NORMALIZATIONS,
+    _distinct_check,
     _knn_attention_shape,
     _knn_weights,
     check_neighbor_idx,
@@ -73,8 +74,9 @@ class CentroidAttention(nn.Module):
             :func:`attention.centroid.triton_knn_attention`: CUDA, ``normalize="inputs"``, no attention dropout while
             training) or ``"auto"`` (on CUDA ``"triton"`` where it applies, else ``"masked"`` while N / K <=
             ``attention.backends.MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR`` and ``normalize="inputs"``, else ``"gather"``;
-            on CPU and while traced ``"gather"``). The masked form counts a repeated neighbour index once: under
-            "auto" a given ``neighbor_idx`` must not repeat one.
+            on CPU and while traced ``"gather"``). The masked form counts a repeated neighbour index once: while the
+            layer checks its inputs, a given ``neighbor_idx`` that repeats one in a row keeps ``"auto"`` off it and
+            makes ``"masked"`` raise; with checks off it is taken to repeat none (a KNN search's never does).
         drop_path: stochastic depth on each step's update (timm's DropPath; the vision models use it).
         validate_inputs: check the inputs in eager mode (:meth:`check_inputs`, behind
             :func:`attention.checks.checks_active`). False for a layer inside a model that validates its own input:
@@ -226,7 +228,7 @@ class CentroidAttention(nn.Module):
             elif idx is None:
                 out = dense_centroid_attention(q, k, v, mask, self.normalize, dropout_p)
             else:
-                out = self._knn_attention(q, k, v, idx, mask, dropout_p)
+                out = self._knn_attention(q, k, v, idx, mask, dropout_p, neighbor_idx is not None)
             update = self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, M, C)))
             u = u + self.drop_path(self.layer_scale(update))
         return u
@@ -296,12 +298,16 @@ class CentroidAttention(nn.Module):
 
     @torch.jit.unused
     def _knn_attention(
-        self, q: Tensor, k: Tensor, v: Tensor, idx: Tensor, mask: Tensor | None, dropout_p: float
+        self, q: Tensor, k: Tensor, v: Tensor, idx: Tensor, mask: Tensor | None, dropout_p: float, given: bool
     ) -> Tensor:
         # TorchScript cannot compile the chunked autograd Functions: a scripted KNN layer raises here.
-        # The form is the switchboard's (op "knn_attention"): "auto" sizes it by N / K and the normalization; a KNN
-        # search's neighbours never repeat, and a given neighbor_idx must not, under "auto".
-        shape = _knn_attention_shape(k.shape[2], idx.shape[-1], q.shape[-1], self.normalize, dropout_p, distinct=True)
+        # The form is the switchboard's (op "knn_attention"): "auto" sizes it by N / K and the normalization. A KNN
+        # search's neighbours never repeat; a given neighbor_idx is checked while the layer validates its inputs (once
+        # per step, only where the masked form is asked for or would be taken), else taken at its word.
+        distinct = True
+        if given and self.validate_inputs and checks_active():
+            distinct = _distinct_check(idx)
+        shape = _knn_attention_shape(k.shape[2], idx.shape[-1], q.shape[-1], self.normalize, dropout_p, distinct)
         form = resolve("knn_attention", self.attn_backend, q.device, shape, q.dtype)
         if form == "masked":
             return masked_knn_attention(q, k, v, idx, mask, self.normalize, dropout_p)

@@ -39,7 +39,15 @@ from torch import Tensor, nn
 from attention.checks import check_index
 from engine.registry import ModelRegistry
 
-from ..model import CentroidTransformer, PointBatchNorm, PointModel, _leaky, classifier_head, linear_head
+from ..model import (
+    CentroidTransformer,
+    PointBatchNorm,
+    PointModel,
+    _leaky,
+    classifier_head,
+    example_clouds,
+    linear_head,
+)
 
 __all__ = [
     "MODELS",
@@ -158,8 +166,16 @@ class CentroidPartSeg(PartSegModel):
 # Registry
 # --------------------------------------------------------------------------------------------------------------------
 
+
 # create_model: kwargs override a model's defaults (e.g. ``num_steps=2``); checkpoint= loads exported weights
-MODELS, register_model, list_models, create_model = ModelRegistry("point part segmentation").exports()
+def _example_inputs(model: nn.Module, config: dict) -> tuple[Tensor, Tensor]:
+    """Two clouds of the run's ``num_points`` (2048 by default, ShapeNet Part's) and their categories."""
+    return example_clouds(model, config, default_points=2048), torch.arange(2) % model.num_categories
+
+
+MODELS, register_model, list_models, create_model = ModelRegistry(
+    "point part segmentation", example_inputs=_example_inputs
+).exports()
 
 
 @register_model

@@ -148,6 +148,10 @@ _CHECKED = {
         ({"normalize": "centroids"}, "supports normalize='inputs' only, got 'centroids'"),
         ({"normalize": "inputs", "dropout": 0.1}, r"supports dropout_p == 0 only .*got dropout_p=0.1"),
     ],
+    # the masked KNN attention: a neighbour listed twice in a row (a caller's idx, checked) counts once there
+    ("knn_attention", "masked"): [
+        ({"distinct": lambda: False}, r"counts a neighbour index listed twice in a row once.*use backend='gather'"),
+    ],
     # the fused FSAT edge attention: its atomics refuse deterministic mode (no input shape does)
     ("fsat_edges", "triton"): [],
     # Mamba-2's scan: Hydra's dt and A apart, which only hydra_mix holds
@@ -215,8 +219,8 @@ def _shapes(op: str) -> list[tuple[dict, torch.dtype]]:
     elif op == "knn_attention":
         grid = [
             {"N": n, "K": 8, "D": dim, "dropout": p, "distinct": d, "normalize": z}
-            for n in (64, 1024, 1028) for dim in (32, 129) for p in (0.0, 0.1) for d in (True, False)
-            for z in ("inputs", "centroids")
+            for n in (64, 1024, 1028) for dim in (32, 129) for p in (0.0, 0.1)
+            for d in (True, False, lambda: True, lambda: False) for z in ("inputs", "centroids")
         ]  # fmt: skip
     else:
         grid = [{}]
@@ -272,6 +276,9 @@ def test_auto_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
         ("knn_attention", "cuda", attn(128 * 8, 8, 32, "inputs", 0.0, True), f64, "masked"),  # float64's precision
         ("knn_attention", "cuda", attn(1028, 8, 32, "inputs", 0.1, True), f32, "gather"),
         ("knn_attention", "cuda", attn(64, 8, 32, "inputs", 0.1, False), f32, "gather"),
+        # a caller's idx, checked: masked for distinct rows only (it counts a repeated neighbour once)
+        ("knn_attention", "cuda", attn(64, 8, 32, "inputs", 0.1, lambda: True), f32, "masked"),
+        ("knn_attention", "cuda", attn(64, 8, 32, "inputs", 0.1, lambda: False), f32, "gather"),
         ("knn_attention", "cuda", attn(64, 8, 32, "centroids", 0.0, True), f32, "gather"),
         ("knn_attention", "cpu", attn(64, 8, 32, "inputs", 0.0, True), f32, "gather"),
         ("fsat_edges", "cpu", {"D": 64, "E": 8}, f32, "csr"),

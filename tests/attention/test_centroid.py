@@ -22,6 +22,7 @@ from attention import (
     edge_projection,
     feature_neighbors,
     gather,
+    masked_knn_attention,
 )
 
 
@@ -235,9 +236,62 @@ def test_masked_knn_path_counts_a_repeated_index_once() -> None:
     q, k, v = (torch.randn(1, 2, n, 4, dtype=torch.float64) for n in (3, 9, 9))
     idx = torch.tensor([[[1, 1, 4], [2, 5, 5], [0, 3, 8]]])
     deduplicated = torch.tensor([[[1, 4], [2, 5], [0, 3]]])
-    out = centroid_attention(q, k, v, idx, backend="masked")
+    out = masked_knn_attention(q, k, v, idx)
     assert_close(out[:, :, :2], centroid_attention(q, k, v, deduplicated, reference=True)[:, :, :2])
     assert not torch.allclose(out[:, :, :2], centroid_attention(q, k, v, idx, reference=True)[:, :, :2])
+
+
+REPEATS = r"backend 'masked' of knn_attention counts a neighbour index listed twice in a row once.*backend='gather'"
+
+
+def test_explicit_masked_form_refuses_a_repeated_neighbor() -> None:
+    """backend="masked" cannot count a neighbour listed twice as the other forms do: it says so and names the form
+    that can, instead of returning another value; distinct rows still run it, and "auto" takes gather."""
+    q, k, v = (torch.randn(1, 2, n, 4, dtype=torch.float64) for n in (3, 9, 9))
+    idx = torch.tensor([[[1, 1, 4], [2, 5, 6], [0, 3, 8]]])  # the first row lists input 1 twice
+    with pytest.raises(ValueError, match=REPEATS):
+        centroid_attention(q, k, v, idx, backend="masked")
+    assert_close(centroid_attention(q, k, v, idx), centroid_attention(q, k, v, idx, reference=True))
+    distinct = torch.tensor([[[1, 7, 4], [2, 5, 6], [0, 3, 8]]])
+    assert_close(
+        centroid_attention(q, k, v, distinct, backend="masked"), centroid_attention(q, k, v, distinct, reference=True)
+    )
+    layer = CentroidAttention(8, num_heads=2, attn_backend="masked").double()
+    x, u = torch.randn(1, 9, 8, dtype=torch.float64), torch.randn(1, 3, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=REPEATS):
+        layer(x, u, neighbor_idx=idx)
+    layer(x, u, neighbor_idx=distinct)
+
+
+def test_auto_never_takes_the_masked_form_for_a_repeated_neighbor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With "masked" first in the order and N / K within its limit, "auto" takes it for distinct rows only: a
+    caller's idx is checked (one sort along K) while input checks run, and unknown (gather) with them off."""
+    from attention import backends, input_checks
+    from attention.centroid import functional as fn
+    from attention.centroid import layer as layer_module
+
+    monkeypatch.setitem(backends.AUTO_ORDER, ("knn_attention", "cpu"), ("masked", "gather"))
+    seen = []
+    real = fn.masked_knn_attention
+    monkeypatch.setattr(fn, "masked_knn_attention", lambda *a, **kw: seen.append(1) or real(*a, **kw))
+    monkeypatch.setattr(layer_module, "masked_knn_attention", fn.masked_knn_attention)
+    q, k, v = (torch.randn(1, 2, n, 4, dtype=torch.float64) for n in (3, 9, 9))
+    repeated = torch.tensor([[[1, 1, 4], [2, 5, 6], [0, 3, 8]]])
+    distinct = torch.tensor([[[1, 7, 4], [2, 5, 6], [0, 3, 8]]])
+    assert_close(centroid_attention(q, k, v, repeated), centroid_attention(q, k, v, repeated, reference=True))
+    assert seen == []
+    centroid_attention(q, k, v, distinct)
+    assert seen == [1]
+    with input_checks(False):  # nothing checked: the caller's idx may repeat one
+        centroid_attention(q, k, v, distinct)
+    assert seen == [1]
+    layer = CentroidAttention(8, num_heads=2).double()
+    x, u = torch.randn(1, 9, 8, dtype=torch.float64), torch.randn(1, 3, 8, dtype=torch.float64)
+    seen.clear()
+    layer(x, u, neighbor_idx=repeated)
+    assert seen == []
+    layer(x, u, neighbor_idx=distinct)
+    assert seen == [1]
 
 
 @pytest.mark.torch_compat
@@ -270,8 +324,8 @@ def test_auto_knn_attention_form_by_device_and_inputs_per_neighbor(monkeypatch: 
 @pytest.mark.torch_compat
 @pytest.mark.parametrize("where", ["functional", "layer"])
 def test_auto_knn_attention_uses_the_call_inputs_per_neighbor(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The layer sizes "auto" by its call's N / K; the functional with a caller's idx stays on gather (CPU made to
-    prefer "masked")."""
+    """The layer sizes "auto" by its call's N / K; the functional with a caller's idx that repeats a neighbour stays
+    on gather (CPU made to prefer "masked")."""
     from attention import backends
     from attention.centroid import functional as fn
     from attention.centroid import layer as layer_module
@@ -287,6 +341,7 @@ def test_auto_knn_attention_uses_the_call_inputs_per_neighbor(where: str, monkey
     x, u = torch.randn(B, N, C, dtype=torch.float64), torch.randn(B, M, C, dtype=torch.float64)
     q, k, v = (torch.randn(B, H, n, 4, dtype=torch.float64) for n in (M, N, N))
     idx = torch.randint(0, N, (B, M, K))
+    idx[..., 1] = idx[..., 0]  # a repeated neighbour in every row
     centroids = CentroidAttention(C, num_heads=H, num_neighbors=K, normalize="centroids").double()
     for limit, layer_used in ((N / K, [1]), (N / K - 0.5, [])):
         monkeypatch.setattr(backends, "MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR", limit)

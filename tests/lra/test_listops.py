@@ -207,12 +207,52 @@ def test_lra_written_form_is_lras_to_string_and_round_trips(tmp_path: Path) -> N
         (("( ( ( [MAX 2 ) 9 ) ] )", 12), "the value must be a digit 0-9, got '12'"),
         (("( ( ( [MAX 2 ) 9 ) ] )", "nine"), "the value must be a digit 0-9"),
         (("( ( ( [MAX 2 ) 9 ) ] )\t9", 9), "expected 'expression<TAB>value', got 3"),
+        # rows that pair up but cannot be right: no argument, no operator, a value that is not the expression's
+        (("[MAX ]", 0), r"malformed expression \(\[MAX without arguments\)"),
+        (("( [MAX ] )", 0), r"malformed expression \(\[MAX without arguments\)"),
+        (("3 4 5", 3), r"malformed expression \(3 values at the top level, not one\)"),
+        (("[MAX 1 2 ]", 7), r"the expression's value is 2, not the row's 7: '\[MAX 1 2 \]'"),
+        (("( ( ( [MAX 1 ) 2 ) ] )", 7), "the expression's value is 2, not the row's 7"),
+        (("( ( ( ( [MED 1 ) 8 ) 3 ) ] )", 4), "the expression's value is 3, not the row's 4"),  # LRA's floor median
     ],
 )
 def test_a_bad_row_is_named_by_file_and_line(tmp_path: Path, row: tuple, message: str) -> None:
     path = _write(tmp_path / "basic_train.tsv", [LRA_ROWS[0], row, LRA_ROWS[1]])
-    with pytest.raises(ValueError, match=rf"basic_train.tsv line 3: {message}"):
+    with pytest.raises(
+        ValueError, match=rf"basic_train.tsv: 1 of 3 rows cannot be right.*basic_train.tsv line 3: {message}"
+    ):
         read_listops_tsv(path)
+
+
+def test_rows_that_cannot_be_right_are_counted_and_the_first_few_named(tmp_path: Path) -> None:
+    bad = [("[MAX ]", 0), ("3 4 5", 3), ("[MAX 1 2 ]", 7), ("[SM 5 6 ]", 0), ("[MIN 4 ]", 5)]
+    path = _write(tmp_path / "basic_train.tsv", [*LRA_ROWS, *bad, LRA_ROWS[0]])
+    with pytest.raises(ValueError) as err:
+        read_listops_tsv(path)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{path}: 5 of 11 rows cannot be right (fix or drop them): ")
+    assert [f"basic_train.tsv line {n}:" in message for n in range(7, 12)] == [True, True, True, False, False]
+    assert message.endswith("; and 2 more")
+
+
+def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path: Path) -> None:
+    path = _write(tmp_path / "basic_test.tsv", LRA_ROWS)
+    path.write_bytes(path.read_bytes().replace(b"[SM 7", b"[SM \xff7"))
+    with pytest.raises(ValueError, match=r"basic_test.tsv line 5: not UTF-8 text \(byte 0xff at column \d+\)"):
+        read_listops_tsv(path)
+    path.write_bytes(b"\x1f\x8b\x08\x00" + bytes(range(128, 256)))  # a gzip file, say
+    with pytest.raises(ValueError, match=r"basic_test.tsv line 1: not UTF-8 text"):
+        read_listops_tsv(path)
+
+
+def test_an_empty_train_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder = _release(tmp_path / "data")
+    (folder / "basic_train.tsv").write_text("Source\tTarget\n")  # the header only
+    with pytest.raises(SystemExit) as exc:
+        engine.main(lra.ListOpsRecipe, [*TINY, "--data-root", str(folder), "--output-dir", str(tmp_path / "run")])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2 and line.startswith("error: the train split is empty")
+    assert str(folder / "basic_train.tsv") in line
 
 
 def test_a_file_without_the_header_is_refused(tmp_path: Path) -> None:
