@@ -40,10 +40,13 @@ REGIME = (
     "votes=1",
 )
 
-# The paper's reading of the centroid step (its update added unscaled), pinned in the rows measured before layer
-# scale 0 became the default, so that their commands still train what their kept records measured
+# The paper's reading of the centroid step (its update added unscaled) and of the SA blocks (no relative positions),
+# pinned in the rows measured before layer scale 0 and the SA position encoding became the default, so that their
+# commands still train what their kept records measured; the rows measured since pin the default's values too
 _PAPER = "model_kwargs.layer_scale=null"
 _LS0 = "model_kwargs.layer_scale=0.0"
+_NO_SA = "model_kwargs.sa_pos_encoding=false"
+_SA = "model_kwargs.sa_pos_encoding=true"
 
 MODELNET_TABLE = register_table(
     Table(
@@ -53,12 +56,12 @@ MODELNET_TABLE = register_table(
         tool="tools/train_modelnet.py",
         metric="test_oa",
         rows=(
-            Row("T = 1", "configs/pointcloud/modelnet40_centroid_t1.yaml", (_PAPER,)),
-            Row("T = 2", "configs/pointcloud/modelnet40_centroid_t2.yaml", (_PAPER,)),
-            Row("T = 3", "configs/pointcloud/modelnet40_centroid_t3.yaml", (_PAPER,)),
-            Row("random sampling only", "configs/pointcloud/modelnet40_random_only.yaml"),
-            Row("FPS only", "configs/pointcloud/modelnet40_fps_only.yaml"),
-            Row("k-means only", "configs/pointcloud/modelnet40_kmeans_only.yaml"),
+            Row("T = 1", "configs/pointcloud/modelnet40_centroid_t1.yaml", (_PAPER, _NO_SA)),
+            Row("T = 2", "configs/pointcloud/modelnet40_centroid_t2.yaml", (_PAPER, _NO_SA)),
+            Row("T = 3", "configs/pointcloud/modelnet40_centroid_t3.yaml", (_PAPER, _NO_SA)),
+            Row("random sampling only", "configs/pointcloud/modelnet40_random_only.yaml", (_NO_SA,)),
+            Row("FPS only", "configs/pointcloud/modelnet40_fps_only.yaml", (_NO_SA,)),
+            Row("k-means only", "configs/pointcloud/modelnet40_kmeans_only.yaml", (_NO_SA,)),
             Row("PointNet", "configs/pointcloud/modelnet40_pointnet.yaml"),
             Row("PointNet++ (SSG)", "configs/pointcloud/modelnet40_pointnet2_ssg.yaml"),
             Row("DGCNN", "configs/pointcloud/modelnet40_dgcnn.yaml"),
@@ -67,8 +70,9 @@ MODELNET_TABLE = register_table(
         description=(
             "Synthetic shapes, 13 classes, 40 train / 20 test shapes per class, 1,024 points, 10 epochs of batch "
             "32, AdamW 2e-3 with cosine decay, the main job's augmentation (`pointcloud/ablation.py`). The T rows are "
-            "the paper's reading of the centroid step (`model_kwargs.layer_scale=null`). Test overall accuracy (%) "
-            "after the last epoch, no voting; std over seeds (n - 1)."
+            "the paper's reading of the centroid step (`model_kwargs.layer_scale=null`), and every centroid-"
+            "transformer row has the paper's SA blocks (`model_kwargs.sa_pos_encoding=false`). Test overall accuracy "
+            "(%) after the last epoch, no voting; std over seeds (n - 1)."
         ),
     )
 )
@@ -96,31 +100,32 @@ LEVER_TABLE = register_table(
         tool="tools/train_modelnet.py",
         metric="test_oa",
         rows=(
-            Row("T = 1", _T1, (_PAPER,)),
-            Row("FPS only", _FPS),
-            Row("T = 1 + CA pos. enc.", _T1, (_PAPER, "model_kwargs.ca_pos_encoding=true")),
-            Row("T = 1 + layer scale 0", _T1, (_LS0,)),
-            Row("T = 1, xyz neighbours", _T1, (_PAPER, "model_kwargs.ca_neighbors=xyz")),
-            Row("T = 1 + SA pos. enc.", _T1, (_PAPER, "model_kwargs.sa_pos_encoding=true")),
-            Row("FPS only + SA pos. enc.", _FPS, ("model_kwargs.sa_pos_encoding=true",)),
-            Row("T = 1, normalize centroids", _T1, (_PAPER, "model_kwargs.ca_normalize=centroids")),
+            Row("T = 1", _T1, (_PAPER, _NO_SA)),
+            Row("FPS only", _FPS, (_NO_SA,)),
+            Row("T = 1 + CA pos. enc.", _T1, (_PAPER, _NO_SA, "model_kwargs.ca_pos_encoding=true")),
+            Row("T = 1 + layer scale 0", _T1, (_LS0, _NO_SA)),
+            Row("T = 1, xyz neighbours", _T1, (_PAPER, _NO_SA, "model_kwargs.ca_neighbors=xyz")),
+            Row("T = 1 + SA pos. enc.", _T1, (_PAPER, _SA)),
+            Row("FPS only + SA pos. enc.", _FPS, (_SA,)),
+            Row("T = 1, normalize centroids", _T1, (_PAPER, _NO_SA, "model_kwargs.ca_normalize=centroids")),
             Row(
                 "T = 1 + CA pos. enc., xyz neighbours, layer scale 0",
                 _T1,
-                ("model_kwargs.ca_pos_encoding=true", "model_kwargs.ca_neighbors=xyz", _LS0),
+                ("model_kwargs.ca_pos_encoding=true", "model_kwargs.ca_neighbors=xyz", _LS0, _NO_SA),
             ),
-            Row("T = 2", "configs/pointcloud/modelnet40_centroid_t2.yaml", (_PAPER,)),
-            Row("T = 1, CA K = 32", _T1, (_PAPER, "model_kwargs.ca_num_neighbors=32")),
-            Row("T = 1 + layer scale 0 + SA pos. enc.", _T1, (_LS0, "model_kwargs.sa_pos_encoding=true")),
-            Row("T = 2 + layer scale 0", "configs/pointcloud/modelnet40_centroid_t2.yaml", (_LS0,)),
+            Row("T = 2", "configs/pointcloud/modelnet40_centroid_t2.yaml", (_PAPER, _NO_SA)),
+            Row("T = 1, CA K = 32", _T1, (_PAPER, _NO_SA, "model_kwargs.ca_num_neighbors=32")),
+            Row("T = 1 + layer scale 0 + SA pos. enc.", _T1, (_LS0, _SA)),
+            Row("T = 2 + layer scale 0 + SA pos. enc.", "configs/pointcloud/modelnet40_centroid_t2.yaml", (_LS0, _SA)),
         ),
         regime=DEV_REGIME,
         description=(
             "Development regime (`pointcloud/ablation.py`, `DEV_REGIME`): synthetic shapes, 13 classes, 40 train / 30 "
             "test shapes per class, 256 points (K = 16), 12 epochs of batch 32, AdamW 2e-3 with cosine decay, the main "
             "job's augmentation. Each lever changes one thing of the T = 1 model in the paper's reading (unscaled "
-            "update, `model_kwargs.layer_scale=null`), or of its FPS-only twin for the SA blocks they share; the last "
-            "two rows add a lever to layer scale 0, the default since this table. Test overall accuracy (%) after the "
+            "update, `model_kwargs.layer_scale=null`, and SA blocks without position encoding, "
+            "`model_kwargs.sa_pos_encoding=false`), or of its FPS-only twin for the SA blocks they share; the last "
+            "rows combine the levers that won, the default since this table. Test overall accuracy (%) after the "
             "last epoch, no voting; std over seeds (n - 1)."
         ),
     )
@@ -149,18 +154,19 @@ CONVERGED_TABLE = register_table(
         tool="tools/train_modelnet.py",
         metric="test_oa",
         rows=(
-            Row("T = 1", _T1, (_LS0,)),
-            Row("FPS only", _FPS),
-            Row("random sampling only", "configs/pointcloud/modelnet40_random_only.yaml"),
-            Row("k-means only", "configs/pointcloud/modelnet40_kmeans_only.yaml"),
+            Row("T = 1", _T1, (_LS0, _SA)),
+            Row("FPS only", _FPS, (_SA,)),
+            Row("random sampling only", "configs/pointcloud/modelnet40_random_only.yaml", (_SA,)),
+            Row("k-means only", "configs/pointcloud/modelnet40_kmeans_only.yaml", (_SA,)),
             Row("PointNet++ (SSG)", "configs/pointcloud/modelnet40_pointnet2_ssg_256.yaml"),
-            Row("T = 1, paper (no layer scale)", "configs/pointcloud/modelnet40_centroid_t1_paper.yaml"),
+            Row("T = 1, paper", "configs/pointcloud/modelnet40_centroid_t1_paper.yaml"),
         ),
         regime=CONVERGED_REGIME,
         description=(
             "Converged regime (`pointcloud/ablation.py`, `CONVERGED_REGIME`): the lever table's data, 256 points "
             "(K = 16), 40 epochs of batch 32, AdamW 2e-3 with cosine decay, the main job's augmentation. T = 1 is the "
-            "default model (layer scale 0); its twins share its SA blocks; PointNet++ is scaled to 256 points "
+            "default model (layer scale 0, SA position encoding); its twins share its SA blocks; the paper's reading "
+            "is the last row; PointNet++ is scaled to 256 points "
             "(`configs/pointcloud/modelnet40_pointnet2_ssg_256.yaml`). Test overall accuracy (%) after the last "
             "epoch, no voting; std over seeds (n - 1)."
         ),

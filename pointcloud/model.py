@@ -177,8 +177,10 @@ class CentroidTransformer(PointClassifier):
             1024 points, where it trains faster than the gather form: ``tools/bench_modelnet.py --attn-backends``;
             on CPU the gather form).
         sa_pos_encoding: add a learned encoding of each neighbour's offset ``p_j - p_i`` in xyz to its key and value
-            in both SA blocks (:class:`attention.RelativePositionEncoding`, Point Transformer's form). It changes the
-            twins too: they share the SA blocks.
+            in both SA blocks (:class:`attention.RelativePositionEncoding`, Point Transformer's form). None (default):
+            on for the KNN SA blocks, which measured above the blocks without it for both the centroid model and its
+            twins (docs/ablations.md, table ``modelnet_levers``), off with a global ``mixer`` (no neighbours to
+            encode); False: the paper's blocks. It changes the twins too: they share the SA blocks.
         ca_pos_encoding: the same in the centroid-attention step of both CA blocks (offset of each input from the
             centroid's position).
         ca_neighbors: where each centroid finds its K neighbours: ``"feature"`` (the paper: feature space, recomputed
@@ -217,7 +219,7 @@ class CentroidTransformer(PointClassifier):
         mixer: str | None = None,
         mixer_kwargs: dict | None = None,
         attn_backend: str = "auto",
-        sa_pos_encoding: bool = False,
+        sa_pos_encoding: bool | None = None,
         ca_pos_encoding: bool = False,
         ca_neighbors: str = "feature",
         ca_normalize: str = "inputs",
@@ -236,6 +238,8 @@ class CentroidTransformer(PointClassifier):
             raise ValueError(f"ca_neighbors must be one of {sorted(CA_NEIGHBORS)}, got {ca_neighbors!r}")
         if sa_pos_encoding and mixer is not None:
             raise ValueError(f"sa_pos_encoding applies to the KNN SA blocks, not to a global mixer ({mixer!r})")
+        if sa_pos_encoding is None:
+            sa_pos_encoding = mixer is None
         self.num_centroids = tuple(num_centroids)
         self.num_neighbors = num_neighbors
         self.ca_num_neighbors = num_neighbors if ca_num_neighbors is None else ca_num_neighbors
@@ -375,8 +379,9 @@ MODELS, register_model, list_models, create_model = ModelRegistry(
 
 @register_model
 def centroid_transformer_modelnet40(**kwargs) -> CentroidTransformer:
-    """The paper's model: FPS init, one centroid-attention step (T as ``num_steps``), its update scaled by a learned
-    per-channel factor that starts at 0 (``layer_scale=None``: the paper's unscaled update)."""
+    """The paper's model: FPS init, one centroid-attention step (T as ``num_steps``), with two measured changes: its
+    update scaled by a learned per-channel factor that starts at 0, and relative positions in the SA blocks
+    (``layer_scale=None, sa_pos_encoding=False``: the paper's reading)."""
     return CentroidTransformer(**{"num_classes": 40, **kwargs})
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from pointcloud.model import create_model, list_models
 from pointcloud.testing import check_registered_model
+
+REPO = Path(__file__).resolve().parents[2]
 
 SMALL = {"num_centroids": (64, 32), "num_neighbors": 8}
 # Peer models take only the knobs that mean something to them (DGCNN has no centroids).
@@ -64,6 +68,25 @@ def test_lever_knobs_reach_the_blocks_and_bad_values_are_refused() -> None:
         create_model("centroid_transformer_modelnet40", sa_pos_encoding=True, mixer="softmax")
     with pytest.raises(ValueError, match="normalize must be one of"):
         create_model("centroid_transformer_modelnet40", ca_normalize="points")
+
+
+def test_default_is_the_measured_design_and_the_paper_reading_is_a_config() -> None:
+    from attention import RelativePositionEncoding
+    from engine import load_config
+    from pointcloud.recipe import ModelNetConfig, build_model
+
+    def encodes(block: torch.nn.Module) -> bool:
+        return any(isinstance(m, RelativePositionEncoding) for m in block.modules())
+
+    model = create_model("centroid_transformer_modelnet40", **SMALL)
+    twin = create_model("centroid_transformer_modelnet40_fps", **SMALL)
+    assert encodes(model.blocks[0]) and encodes(twin.blocks[2])  # the twins share the SA blocks
+    assert float(model.blocks[1].attn.layer_scale.gamma.abs().sum()) == 0  # the update starts at 0
+    mixed = create_model("centroid_transformer_modelnet40", mixer="softmax", **SMALL)  # no neighbours to encode
+    assert not encodes(mixed.blocks[0]) and not encodes(mixed.blocks[2])
+    path = REPO / "configs/pointcloud/modelnet40_centroid_t1_paper.yaml"
+    paper = build_model(load_config(ModelNetConfig, path), num_classes=40)
+    assert not encodes(paper.blocks[0]) and isinstance(paper.blocks[1].attn.layer_scale, torch.nn.Identity)
 
 
 def test_normals_and_classifier_reset() -> None:
