@@ -305,15 +305,36 @@ def torchrun(name: str, args: list[str], nproc: int = 2, timeout: float = 300) -
     return subprocess.run(cmd, env=tool_env(), capture_output=True, text=True, timeout=timeout)
 
 
-# Run first in every interpreted script. Triton's interpreter reduces element by element in Python when it does not
-# know the combine function; tl.sort's bitonic network reduces with XOR (tl.standard.xor_sum) at every stage, which
-# made the sort-based kernels (the KNN lists) take seconds a call on a few points. XOR is exact, associative and
-# commutative, so NumPy's reduction gives the same bits; triton's other reductions are left as they are.
+# Run first in every interpreted script, two shortcuts in Triton's interpreter that leave every result's bits as they
+# were. (1) It reduces element by element in Python when it does not know the combine function; tl.sort's bitonic
+# network reduces with XOR (tl.standard.xor_sum) at every stage, which made the sort-based kernels (the KNN lists) take
+# seconds a call on a few points; XOR is exact, associative and commutative, so NumPy's reduction gives the same bits.
+# (2) Every call of a jit helper inside a kernel lists all members of triton.language (inspect.getmembers) to find the
+# builtins to patch, most of an interpreted kernel's time; the builtins' names are listed once instead, and each call
+# patches those still unpatched, as before. Either is skipped where the interpreter's layout differs.
 INTERPRETER_PRELUDE = """
-def _numpy_xor_reduce():
+def _interpreter_shortcuts():
+    import inspect
+
     import numpy as np
     import triton.language as tl
     from triton.runtime import interpreter
+
+    patch_builtin, patch_attr = getattr(interpreter, "_patch_builtin", None), getattr(interpreter, "_patch_attr", None)
+    if patch_attr is not None and list(inspect.signature(patch_builtin).parameters) == ["pkg", "builder", "scope"]:
+        # listed now, before any kernel has patched them
+        pkgs = [tl, tl.core, tl.tensor, tl.math, getattr(tl.core, "tensor_descriptor_base", None)]
+        names = {p: [n for n, m in inspect.getmembers(p) if tl.core.is_builtin(m)] for p in pkgs if p is not None}
+
+        def _patch_builtin(pkg, builder, scope):
+            if pkg not in names:
+                return patch_builtin(pkg, builder, scope)
+            for name in names[pkg]:
+                member = getattr(pkg, name)
+                if tl.core.is_builtin(member):
+                    patch_attr(pkg, name, member, builder, scope)
+
+        interpreter._patch_builtin = _patch_builtin
 
     ops, xor = getattr(interpreter, "ReduceOps", None), getattr(tl.standard, "_xor_combine", None)
     if ops is None or xor is None or not hasattr(ops, "apply_impl"):
@@ -334,8 +355,8 @@ def _numpy_xor_reduce():
     ops.apply_impl = apply_impl
 
 
-_numpy_xor_reduce()
-del _numpy_xor_reduce
+_interpreter_shortcuts()
+del _interpreter_shortcuts
 """
 
 
