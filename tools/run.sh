@@ -19,6 +19,11 @@ fi
 cd "$ROOT"
 [ "$cmd" = train ] && exec "$VENV/bin/python" tools/train_modelnet.py "$@"
 
+# Inductor's compiled graphs kept beside the wheels, outside the clone: a later run (another clone, the torch 2.11
+# virtualenv) reuses the kernels of every graph it compiled before (keyed by graph and torch version), so the compile
+# tests pay for code generation once per change, not once per run.
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/centroid-toolkit/inductor}"
+
 # The fast suite plus the slow tests (what CI runs); `dataset` tests need full datasets and are left out. The ten
 # slowest tests close each report, so that a test that grows is seen.
 PYTEST=("$VENV/bin/python" -m pytest -m "not dataset" --durations=10)
