@@ -47,7 +47,7 @@ from engine.distributed import DistributedContext, init_distributed
 from engine.errors import UsageError
 from engine.interrupt import Interrupted, handle_signals
 from engine.logger import setup_logging, write_json
-from engine.recipe import Recipe, validate_common
+from engine.recipe import Recipe, clamp_workers, validate_common
 from engine.resume import load_evaluated, load_resume, saved_config
 from engine.trainer import NonFiniteLossError, Trainer
 
@@ -112,6 +112,7 @@ def run(recipe: type[Recipe], cfg: Any, options: RunOptions | None = None, **kwa
         cfg = replace(cfg, data_root=str(Path(opts.data_root).resolve()))
     validate_common(cfg)
     recipe.validate(cfg)
+    cfg = clamp_workers(cfg)
     ctx = init_distributed(opts.device)
     lock: rundir.RunLock | None = None
     trainer: Trainer | None = None
