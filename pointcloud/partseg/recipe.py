@@ -65,7 +65,7 @@ class PartSegConfig:
     # data
     dataset: str = "synthetic_parts"  # synthetic_parts, shapenet_part (v0 layout) or shapenet_part_normal
     data_root: str | None = None  # dataset root; --data-root wins (null: $CENTROID_DATA, else ./datasets)
-    num_points: int = 256  # points per cloud (ShapeNet Part shapes are resampled to it)
+    num_points: int = 256  # points per cloud, at most 65536 (ShapeNet Part shapes are resampled to it)
     use_normals: bool = True  # feed x, y, z, nx, ny, nz (not with shapenet_part, whose v0 layout stores none)
     categories: list[str] | None = None  # ShapeNet Part categories to keep, e.g. [Airplane, Chair] (null: all 16)
     train_split: str = "train"  # ShapeNet Part split to train on: train or trainval
@@ -101,7 +101,7 @@ class PartSegConfig:
     workers: int = 0  # DataLoader worker processes per rank, at most 256 (above the usable CPUs: cut to their number)
     threads: int | None = 1  # torch CPU threads of this process (null: torch's default, one per core)
     seed: int = 0  # seed of the initialization, data order and augmentation
-    votes: int = 1  # test-time voting: logits averaged over this many randomly scaled copies (final and --eval-only)
+    votes: int = 1  # test-time voting (1 to 1000): logits averaged over as many randomly scaled copies of each cloud
 
 
 MODEL_KNOBS = ("num_centroids", "num_neighbors", "num_heads", "num_steps", "mlp_ratio", "fuse_dim", "upsample", "drop")

@@ -352,3 +352,12 @@ def test_both_point_recipes_refuse_the_shared_fields_by_name(which: str) -> None
     problems = rf"num_points must be >= {least}, got {least - 1}.*num_neighbors \(K\).*votes must be >= 1.*scale_lo"
     with pytest.raises(UsageError, match=problems):
         recipe.validate(config(num_points=least - 1, votes=0, scale_lo=2.0, scale_hi=1.0))
+    # the upper limits: a cloud of 10**11 points asked for 745 GiB, a billion votes ran after training, and a mixer
+    # that is a list ended in "unhashable type" when the model was built
+    problems = (
+        r"num_points must be <= 65536, got 100000000000.*votes must be <= 1000, got 1000000000.*"
+        r"model_kwargs.mixer must be null \(KNN attention\) or one of \['cauchy', .*'vandermonde_static'\], got \[1\]$"
+    )
+    with pytest.raises(UsageError, match=problems):
+        recipe.validate(config(num_points=10**11, votes=10**9, model_kwargs={"mixer": [1]}))
+    recipe.validate(config(num_points=65536, num_neighbors=16, votes=1000, model_kwargs={"mixer": "hydra"}))
