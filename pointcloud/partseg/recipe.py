@@ -75,6 +75,7 @@ class PartSegConfig:
     )
     synthetic_train_per_class: int = 48  # synthetic training shapes per category
     synthetic_test_per_class: int = 24  # synthetic test shapes per category
+    max_abs_coord: float | None = 10.0  # refuse ShapeNet Part files with a stored |x|, |y| or |z| above it (null: none)
     # augmentation (train split only)
     scale_lo: float = 0.8  # smallest random scale factor (one factor per axis)
     scale_hi: float = 1.25  # largest random scale factor
@@ -143,7 +144,7 @@ def build_datasets(cfg: PartSegConfig, data_root: str | None = None) -> tuple[Pa
     else:
         layout = "normal" if cfg.dataset == "shapenet_part_normal" else "v0"
         common: dict[str, Any] = dict(num_points=cfg.num_points, layout=layout, categories=cfg.categories,
-                                      seed=cfg.seed)  # fmt: skip
+                                      seed=cfg.seed, max_abs_coord=cfg.max_abs_coord)  # fmt: skip
         train = ShapeNetPart(root, cfg.train_split, **common)
         test = ShapeNetPart(root, cfg.test_split, **common)
     return (
@@ -226,6 +227,10 @@ class PartSegRecipe(Recipe):
                     f"batch_size must be >= 2 (BatchNorm needs two shapes per batch), got {cfg.batch_size}",
                 ),
                 (cfg.threads is None or cfg.threads >= 1, f"threads must be >= 1 or null, got {cfg.threads}"),
+                (
+                    cfg.max_abs_coord is None or cfg.max_abs_coord > 0,
+                    f"max_abs_coord must be > 0 or null, got {cfg.max_abs_coord}",
+                ),
                 (
                     cfg.dataset != "shapenet_part" or not cfg.use_normals,
                     "use_normals needs normals, which the v0 layout (dataset shapenet_part) does not store: use "

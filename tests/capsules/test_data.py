@@ -101,7 +101,7 @@ def test_shapenet_part_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"1 labels for the 2 points"):
         ShapeNetPart(tmp_path, "train")[0]
     (folder / synset / "points" / f"{shape_id}.pts").write_text("0 0 zero\n")
-    with pytest.raises(ValueError, match=rf"{shape_id}\.pts: not a table of numbers"):
+    with pytest.raises(ValueError, match=rf"{shape_id}\.pts, line 1: not a number in '0 0 zero'; expected 3"):
         ShapeNetPart(tmp_path, "train")[0]
     (folder / "train_test_split" / "shuffled_train_file_list.json").write_text('["shape_data/99999999/x"]')
     with pytest.raises(ValueError, match="bad entry"):
