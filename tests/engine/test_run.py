@@ -347,6 +347,28 @@ def test_a_refused_write_is_a_one_line_error_naming_the_folder(
     assert ("no last.pt was saved" if target == "lock" else "last.pt holds 1 epoch(s)") in line
 
 
+def test_a_read_only_runs_root_is_a_one_line_error_suggesting_output_dir(tmp_path, monkeypatch, cli_logging, capsys):
+    """Without --output-dir the run folder is made under ./runs; a read-only runs/ gave a PermissionError traceback."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    mkdir = os.mkdir
+
+    def read_only_runs(path, *args, **kwargs):  # what os.mkdir does in a read-only runs/ (root ignores the mode bits)
+        if Path(path).absolute().parent == tmp_path / "runs":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", read_only_runs)
+    with pytest.raises(SystemExit) as exc:
+        engine.main(BlobsRecipe, ["--no-progress", "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and "Traceback" not in err, err
+    line = err.splitlines()[-1]
+    expected = r"error: cannot create the run folder runs/blobs/blobs/[\d-]+ in runs \(Permission denied\): make it "
+    assert re.fullmatch(expected + "writable, or pass --output-dir DIR to write the run elsewhere", line), line
+    assert os.listdir(tmp_path / "runs") == []
+
+
 def test_eval_only_into_a_read_only_folder_says_to_run_it_again(tmp_path, monkeypatch, cli_logging, capsys):
     _run(BlobsConfig(epochs=1), tmp_path)
 
