@@ -117,7 +117,7 @@ class ShapeNetCore13(PartDataset):
         for path in self.files:
             try:
                 array = np.load(path, mmap_mode="r", allow_pickle=False)
-            except (ValueError, OSError) as err:
+            except (ValueError, OSError, EOFError) as err:
                 raise ValueError(f"{path}: not a readable .npy array ({err}):\n{CORE13_TREE}") from err
             if array.ndim != 2 or array.shape[1] not in (3, 6) or len(array) == 0:
                 raise ValueError(f"{path}: expected an (n, 3) or (n, 6) array, got shape {array.shape}:\n{CORE13_TREE}")
@@ -126,7 +126,7 @@ class ShapeNetCore13(PartDataset):
         path = self.files[index]
         try:
             array = np.load(path, allow_pickle=False)
-        except (ValueError, OSError) as err:
+        except (ValueError, OSError, EOFError) as err:  # EOFError: a truncated .npy
             raise ValueError(f"{path}: not a readable .npy array ({err}):\n{CORE13_TREE}") from err
         if array.ndim != 2 or array.shape[1] not in (3, 6) or len(array) == 0:
             raise ValueError(f"{path}: expected an (n, 3) or (n, 6) array, got shape {array.shape}:\n{CORE13_TREE}")
@@ -192,9 +192,63 @@ or, with split files:
 CLOUD_SUFFIXES = (".npy", ".txt", ".xyz", ".pts", ".ply")
 
 
+# bytes per value of each PLY scalar type
+_PLY_SIZES = {name: size for size, names in ((1, "char uchar int8 uint8"), (2, "short ushort int16 uint16"),
+              (4, "int uint float int32 uint32 float32"), (8, "double float64")) for name in names.split()}  # fmt: skip
+
+
+def _ply_problem(path: Path) -> str | None:
+    """Why the body of the PLY file ``path`` does not hold what its header declares, or ``None``.
+
+    An ASCII body must hold one non-empty line per declared element (vertices, faces, ...); a binary body at least the
+    bytes the header's elements need (a list property counted as its length field alone). A header that claims 450 M
+    vertices over 50 rows is otherwise read as the 50 rows, silently.
+    """
+    elements: list[list] = []  # [name, count, the least bytes of one row]
+    fmt = ""
+    with open(path, "rb") as f:
+        if f.readline().strip() != b"ply":
+            return None  # not a PLY header: the reader says what it found
+        while True:
+            raw = f.readline()
+            if not raw:
+                return f"{path}: the PLY header has no end_header line"
+            words = raw.decode("ascii", errors="replace").split()
+            if words[:1] == ["format"] and len(words) > 1:
+                fmt = words[1]
+            elif words[:1] == ["element"]:
+                if len(words) != 3 or not words[2].isdigit():
+                    return f"{path}: bad PLY header line {raw.strip()[:80]!r}; expected 'element <name> <count>'"
+                elements.append([words[1], int(words[2]), 0])
+            elif words[:1] == ["property"] and elements and len(words) > 2:
+                elements[-1][2] += _PLY_SIZES.get(words[2] if words[1] == "list" else words[1], 0)
+            elif words[:1] == ["end_header"]:
+                break
+        declared = sum(count for _, count, _ in elements)
+        counts = ", ".join(f"{count} {name}" for name, count, _ in elements)
+        if fmt == "ascii":
+            rows = sum(1 for line in f if line.strip())
+            if rows != declared:
+                return f"{path}: the PLY header declares {declared} rows ({counts}) but the file holds {rows}"
+            return None
+        body = path.stat().st_size - f.tell()
+    need = sum(count * row for _, count, row in elements)
+    if need > body:
+        return (
+            f"{path}: the PLY header declares {counts} ({need} bytes at least) but the file holds {body} bytes of data"
+        )
+    return None
+
+
 def _read_cloud(path: Path, num_points: int, seed: tuple[int, ...]) -> np.ndarray:
-    """The ``(n, 3)`` float64 cloud stored in ``path`` (one of :data:`CLOUD_SUFFIXES`), checked finite and non-empty."""
+    """The ``(n, 3)`` float64 cloud stored in ``path`` (one of :data:`CLOUD_SUFFIXES`), checked finite and non-empty;
+    an empty file or a PLY whose body does not match its header is refused by name."""
     suffix = path.suffix.lower()
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path}: the file is empty (0 bytes); expected a point cloud ({', '.join(CLOUD_SUFFIXES)})")
+    problem = _ply_problem(path) if suffix == ".ply" else None
+    if problem is not None:
+        raise ValueError(problem)
     try:
         if suffix == ".npy":
             array = np.load(path, allow_pickle=False)
@@ -210,7 +264,7 @@ def _read_cloud(path: Path, num_points: int, seed: tuple[int, ...]) -> np.ndarra
             with open(path, encoding="utf-8", errors="replace") as f:
                 comma = "," in f.readline()
             array = np.loadtxt(path, dtype=np.float64, delimiter="," if comma else None, ndmin=2)
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, EOFError) as err:  # EOFError: a truncated .npy
         raise ValueError(f"{path}: not a readable point cloud ({err}). Expected:\n{CLOUD_FOLDER_TREE}") from err
     array = np.asarray(array, dtype=np.float64)
     if array.ndim != 2 or array.shape[1] < 3 or len(array) == 0:

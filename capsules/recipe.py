@@ -75,7 +75,7 @@ class CapsulesConfig:
     grad_clip: float | None = None  # max global gradient norm (null: no clipping)
     amp: bool = False  # bfloat16 autocast (CUDA only)
     compile: CompileMode | None = None  # torch.compile mode for training (reduce-overhead: CUDA graphs; null: eager)
-    workers: int = 0  # DataLoader worker processes
+    workers: int = 0  # DataLoader worker processes per rank, at most 256 (above the usable CPUs: cut to their number)
     seed: int = 0  # seed of the initialization, data order and sampling
     chamfer_backend: str = "auto"  # nearest-neighbour search of the Chamfer loss (capsules.chamfer backends)
 

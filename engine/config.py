@@ -7,8 +7,8 @@ YAML file may name one ``base: other.yaml`` (a path relative to the including fi
 own, the including file's keys win, and a cycle is an error. ``base`` is therefore a reserved key, not a config
 field. An override may set one entry of a ``dict`` field with a dotted key: ``--set model_kwargs.mixer=hydra`` (the
 rest of the dict is kept). YAML anchors and aliases (``&name`` / ``*name``, and so ``<<:`` merges) are refused in
-files and overrides: nested aliases expand exponentially. Error messages show at most :data:`MAX_SHOWN` characters of
-a value.
+files and overrides: nested aliases expand exponentially; so are lists and mappings nested deeper than
+:data:`MAX_DEPTH` levels. Error messages show at most :data:`MAX_SHOWN` characters of a value.
 
 Supported annotations: ``int``, ``float``, ``str``, ``bool``, ``pathlib.Path``, ``Literal[...]``, ``X | None``,
 ``list[X]``, ``tuple[X, ...]``, ``tuple[X, Y]``, ``dict`` and ``Any``. Coercions are deliberately few: an int is
@@ -76,6 +76,10 @@ class _Mismatch(Exception):
 
 #: Longest value shown in an error message; longer ones are cut (a config value can be a large list).
 MAX_SHOWN = 200
+#: Deepest nesting of lists and mappings in a config file or override (the top-level mapping is level 1). A config is
+#: flat, its values a few levels deep; PyYAML composes nodes recursively, so a few kilobytes of ``[[[[...]]]]`` would
+#: otherwise end in a ``RecursionError``.
+MAX_DEPTH = 32
 ANCHORS_REFUSED = "config files may not use YAML anchors/aliases (&name / *name): write the value out"
 
 
@@ -86,19 +90,35 @@ class _AnchorUsed(Exception):
         super().__init__(f"line {mark.line + 1}, column {mark.column + 1}")
 
 
+class _TooDeep(Exception):
+    """Internal: the YAML text nests lists or mappings deeper than :data:`MAX_DEPTH` (at ``mark``)."""
+
+    def __init__(self, mark: Any) -> None:
+        super().__init__(f"line {mark.line + 1}, column {mark.column + 1}")
+
+
 class _PlainLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` without anchors and aliases: a few hundred bytes of nested aliases expand to gigabytes
-    (a "billion laughs"), and a config has no need to share nodes."""
+    (a "billion laughs"), and a config has no need to share nodes. Nodes nested deeper than :data:`MAX_DEPTH` are
+    refused too."""
+
+    _depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             raise _AnchorUsed(event.start_mark)
-        return super().compose_node(parent, index)
+        if self._depth >= MAX_DEPTH:
+            raise _TooDeep(event.start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _yaml_load(stream: Any) -> Any:
-    """``yaml.safe_load`` that raises ``_AnchorUsed`` on an anchor or alias."""
+    """``yaml.safe_load`` that raises ``_AnchorUsed`` on an anchor or alias and ``_TooDeep`` past :data:`MAX_DEPTH`."""
     loader = _PlainLoader(stream)
     try:
         return loader.get_single_data()
@@ -161,12 +181,17 @@ def _load_chain(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], di
 
 
 def _parse_yaml(stream: Any, source: str) -> Any:
-    """The YAML document in ``stream`` (text or a file); a ValueError naming ``source`` if it is not valid YAML or uses
-    anchors / aliases."""
+    """The YAML document in ``stream`` (text or a file); a ValueError naming ``source`` if it is not valid YAML, uses
+    anchors / aliases or nests deeper than :data:`MAX_DEPTH`."""
     try:
         return _yaml_load(stream)
     except _AnchorUsed as e:
         raise ValueError(f"{source} ({e}): {ANCHORS_REFUSED}") from None
+    except _TooDeep as e:
+        raise ValueError(
+            f"{source} ({e}): lists and mappings nested deeper than {MAX_DEPTH} levels; a config holds flat keys whose "
+            "values are a few levels deep"
+        ) from None
     except yaml.YAMLError as e:
         raise ValueError(f"{source} is not valid YAML ({e})") from e
 

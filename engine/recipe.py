@@ -17,12 +17,18 @@ Config conventions shared by every recipe config (checked by :func:`validate_com
 and ``model_kwargs`` (any constructor keyword of the model, e.g. ``--set model_kwargs.mixer=hydra``), which
 :func:`collect_model_kwargs` merges with the recipe's named model knobs. :func:`check_config` reports a recipe's
 own config problems together, as :func:`validate_common` does.
+
+Limits on the shared keys: ``batch_size`` and ``eval_batch_size`` at most :data:`MAX_BATCH_SIZE`; ``workers`` at most
+:data:`MAX_WORKERS`, and :func:`clamp_workers` cuts a value above the CPUs this process may use to their number (with
+a warning), so that a config written for a large machine still runs on a small one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path, PurePath
 from typing import Any, ClassVar
@@ -38,7 +44,26 @@ from engine.logger import read_records
 from engine.registry import create_by_name
 from engine.stats import count_params
 
-__all__ = ["NONFINITE_OK", "Recipe", "check_config", "collect_model_kwargs", "split_batch", "validate_common"]
+__all__ = [
+    "MAX_BATCH_SIZE",
+    "MAX_WORKERS",
+    "NONFINITE_OK",
+    "Recipe",
+    "check_config",
+    "clamp_workers",
+    "collect_model_kwargs",
+    "split_batch",
+    "usable_cpus",
+    "validate_common",
+]
+
+_logger = logging.getLogger(__name__)
+
+#: Largest ``batch_size`` / ``eval_batch_size``: far above any batch that fits a device, low enough that a typo
+#: (``eval_batch_size=1e20``) is refused with the config instead of failing when the first batch is allocated.
+MAX_BATCH_SIZE = 2**20
+#: Largest ``workers``: each is a process holding a copy of the dataset; no machine is helped by more.
+MAX_WORKERS = 256
 
 
 def check_config(cfg: Any, checks: Iterable[tuple[bool, str]]) -> None:
@@ -64,11 +89,14 @@ def check_config(cfg: Any, checks: Iterable[tuple[bool, str]]) -> None:
 # key, check, what it must be: the common keys (a config that lacks one, or sets it to None, skips it)
 _COMMON_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("batch_size", lambda v: v >= 1, ">= 1"),
+    ("batch_size", lambda v: v <= MAX_BATCH_SIZE, f"<= {MAX_BATCH_SIZE} (2**20)"),
     ("eval_batch_size", lambda v: v >= 1, ">= 1"),
+    ("eval_batch_size", lambda v: v <= MAX_BATCH_SIZE, f"<= {MAX_BATCH_SIZE} (2**20)"),
     ("epochs", lambda v: v >= 1, ">= 1"),
     ("lr", lambda v: math.isfinite(v) and v > 0, "a finite number > 0"),
     ("weight_decay", lambda v: math.isfinite(v) and v >= 0, ">= 0"),
     ("workers", lambda v: v >= 0, ">= 0"),
+    ("workers", lambda v: v <= MAX_WORKERS, f"<= {MAX_WORKERS} (DataLoader processes per rank)"),
     ("seed", lambda v: 0 <= v < 2**63, "in [0, 2**63)"),  # torch seeds are 64-bit; samplers add the epoch
     ("grad_clip", lambda v: math.isfinite(v) and v > 0, "> 0 or null"),
     ("warmup_epochs", lambda v: v >= 0, ">= 0"),
@@ -143,6 +171,26 @@ def validate_common(cfg: Any) -> None:
     name_problem = _name_problem(getattr(cfg, "name", None))
     checks.append((name_problem is None, name_problem or ""))
     check_config(cfg, checks)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one, else ``os.cpu_count()``)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def clamp_workers(cfg: Any) -> Any:
+    """``cfg`` with ``workers`` cut to :func:`usable_cpus` (and a warning) when it asks for more; else ``cfg`` itself.
+
+    More DataLoader processes than CPUs only compete for them (and each holds a copy of the dataset); the cut value is
+    the one the run records. Values above :data:`MAX_WORKERS` are refused earlier, by :func:`validate_common`.
+    """
+    workers, cpus = getattr(cfg, "workers", None), usable_cpus()
+    if not isinstance(workers, int) or workers <= cpus:
+        return cfg
+    _logger.warning("workers=%d is more than the %d CPU(s) this process may use: using workers=%d", workers, cpus, cpus)
+    return dataclasses.replace(cfg, workers=cpus)
 
 
 def collect_model_kwargs(cfg: Any, knobs: Sequence[str]) -> dict[str, Any]:

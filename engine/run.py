@@ -8,7 +8,8 @@ A recipe (:class:`engine.recipe.Recipe`) says what is domain-specific; this modu
 * **The run folder** (:mod:`engine.rundir`): new per run by default, never reused without ``--resume`` or
   ``--overwrite``, locked while a run writes it (``--eval-only`` too), temp files of a killed run removed. A write
   that the file system refuses (full disk, read-only or not-writable folder) ends in one line that names the folder,
-  the fix and the epochs ``last.pt`` holds.
+  the fix and the epochs ``last.pt`` holds; so does a run folder that cannot be created (a read-only ``runs/``),
+  suggesting ``--output-dir``.
 * **Resume** (:func:`engine.resume.load_resume`): the checkpoint is loaded safely (``weights_only``,
   :mod:`engine.checkpoint`); config keys that define the model, the data or the optimization must equal the
   checkpoint's (the refusal prints the diff); the keys in :data:`~engine.resume.RESUME_MUTABLE` (and the recipe's
@@ -47,7 +48,7 @@ from engine.distributed import DistributedContext, init_distributed
 from engine.errors import UsageError
 from engine.interrupt import Interrupted, handle_signals
 from engine.logger import setup_logging, write_json
-from engine.recipe import Recipe, validate_common
+from engine.recipe import Recipe, clamp_workers, validate_common
 from engine.resume import load_evaluated, load_resume, saved_config
 from engine.trainer import NonFiniteLossError, Trainer
 
@@ -112,6 +113,7 @@ def run(recipe: type[Recipe], cfg: Any, options: RunOptions | None = None, **kwa
         cfg = replace(cfg, data_root=str(Path(opts.data_root).resolve()))
     validate_common(cfg)
     recipe.validate(cfg)
+    cfg = clamp_workers(cfg)
     ctx = init_distributed(opts.device)
     lock: rundir.RunLock | None = None
     trainer: Trainer | None = None
@@ -195,9 +197,14 @@ _STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 _PERMISSION_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
 
 
-def _storage_error(e: BaseException, folder: Path | None, eval_only: bool = False) -> UsageError | None:
+def _storage_error(
+    e: BaseException, folder: Path | None, eval_only: bool = False, creating: bool = False
+) -> UsageError | None:
     """A one-line :class:`UsageError` for a write into ``folder`` that the file system refused (``e`` or one of its
-    causes is such an ``OSError``), naming the folder, the fix and what is on disk; ``None`` for anything else."""
+    causes is such an ``OSError``), naming the folder, the fix and what is on disk; ``None`` for anything else.
+
+    With ``creating`` (``folder`` is being made), a refused folder above it is such a write too (a read-only
+    ``runs/``): the error names the folder that exists and suggests ``--output-dir``."""
     refused = _STORAGE_ERRNOS | _PERMISSION_ERRNOS
     seen: set[int] = set()
     cause: BaseException | None = e
@@ -209,10 +216,17 @@ def _storage_error(e: BaseException, folder: Path | None, eval_only: bool = Fals
     if not isinstance(cause, OSError) or cause.errno not in refused or folder is None:
         return None
     path = Path(os.fsdecode(cause.filename)) if cause.filename else None
+    full = cause.errno in (errno.ENOSPC, errno.EDQUOT)
+    if creating and path is not None and path.resolve() in Path(folder).resolve().parents:
+        existing = next((p for p in (path, *path.parents) if p.exists()), path)
+        return UsageError(
+            f"cannot create the run folder {folder} in {existing} ({os.strerror(cause.errno)}): "
+            f"{'free space on its disk' if full else 'make it writable'}, or pass --output-dir DIR to write the run "
+            "elsewhere"
+        )
     inside = path is not None and Path(folder).resolve() in (path.resolve(), *path.resolve().parents)
     if not inside and (path is not None or cause.errno in _PERMISSION_ERRNOS):
         return None  # not a write into the run folder (e.g. an unreadable data file)
-    full = cause.errno in (errno.ENOSPC, errno.EDQUOT)
     fix = "free space on its disk" if full else "make it writable (or choose another --output-dir)"
     epochs = _saved_epochs(folder)
     saved = f"last.pt holds {epochs} epoch(s)" if epochs is not None else "no last.pt was saved"
@@ -255,7 +269,7 @@ def _setup_folder(
         except Exception as e:
             if lock is not None:
                 lock.release()
-            storage = _storage_error(e, folder, opts.eval_only)
+            storage = _storage_error(e, folder, opts.eval_only, creating=True)
             if ctx.is_distributed:
                 ctx.all_gather_object(("", str(storage or e)))
             if storage is not None:

@@ -136,8 +136,17 @@ def _check_finite(array: np.ndarray, path: Path | str, first_line: int | None = 
         raise ValueError(f"{path}{where}: contains NaN or Inf values; expected finite coordinates")
 
 
-def _check_scale(xyz: np.ndarray, path: Path | str, limit: float | None, first_line: int | None = None) -> None:
-    """Refuses coordinates beyond ``limit`` in ``xyz`` (``(N, C)`` rows of one file, or ``(n, N, C)`` samples)."""
+_SCALE_FIX = (
+    "normalize the clouds (config normalize: true, or the NormalizeUnitSphere transform), or set max_abs_coord: null "
+    "to use them as they are"
+)
+
+
+def _check_scale(
+    xyz: np.ndarray, path: Path | str, limit: float | None, first_line: int | None = None, fix: str = _SCALE_FIX
+) -> None:
+    """Refuses coordinates beyond ``limit`` in ``xyz`` (``(N, C)`` rows of one file, or ``(n, N, C)`` samples); the
+    message ends with ``fix``."""
     if limit is None or xyz.size == 0:
         return
     peak = np.abs(xyz[..., :3]).reshape(len(xyz), -1).max(axis=1)
@@ -149,8 +158,7 @@ def _check_scale(xyz: np.ndarray, path: Path | str, limit: float | None, first_l
     where = f", line {first_line + bad}" if first_line is not None else f", sample {bad}"
     raise ValueError(
         f"{path}{where}: coordinate {value:.4g} is far outside the unit scale the models assume "
-        f"(|x|, |y|, |z| <= max_abs_coord={limit:g}): normalize the clouds (config normalize: true, or the "
-        "NormalizeUnitSphere transform), or set max_abs_coord: null to use them as they are"
+        f"(|x|, |y|, |z| <= max_abs_coord={limit:g}): {fix}"
     )
 
 

@@ -21,7 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
+from attention import MIXERS
 from engine import CompileMode, Recipe, check_config, collect_model_kwargs, count_gmacs, count_params, epoch_lr_schedule
+from engine.config import shorten
 from engine.distributed import unwrap
 
 from . import transforms
@@ -30,6 +32,8 @@ from .model import create_model, list_models
 from .transforms import vote_logits
 
 __all__ = [
+    "MAX_POINTS",
+    "MAX_VOTES",
     "ModelNetConfig",
     "ModelNetRecipe",
     "build_datasets",
@@ -40,6 +44,12 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
+
+#: Most points per cloud: 64 times the 1,024 of ModelNet's protocol, and every release stores fewer (10,000 at most).
+#: One cloud of 10**11 points asks for hundreds of GiB; refused with the config instead.
+MAX_POINTS = 65536
+#: Most test-time votes: each is a full pass over the test split, and gains stop after about ten.
+MAX_VOTES = 1000
 
 
 @dataclass
@@ -60,7 +70,7 @@ class ModelNetConfig:
     # data
     dataset: str = "synthetic"  # synthetic, modelnet40_h5, modelnet40_normal, modelnet40_sampled, modelnet10_*
     data_root: str | None = None  # dataset root; --data-root wins (null: $CENTROID_DATA, else ./datasets)
-    num_points: int = 256  # points per cloud: the first num_points stored points of each shape
+    num_points: int = 256  # points per cloud (at most 65536): the first num_points stored points of each shape
     use_normals: bool = False  # feed x, y, z, nx, ny, nz instead of x, y, z (not with modelnet40_h5)
     synthetic_classes: int = 10  # classes of the synthetic dataset (2 to 13)
     synthetic_train_per_class: int = 100  # synthetic training shapes per class
@@ -90,9 +100,9 @@ class ModelNetConfig:
     grad_clip: float | None = None  # max global gradient norm (null: no clipping)
     amp: bool = False  # bfloat16 autocast (CUDA only)
     compile: CompileMode | None = None  # torch.compile mode for training (reduce-overhead: CUDA graphs; null: eager)
-    workers: int = 0  # DataLoader worker processes
+    workers: int = 0  # DataLoader worker processes per rank, at most 256 (above the usable CPUs: cut to their number)
     seed: int = 0  # seed of the initialization, data order and augmentation
-    votes: int = 1  # test-time voting: logits averaged over this many randomly scaled copies (final and --eval-only)
+    votes: int = 1  # test-time voting (1 to 1000): logits averaged over as many randomly scaled copies of each cloud
 
 
 MODEL_KNOBS = ("num_centroids", "num_neighbors", "num_heads", "num_steps", "mlp_ratio", "fuse_dim", "drop")
@@ -189,10 +199,13 @@ def _scheduler(cfg: ModelNetConfig, optimizer: torch.optim.Optimizer) -> torch.o
 
 def point_checks(cfg: Any, min_points: int) -> list[tuple[bool, str]]:
     """The :func:`engine.check_config` checks of the fields every point-model config has: ``num_points`` (at least
-    ``min_points``), ``num_neighbors`` (K), ``num_centroids``, ``votes`` and the scale range."""
+    ``min_points``, at most :data:`MAX_POINTS`), ``num_neighbors`` (K), ``num_centroids``, ``votes`` (at most
+    :data:`MAX_VOTES`), the scale range and ``model_kwargs.mixer`` (a name of :data:`attention.MIXERS`)."""
     centroids_ok = all(0 < m < 1 if isinstance(m, float) else 1 <= m <= cfg.num_points for m in cfg.num_centroids or ())
+    mixer = (cfg.model_kwargs or {}).get("mixer")
     return [
         (cfg.num_points >= min_points, f"num_points must be >= {min_points}, got {cfg.num_points}"),
+        (cfg.num_points <= MAX_POINTS, f"num_points must be <= {MAX_POINTS}, got {cfg.num_points}"),
         (
             cfg.num_neighbors is None or 1 <= cfg.num_neighbors <= cfg.num_points,
             f"num_neighbors (K) must be in [1, num_points={cfg.num_points}], got {cfg.num_neighbors}",
@@ -203,7 +216,12 @@ def point_checks(cfg: Any, min_points: int) -> list[tuple[bool, str]]:
             f"(0, 1), got {cfg.num_centroids}",
         ),
         (cfg.votes >= 1, f"votes must be >= 1, got {cfg.votes}"),
+        (cfg.votes <= MAX_VOTES, f"votes must be <= {MAX_VOTES}, got {cfg.votes}"),
         (0 < cfg.scale_lo <= cfg.scale_hi, f"need 0 < scale_lo <= scale_hi, got {cfg.scale_lo} and {cfg.scale_hi}"),
+        (
+            mixer is None or (isinstance(mixer, str) and mixer in MIXERS),
+            f"model_kwargs.mixer must be null (KNN attention) or one of {sorted(MIXERS)}, got {shorten(mixer)}",
+        ),
     ]
 
 

@@ -272,7 +272,7 @@ class CentroidViT(nn.Module):
         act_layer: type[nn.Module] = nn.GELU,
     ) -> None:
         super().__init__()
-        if mixer is not None and mixer not in MIXERS:
+        if mixer is not None and (not isinstance(mixer, str) or mixer not in MIXERS):
             raise ValueError(f"unknown mixer {mixer!r}; choose one of {sorted(MIXERS)} (None: multi-head attention)")
         if mixer in UNSCRIPTABLE_MIXERS and is_scriptable():
             raise RuntimeError(

@@ -103,7 +103,7 @@ class DeiTConfig:
     synthetic_train_per_class: int = 750  # synthetic training images per class
     synthetic_val_per_class: int = 100  # synthetic validation images per class
     synthetic_image_size: int = 64  # side length of the rendered synthetic images (then cropped to img_size)
-    workers: int = 0  # DataLoader worker processes
+    workers: int = 0  # DataLoader worker processes per rank, at most 256 (above the usable CPUs: cut to their number)
     # augmentation (timm.data.create_transform; train split only except crop_pct / interpolation / mean / std)
     scale: tuple[float, float] = (0.5, 1.0)  # area range of the random resized crop
     ratio: tuple[float, float] = (0.75, 1.3333333333333333)  # aspect-ratio range of the random resized crop

@@ -81,7 +81,7 @@ def build_mixer(
         **kwargs: mixer-specific options (e.g. ``num_edges`` for FSAT, ``chunk_size`` and ``backend`` for
             cauchy, ``state_dim`` and ``chunk_size`` for hydra, ``freq`` for vandermonde).
     """
-    if name not in MIXERS:
+    if not isinstance(name, str) or name not in MIXERS:  # a list from a config is unhashable: named, not a TypeError
         raise ValueError(f"unknown mixer {name!r}; choose one of {sorted(MIXERS)}")
     if name in _NEEDS_MAX_LEN:
         if max_len is None:

@@ -65,7 +65,7 @@ class PartSegConfig:
     # data
     dataset: str = "synthetic_parts"  # synthetic_parts, shapenet_part (v0 layout) or shapenet_part_normal
     data_root: str | None = None  # dataset root; --data-root wins (null: $CENTROID_DATA, else ./datasets)
-    num_points: int = 256  # points per cloud (ShapeNet Part shapes are resampled to it)
+    num_points: int = 256  # points per cloud, at most 65536 (ShapeNet Part shapes are resampled to it)
     use_normals: bool = True  # feed x, y, z, nx, ny, nz (not with shapenet_part, whose v0 layout stores none)
     categories: list[str] | None = None  # ShapeNet Part categories to keep, e.g. [Airplane, Chair] (null: all 16)
     train_split: str = "train"  # ShapeNet Part split to train on: train or trainval
@@ -75,6 +75,7 @@ class PartSegConfig:
     )
     synthetic_train_per_class: int = 48  # synthetic training shapes per category
     synthetic_test_per_class: int = 24  # synthetic test shapes per category
+    max_abs_coord: float | None = 10.0  # refuse ShapeNet Part files with a stored |x|, |y| or |z| above it (null: none)
     # augmentation (train split only)
     scale_lo: float = 0.8  # smallest random scale factor (one factor per axis)
     scale_hi: float = 1.25  # largest random scale factor
@@ -98,10 +99,10 @@ class PartSegConfig:
     grad_clip: float | None = None  # max global gradient norm (null: no clipping)
     amp: bool = False  # bfloat16 autocast (CUDA only)
     compile: CompileMode | None = None  # torch.compile mode for training (reduce-overhead: CUDA graphs; null: eager)
-    workers: int = 0  # DataLoader worker processes
+    workers: int = 0  # DataLoader worker processes per rank, at most 256 (above the usable CPUs: cut to their number)
     threads: int | None = 1  # torch CPU threads of this process (null: torch's default, one per core)
     seed: int = 0  # seed of the initialization, data order and augmentation
-    votes: int = 1  # test-time voting: logits averaged over this many randomly scaled copies (final and --eval-only)
+    votes: int = 1  # test-time voting (1 to 1000): logits averaged over as many randomly scaled copies of each cloud
 
 
 MODEL_KNOBS = ("num_centroids", "num_neighbors", "num_heads", "num_steps", "mlp_ratio", "fuse_dim", "upsample", "drop")
@@ -143,7 +144,7 @@ def build_datasets(cfg: PartSegConfig, data_root: str | None = None) -> tuple[Pa
     else:
         layout = "normal" if cfg.dataset == "shapenet_part_normal" else "v0"
         common: dict[str, Any] = dict(num_points=cfg.num_points, layout=layout, categories=cfg.categories,
-                                      seed=cfg.seed)  # fmt: skip
+                                      seed=cfg.seed, max_abs_coord=cfg.max_abs_coord)  # fmt: skip
         train = ShapeNetPart(root, cfg.train_split, **common)
         test = ShapeNetPart(root, cfg.test_split, **common)
     return (
@@ -226,6 +227,10 @@ class PartSegRecipe(Recipe):
                     f"batch_size must be >= 2 (BatchNorm needs two shapes per batch), got {cfg.batch_size}",
                 ),
                 (cfg.threads is None or cfg.threads >= 1, f"threads must be >= 1 or null, got {cfg.threads}"),
+                (
+                    cfg.max_abs_coord is None or cfg.max_abs_coord > 0,
+                    f"max_abs_coord must be > 0 or null, got {cfg.max_abs_coord}",
+                ),
                 (
                     cfg.dataset != "shapenet_part" or not cfg.use_normals,
                     "use_normals needs normals, which the v0 layout (dataset shapenet_part) does not store: use "

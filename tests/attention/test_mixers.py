@@ -188,6 +188,8 @@ def test_registry_builds_every_mixer_and_names_the_choices() -> None:
         assert out.shape == x.shape and torch.isfinite(out).all(), name
     with pytest.raises(ValueError, match=r"unknown mixer 'nope'; choose one of \['cauchy'"):
         build_mixer("nope", 16)
+    with pytest.raises(ValueError, match=r"unknown mixer \[1\]; choose one of \['cauchy'"):  # not a TypeError
+        build_mixer([1], 16)
     with pytest.raises(ValueError, match="needs max_len"):
         build_mixer("fsat", 16)
     with pytest.raises(ValueError, match="needs max_len"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from capsules.data import ShapeNetCore13, ShapeNetPart, SyntheticParts, build_dataset, resample
+from capsules.data import CloudFolder, ShapeNetCore13, ShapeNetPart, SyntheticParts, build_dataset, resample
 
 SYNSETS = {"Airplane": "02691156", "Chair": "03001627"}
 IDS = {
@@ -101,7 +101,7 @@ def test_shapenet_part_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"1 labels for the 2 points"):
         ShapeNetPart(tmp_path, "train")[0]
     (folder / synset / "points" / f"{shape_id}.pts").write_text("0 0 zero\n")
-    with pytest.raises(ValueError, match=rf"{shape_id}\.pts: not a table of numbers"):
+    with pytest.raises(ValueError, match=rf"{shape_id}\.pts, line 1: not a number in '0 0 zero'; expected 3"):
         ShapeNetPart(tmp_path, "train")[0]
     (folder / "train_test_split" / "shuffled_train_file_list.json").write_text('["shape_data/99999999/x"]')
     with pytest.raises(ValueError, match="bad entry"):
@@ -259,3 +259,40 @@ def test_cloud_folder_samples_meshes_and_names_bad_files(tmp_path: Path) -> None
     (tmp_path / "test.txt").write_text("missing_shape\n")
     with pytest.raises(FileNotFoundError, match="lists 'missing_shape'"):
         build_dataset("cloud_folder", "test", tmp_path)
+
+
+PLY_HEADER = (
+    "ply\nformat ascii 1.0\nelement vertex {count}\nproperty float x\nproperty float y\nproperty float z\nend_header\n"
+)
+
+
+@pytest.mark.parametrize("case", ["empty npy", "ascii ply header", "binary ply header"])
+def test_cloud_folder_names_an_empty_file_and_a_ply_unlike_its_header(tmp_path: Path, case: str) -> None:
+    """A zero-byte .npy raised EOFError without a file name; a PLY whose header claims 450 M vertices over 50 rows was
+    read as its 50 rows. Both are one line naming the file (and the counts)."""
+    import trimesh
+
+    folder = tmp_path / "train"
+    folder.mkdir()
+    rows = np.random.default_rng(0).normal(size=(50, 3))
+    if case == "empty npy":
+        path, message = folder / "a.npy", "the file is empty (0 bytes)"
+        path.write_bytes(b"")
+    elif case == "ascii ply header":
+        path, message = (
+            folder / "b.ply",
+            "the PLY header declares 450000000 rows (450000000 vertex) but the file holds 50",
+        )
+        text = PLY_HEADER.format(count=50) + "".join(f"{x} {y} {z}\n" for x, y, z in rows)
+        path.write_text(text)
+        CloudFolder(tmp_path, "train", num_points=50).check_files()  # as declared: read
+        path.write_text(text.replace("vertex 50", "vertex 450000000"))
+    else:
+        path, message = folder / "c.ply", "declares 450000000 vertex (5400000000 bytes at least) but the file holds 600"
+        trimesh.PointCloud(rows).export(path)  # binary: 50 x 3 float32 after the header
+        CloudFolder(tmp_path, "train", num_points=50).check_files()
+        data = path.read_bytes()
+        path.write_bytes(data.replace(b"element vertex 50\n", b"element vertex 450000000\n"))
+    with pytest.raises(ValueError) as info:
+        CloudFolder(tmp_path, "train", num_points=50).check_files()
+    assert str(info.value).startswith(f"{path}: ") and message in str(info.value) and "\n" not in str(info.value)

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from engine.config import (
+    MAX_DEPTH,
     add_config_args,
     config_from_args,
     config_help,
@@ -249,6 +250,21 @@ def test_yaml_anchors_and_aliases_are_refused_at_once(tmp_path):
     assert time.perf_counter() - start < 5.0
     path.write_text("name: &n run\ntags: [*n]\n", encoding="utf-8")  # a plain anchor is refused too
     with pytest.raises(ValueError, match=r"anchors/aliases \(&name / \*name\)"):
+        load_config(Cfg, path)
+
+
+def test_configs_nested_too_deep_are_refused_in_one_line(tmp_path):
+    """10,000 nested brackets (20 KB) ended in a RecursionError of a thousand frames; now one line naming the file."""
+    path = tmp_path / "deep.yaml"
+    path.write_text("[" * 10_000 + "]" * 10_000, encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"config file {re.escape(str(path))} \(line 1, column 33\): .* nested deeper "
+                       rf"than {MAX_DEPTH} levels") as info:  # fmt: skip
+        load_config(Cfg, path)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match=rf"override 'dims=\[\[\[.*nested deeper than {MAX_DEPTH} levels"):
+        load_config(Cfg, None, ["dims=" + "[" * 2_000 + "]" * 2_000])
+    path.write_text("tags: " + "[" * (MAX_DEPTH - 2) + "x" + "]" * (MAX_DEPTH - 2) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="'tags' expects list\\[str\\]"):  # at the limit: read, then type-checked
         load_config(Cfg, path)
 
 

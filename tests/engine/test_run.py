@@ -189,6 +189,9 @@ class KnobsConfig(BlobsConfig):
         ("name=../../elsewhere", r"name must be a relative path inside runs/<group>/ \(no '\.\.', not absolute\)"),
         ("name={tmp}/elsewhere", "name must be a relative path inside runs/<group>/"),
         ("name=.", "name must name a folder"),
+        ("workers=100000", r"workers must be <= 256 \(DataLoader processes per rank\), got 100000$"),
+        ("batch_size=1099511627776", r"batch_size must be <= 1048576 \(2\*\*20\), got 1099511627776$"),
+        ("eval_batch_size=100000000000000000000", r"eval_batch_size must be <= 1048576 \(2\*\*20\), got 10{20}$"),
     ],
 )
 def test_bad_config_values_are_one_line_user_errors(tmp_path, monkeypatch, capsys, override, message):
@@ -203,6 +206,25 @@ def test_bad_config_values_are_one_line_user_errors(tmp_path, monkeypatch, capsy
     assert re.search(message, err.strip().splitlines()[-1]), err
     assert not list(tmp_path.iterdir())  # refused before anything was written
     validate_common(KnobsConfig(bound=-math.inf, scales=(0.5,)))  # what is finite or allowed passes
+
+
+def test_workers_above_the_usable_cpus_are_cut_to_their_number_and_recorded(tmp_path, monkeypatch, caplog):
+    """A config written for a large machine (configs/vision/deit_imagenet_base.yaml asks for 10) runs on a small one
+    with as many workers as it has CPUs; the run records what it used. MAX_WORKERS and above are refused (above)."""
+    monkeypatch.setattr(engine.recipe, "usable_cpus", lambda: 1)
+    assert engine.recipe.clamp_workers(BlobsConfig(workers=1)) == BlobsConfig(workers=1)
+    assert engine.recipe.clamp_workers(BlobsConfig(workers=engine.recipe.MAX_WORKERS)).workers == 1
+    assert "workers=256 is more than the 1 CPU(s) this process may use: using workers=1" in caplog.text
+
+    class Built(Exception):
+        pass
+
+    def build_datasets(self):  # the recipe gets the cut config (and so do its loaders and the saved config)
+        raise Built(self.cfg.workers)
+
+    monkeypatch.setattr(BlobsRecipe, "build_datasets", build_datasets)
+    with pytest.raises(Built, match=r"^1$"):
+        _run(BlobsConfig(workers=10), tmp_path)
 
 
 @pytest.fixture
@@ -323,6 +345,28 @@ def test_a_refused_write_is_a_one_line_error_naming_the_folder(
     assert line.startswith(f"error: cannot write to the run folder {run_dir} ({os.strerror(error)}")
     assert f"{fix}" in line and f"--resume auto --output-dir {run_dir}" in line
     assert ("no last.pt was saved" if target == "lock" else "last.pt holds 1 epoch(s)") in line
+
+
+def test_a_read_only_runs_root_is_a_one_line_error_suggesting_output_dir(tmp_path, monkeypatch, cli_logging, capsys):
+    """Without --output-dir the run folder is made under ./runs; a read-only runs/ gave a PermissionError traceback."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    mkdir = os.mkdir
+
+    def read_only_runs(path, *args, **kwargs):  # what os.mkdir does in a read-only runs/ (root ignores the mode bits)
+        if Path(path).absolute().parent == tmp_path / "runs":
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", read_only_runs)
+    with pytest.raises(SystemExit) as exc:
+        engine.main(BlobsRecipe, ["--no-progress", "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and "Traceback" not in err, err
+    line = err.splitlines()[-1]
+    expected = r"error: cannot create the run folder runs/blobs/blobs/[\d-]+ in runs \(Permission denied\): make it "
+    assert re.fullmatch(expected + "writable, or pass --output-dir DIR to write the run elsewhere", line), line
+    assert os.listdir(tmp_path / "runs") == []
 
 
 def test_eval_only_into_a_read_only_folder_says_to_run_it_again(tmp_path, monkeypatch, cli_logging, capsys):

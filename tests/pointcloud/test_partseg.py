@@ -290,6 +290,24 @@ def test_shapenet_part_gives_the_protocol_labels_in_both_layouts(tmp_path: Path,
             PartSegmentation(ShapeNetPart(tmp_path, "test", layout=layout), use_normals=True)
 
 
+@pytest.mark.parametrize("layout", ["v0", "normal"])
+def test_checked_shapenet_part_files_are_kept_and_give_the_same_samples(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    """check_files reads every line once and keeps the samples: later samples equal those read from the files."""
+    _write_shapenet(tmp_path, layout, np.random.default_rng(0))
+    fresh = ShapeNetPart(tmp_path, "trainval", num_points=64, layout=layout)
+    checked = ShapeNetPart(tmp_path, "trainval", num_points=64, layout=layout)
+    checked.check_files()
+    monkeypatch.setattr(checked, "load", lambda index: pytest.fail("a checked file was parsed again"))
+    for index in range(len(fresh)):
+        for normals in (False, True) if layout == "normal" else (False,):
+            for got, want in zip(checked.sample(index, normals), fresh.sample(index, normals)):
+                assert got.dtype == want.dtype and np.array_equal(got, want)
+        checked.sample(index)[0][:] = 0  # callers get copies
+    assert np.array_equal(checked.sample(0)[0], fresh.sample(0)[0])
+
+
 def test_shapenet_part_refuses_labels_outside_the_category(tmp_path: Path) -> None:
     _write_shapenet(tmp_path, "v0", np.random.default_rng(0))
     seg = tmp_path / ShapeNetPart.FOLDERS["v0"] / "02691156" / "points_label" / "shape0.seg"
@@ -352,3 +370,12 @@ def test_both_point_recipes_refuse_the_shared_fields_by_name(which: str) -> None
     problems = rf"num_points must be >= {least}, got {least - 1}.*num_neighbors \(K\).*votes must be >= 1.*scale_lo"
     with pytest.raises(UsageError, match=problems):
         recipe.validate(config(num_points=least - 1, votes=0, scale_lo=2.0, scale_hi=1.0))
+    # the upper limits: a cloud of 10**11 points asked for 745 GiB, a billion votes ran after training, and a mixer
+    # that is a list ended in "unhashable type" when the model was built
+    problems = (
+        r"num_points must be <= 65536, got 100000000000.*votes must be <= 1000, got 1000000000.*"
+        r"model_kwargs.mixer must be null \(KNN attention\) or one of \['cauchy', .*'vandermonde_static'\], got \[1\]$"
+    )
+    with pytest.raises(UsageError, match=problems):
+        recipe.validate(config(num_points=10**11, votes=10**9, model_kwargs={"mixer": [1]}))
+    recipe.validate(config(num_points=65536, num_neighbors=16, votes=1000, model_kwargs={"mixer": "hydra"}))

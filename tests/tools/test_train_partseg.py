@@ -101,13 +101,12 @@ def test_every_config_loads_and_builds(path: Path) -> None:
     assert model.num_parts == parts and model.in_channels == (6 if cfg.use_normals else 3)
 
 
-@pytest.mark.parametrize("dataset", ["shapenet_part", "shapenet_part_normal"])
-def test_cli_on_both_shapenet_part_layouts(tmp_path: Path, dataset: str) -> None:
-    """A two-category release in each layout, as released: the run reads the protocol's global labels."""
-    layout = "normal" if dataset == "shapenet_part_normal" else "v0"
+def _write_release(root: Path, layout: str) -> Path:
+    """A two-category ShapeNet Part release (Airplane, Mug) in ``layout``: 4 train, 1 val and 2 test shapes of 100
+    points, parts 1..2 of either category; returns the release folder."""
     from pointcloud.parts import ShapeNetPart
 
-    folder = tmp_path / ShapeNetPart.FOLDERS[layout]
+    folder = root / ShapeNetPart.FOLDERS[layout]
     synsets = {"Airplane": "02691156", "Mug": "03797390"}
     (folder / "train_test_split").mkdir(parents=True)
     (folder / "synsetoffset2category.txt").write_text("".join(f"{n}\t{s}\n" for n, s in synsets.items()))
@@ -129,10 +128,52 @@ def test_cli_on_both_shapenet_part_layouts(tmp_path: Path, dataset: str) -> None
                 table = np.hstack([xyz, rng.normal(size=(100, 3)), (first + local - 1)[:, None]])
                 np.savetxt(folder / synset / f"{shape_id}.txt", table, fmt="%.6f")
         (folder / "train_test_split" / f"shuffled_{split}_file_list.json").write_text(json.dumps(entries))
+    return folder
+
+
+def _shapenet_argv(root: Path, dataset: str, run: Path) -> list[str]:
     sets = [s for s in TINY_PARTSEG_SETS if not s.startswith("synthetic")]
-    extra = [] if layout == "normal" else ["use_normals=false"]  # v0 stores no normals
-    metrics = train_partseg(["--no-progress", "--device", "cpu", "--epochs", "1", "--data-root", str(tmp_path),
-                             "--output-dir", str(tmp_path / "run"), "--set", *sets, f"dataset={dataset}",
-                             "train_split=trainval", *extra])  # fmt: skip
+    extra = [] if dataset == "shapenet_part_normal" else ["use_normals=false"]  # v0 stores no normals
+    return ["--no-progress", "--device", "cpu", "--epochs", "1", "--data-root", str(root), "--output-dir", str(run),
+            "--set", *sets, f"dataset={dataset}", "train_split=trainval", *extra]  # fmt: skip
+
+
+@pytest.mark.parametrize("dataset", ["shapenet_part", "shapenet_part_normal"])
+def test_cli_on_both_shapenet_part_layouts(tmp_path: Path, dataset: str) -> None:
+    """A two-category release in each layout, as released: the run reads the protocol's global labels."""
+    _write_release(tmp_path, "normal" if dataset == "shapenet_part_normal" else "v0")
+    metrics = train_partseg(_shapenet_argv(tmp_path, dataset, tmp_path / "run"))
     assert metrics["num_parts"] == 38 and metrics["num_categories"] == 2  # Mug's parts are 36 and 37
     assert set(metrics["class_ious"]) == {"Airplane", "Mug"}
+
+
+@pytest.mark.parametrize(
+    "layout,file,line,text,message",
+    [
+        ("v0", "03797390/points/test1.pts", 40, "0.1 abc 0.2", "test1.pts, line 40: not a number in '0.1 abc 0.2'"),
+        ("v0", "03797390/points/train1.pts", 60, "nan 0 0", "train1.pts, line 60: NaN or Inf"),
+        ("v0", "02691156/points/val0.pts", 80, "1 2 3 4", "val0.pts, line 80: found 4 numbers; expected 3"),
+        ("v0", "02691156/points/train2.pts", 90, "50000 0 0", "train2.pts, line 90: coordinate 5e+04 is far outside"),
+        ("v0", "02691156/points_label/test0.seg", 70, "7", "test0.seg: part label 7 outside 1..4, the Airplane parts"),
+        ("v0", "02691156/points_label/test0.seg", 100, "", "test0.seg: 99 labels for the 100 points of"),
+        ("normal", "03797390/test1.txt", 50, "1 2 3 4 5 6", "test1.txt, line 50: found 6 numbers; expected 7"),
+        ("normal", "02691156/train0.txt", 30, "0 0 0 0 0 1 1.5", "train0.txt, line 30: part label 1.5 is not an"),
+    ],
+)
+def test_every_line_of_every_shapenet_part_file_is_checked_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture, layout: str, file: str, line: int, text: str, message: str
+) -> None:
+    """A bad line of a test file was found after a full epoch, one of a train file mid-epoch (the check read line 1
+    only), and a 50000 coordinate trained silently: each is now one line naming the file, before the first step."""
+    path = _write_release(tmp_path, layout) / file
+    lines = path.read_text().splitlines()
+    lines[line - 1 : line] = [text] if text else []
+    path.write_text("\n".join(lines) + "\n")
+    dataset = "shapenet_part_normal" if layout == "normal" else "shapenet_part"
+    with pytest.raises(SystemExit) as exc:
+        train_partseg(_shapenet_argv(tmp_path, dataset, tmp_path / "run"))
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err, err
+    (error,) = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert str(path) in error and message in error and error == err.strip().splitlines()[-1], err
+    assert not (tmp_path / "run" / "log.jsonl").exists()

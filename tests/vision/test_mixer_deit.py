@@ -55,3 +55,5 @@ def test_centroid_deit_with_a_mixer_keeps_its_centroid_block() -> None:
 def test_unknown_mixer_lists_the_choices() -> None:
     with pytest.raises(ValueError, match=r"unknown mixer 'nope'; choose one of \["):
         timm.create_model("centroid_deit_tiny_c6_patch16_224", mixer="nope", img_size=IMG)
+    with pytest.raises(ValueError, match=r"unknown mixer \[1\]; choose one of \["):  # from a config: not a TypeError
+        timm.create_model("centroid_deit_tiny_c6_patch16_224", mixer=[1], img_size=IMG)
