@@ -139,9 +139,10 @@ CONVERGED_REGIME = tuple(
 """The converged table's regime: the lever table's (256 points, K = 16, 13 classes, 40 training and 30 test shapes per
 class) trained for 40 epochs instead of 12 (680 steps of batch 32). Chosen before its table ran, from the lever runs'
 curves: at 12 epochs the rows' train accuracy still rose by about a point an epoch and their test accuracy by 1-3
-points over the last four epochs, and the rows separated by how fast they fit. 40 epochs is 3.3x that schedule at
-about 30 minutes a T = 1 run on one core; every record keeps its per-epoch curve, so whether a row flattened is read
-from the record, not assumed."""
+points over the last four epochs, and the rows separated by how fast they fit. 40 epochs is 3.3x that schedule, 20
+to 45 minutes a run on one core of a shared 2-core CPU (T = 1 the longest; each record's ``train_time_s``); every
+record keeps its per-epoch curve, so whether a row flattened is read from the record, not assumed. DGCNN is left out:
+it trains about 8x slower than T = 1 on a CPU, about 6 hours a run here."""
 
 CONVERGED_TABLE = register_table(
     Table(
