@@ -23,10 +23,10 @@ of its ``DATASETS``)     ``modelnet{40,10}_normal``, ``modelnet{40,10}_sampled``
 
 Part labels are kept as the files store them: part purity (:mod:`capsules.metrics`) only compares labels within a
 shape; on data without labels the label-free patch spread measures the decomposition instead. Each dataset has an
-``up_axis`` (``"z"`` for the synthetic shapes, ``"y"`` for the ShapeNet and ModelNet releases), which the viewer uses
-unless the config sets one. Expected trees are in ``datasets/README.md`` and in the errors a missing or corrupt file
-raises. ShapeNet Part and the synthetic part shapes are :mod:`pointcloud.parts`' (re-exported here), which part
-segmentation reads too.
+``up_axis`` (``"z"`` for the synthetic shapes and the sampled ``.off`` meshes, ``"y"`` for the ShapeNet and ModelNet
+releases: :data:`pointcloud.data.UP_AXES`), which the viewer uses unless the config sets one. Expected trees are in
+``datasets/README.md`` and in the errors a missing or corrupt file raises. ShapeNet Part and the synthetic part shapes
+are :mod:`pointcloud.parts`' (re-exported here), which part segmentation reads too.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import numpy as np
 
 from engine.data import data_root, locate
 from pointcloud.data import DATASETS as CLASSIFICATION_DATASETS
+from pointcloud.data import UP_AXES
 from pointcloud.data import build_dataset as build_classification_dataset
 from pointcloud.parts import (
     PART_NAMES,
@@ -161,6 +162,7 @@ class PointCloudShapes(PartDataset):
     ) -> None:
         super().__init__(split, num_points, seed, ("train", "test"))
         self.source = build_classification_dataset(dataset, split, root, num_points=num_points, seed=seed)
+        self.up_axis = UP_AXES[dataset]  # y for the releases, z for the caches sampled from the .off meshes
         labels = [int(label) for label in self.source.labels]
         self.category_names = list(self.source.classes)
         self.categories = labels

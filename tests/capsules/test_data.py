@@ -193,7 +193,18 @@ def test_modelnet40_h5_as_capsule_shapes(tmp_path: Path) -> None:
         (folder / f"{split}_files.txt").write_text(f"data/modelnet40_ply_hdf5_2048/ply_data_{split}0.h5\n")
     shapes = build_dataset("modelnet40_h5", "test", tmp_path, num_points=64)
     assert len(shapes) == 3 and shapes.names == ["class1_0", "class5_1", "class5_2"]
-    assert shapes[2][0].shape == (64, 3)
+    assert shapes[2][0].shape == (64, 3) and shapes.up_axis == "y"
+
+
+def test_shapes_sampled_from_the_off_meshes_stand_on_z(tmp_path: Path) -> None:
+    """The cache of the raw .off meshes keeps their frame (z up); the viewer turns that axis up, not the releases' y."""
+    from pointcloud.data import save_sampled_split
+
+    folder = tmp_path / "modelnet40_sampled"
+    save_sampled_split(folder, "test", np.zeros((1, 16, 6), np.float32) + 0.1, np.array([3]), ["chair_0001"])
+    (folder / "shape_names.txt").write_text("".join(f"class{i}\n" for i in range(40)))
+    shapes = build_dataset("modelnet40_sampled", "test", tmp_path, num_points=16)
+    assert shapes.names == ["chair_0001"] and shapes.up_axis == "z"
 
 
 def _write_clouds(folder: Path, rng: np.random.Generator) -> dict[str, np.ndarray]:
