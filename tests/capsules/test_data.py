@@ -250,6 +250,23 @@ def test_cloud_folder_reads_every_format(tmp_path: Path, layout: str) -> None:
     assert len(test) == (4 if layout == "split folders" else 1)
 
 
+def test_cloud_folder_numbers_categories_once_from_the_train_split(tmp_path: Path) -> None:
+    """A test split with fewer categories keeps the train split's indices; a category only the test split has is
+    refused by name."""
+    rng = np.random.default_rng(0)
+    for relative in ("train/chair/a", "train/lamp/b", "train/sofa/c", "test/sofa/d"):
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        np.save(tmp_path / f"{relative}.npy", rng.normal(size=(20, 3)))
+    train = build_dataset("cloud_folder", "train", tmp_path, num_points=20)
+    test = build_dataset("cloud_folder", "test", tmp_path, num_points=20)
+    assert train.category_names == test.category_names == ["chair", "lamp", "sofa"]
+    assert test.categories == [2] == [train.categories[train.names.index("sofa/c")]]
+    (tmp_path / "test" / "bench").mkdir()
+    np.save(tmp_path / "test" / "bench" / "e.npy", rng.normal(size=(20, 3)))
+    with pytest.raises(ValueError, match=r"categories the train split lacks: 'bench' \(e\.g\. 'bench/e'\)"):
+        build_dataset("cloud_folder", "test", tmp_path)
+
+
 def test_cloud_folder_samples_meshes_and_names_bad_files(tmp_path: Path) -> None:
     import trimesh
 
