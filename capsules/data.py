@@ -23,10 +23,10 @@ of its ``DATASETS``)     ``modelnet{40,10}_normal``, ``modelnet{40,10}_sampled``
 
 Part labels are kept as the files store them: part purity (:mod:`capsules.metrics`) only compares labels within a
 shape; on data without labels the label-free patch spread measures the decomposition instead. Each dataset has an
-``up_axis`` (``"z"`` for the synthetic shapes, ``"y"`` for the ShapeNet and ModelNet releases), which the viewer uses
-unless the config sets one. Expected trees are in ``datasets/README.md`` and in the errors a missing or corrupt file
-raises. ShapeNet Part and the synthetic part shapes are :mod:`pointcloud.parts`' (re-exported here), which part
-segmentation reads too.
+``up_axis`` (``"z"`` for the synthetic shapes and the sampled ``.off`` meshes, ``"y"`` for the ShapeNet and ModelNet
+releases: :data:`pointcloud.data.UP_AXES`), which the viewer uses unless the config sets one. Expected trees are in
+``datasets/README.md`` and in the errors a missing or corrupt file raises. ShapeNet Part and the synthetic part shapes
+are :mod:`pointcloud.parts`' (re-exported here), which part segmentation reads too.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import numpy as np
 
 from engine.data import data_root, locate
 from pointcloud.data import DATASETS as CLASSIFICATION_DATASETS
+from pointcloud.data import UP_AXES
 from pointcloud.data import build_dataset as build_classification_dataset
 from pointcloud.parts import (
     PART_NAMES,
@@ -161,6 +162,7 @@ class PointCloudShapes(PartDataset):
     ) -> None:
         super().__init__(split, num_points, seed, ("train", "test"))
         self.source = build_classification_dataset(dataset, split, root, num_points=num_points, seed=seed)
+        self.up_axis = UP_AXES[dataset]  # y for the releases, z for the caches sampled from the .off meshes
         labels = [int(label) for label in self.source.labels]
         self.category_names = list(self.source.classes)
         self.categories = labels
@@ -182,7 +184,7 @@ class PointCloudShapes(PartDataset):
 CLOUD_FOLDER_TREE = """\
 <data root: the folder itself>/
   train/ ... <shape>.npy | .txt | .ply    one shape per file, at any depth; the first subfolder is its category
-  test/  ...
+  test/  ...                             (numbered from the train split's; one that train lacks is an error)
 or, with split files:
   <any files as above>
   train.txt, test.txt                    one path per line, relative to the folder (the extension may be left out)
@@ -276,13 +278,20 @@ def _read_cloud(path: Path, num_points: int, seed: tuple[int, ...]) -> np.ndarra
     return array[:, :3]
 
 
+def _category(relative: Path) -> str:
+    """A cloud folder shape's category: its first folder (``chair/a.npy``: ``chair``), ``"all"`` when it has none."""
+    return relative.parts[0] if len(relative.parts) > 1 else "all"
+
+
 class CloudFolder(PartDataset):
     """Any unlabelled point clouds: a folder with one file per shape (:data:`CLOUD_FOLDER_TREE`).
 
     The split is a subfolder (``train/``, ``test/``) or a split file (``train.txt``, ``test.txt``); a shape's category
-    is its first subfolder below the split folder (or in its listed path), ``"all"`` if it has none. Clouds are
-    resampled to ``num_points`` like every dataset here; meshes in ``.ply`` files are sampled on their surface. No part
-    labels (all ``-1``): the autoencoder's label-free patch spread measures the decomposition.
+    is its first subfolder below the split folder (or in its listed path), ``"all"`` if it has none. The categories are
+    numbered once, from the train split (sorted by name), so a category has the same index in both splits; a test
+    shape whose category the train split lacks is refused, naming it. Clouds are resampled to ``num_points`` like every
+    dataset here; meshes in ``.ply`` files are sampled on their surface. No part labels (all ``-1``): the
+    autoencoder's label-free patch spread measures the decomposition.
 
     Args:
         root: The folder (default: the data root, ``$CENTROID_DATA`` or ``./datasets``).
@@ -296,28 +305,42 @@ class CloudFolder(PartDataset):
     ) -> None:
         super().__init__(split, num_points, seed, ("train", "test"))
         self.root = data_root(root)
+        self.files, relative = self._split(split)
+        self.names = [r.with_suffix("").as_posix() for r in relative]
+        category = [_category(r) for r in relative]
+        train_category = category if split == "train" else [_category(r) for r in self._split("train")[1]]
+        self.category_names = sorted(set(train_category))
+        unknown = sorted(set(category) - set(self.category_names))
+        if unknown:
+            first = {c: self.names[category.index(c)] for c in unknown}
+            raise ValueError(
+                f"the {split} split of {self.root} has categories the train split lacks: "
+                + ", ".join(f"{c!r} (e.g. {first[c]!r})" for c in unknown)
+                + f"; the train split's categories are {self.category_names}. Categories are numbered from the train "
+                "split, so that one index means one category in both: add train shapes of these categories, or move "
+                "the test shapes into a category the train split has"
+            )
+        self.categories = [self.category_names.index(c) for c in category]
+        _logger.info("cloud folder %s: %d shapes in %s", split, len(self), self.root)
+
+    def _split(self, split: str) -> tuple[list[Path], list[Path]]:
+        """The cloud files of ``split``, and each one's path relative to the split folder (or to the root, for a listed
+        file)."""
         listing, folder = self.root / f"{split}.txt", self.root / split
         if listing.is_file():
-            self.files = [
-                self._listed(listing, line.strip()) for line in listing.read_text().splitlines() if line.strip()
-            ]
+            files = [self._listed(listing, line.strip()) for line in listing.read_text().splitlines() if line.strip()]
             base = self.root
         elif folder.is_dir():
-            self.files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in CLOUD_SUFFIXES and p.is_file())
+            files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in CLOUD_SUFFIXES and p.is_file())
             base = folder
         else:
             raise FileNotFoundError(
                 f"no {split} split in {self.root}: expected a folder {folder} or a file {listing}. Expected tree:\n"
                 f"{CLOUD_FOLDER_TREE}"
             )
-        if not self.files:
+        if not files:
             raise ValueError(f"the {split} split of {self.root} holds no cloud ({', '.join(CLOUD_SUFFIXES)} files)")
-        relative = [f.relative_to(base) for f in self.files]
-        self.names = [r.with_suffix("").as_posix() for r in relative]
-        category = [r.parts[0] if len(r.parts) > 1 else "all" for r in relative]
-        self.category_names = sorted(set(category))
-        self.categories = [self.category_names.index(c) for c in category]
-        _logger.info("cloud folder %s: %d shapes in %s", split, len(self), self.root)
+        return files, [f.relative_to(base) for f in files]
 
     def _listed(self, listing: Path, entry: str) -> Path:
         path = self.root / entry

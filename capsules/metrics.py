@@ -9,7 +9,8 @@ cars). Part purity puts a number on them. For one shape and one latent capsule m
 where the majority label is the most frequent label among those nearest input points. The score of a model is the
 mean of purity_m over capsules and shapes. 1.0 means every capsule reconstructs a single part; a capsule whose
 points spread evenly over k parts scores 1 / k. Capsules whose points have no labelled nearest input (label < 0,
-e.g. Core13) are left out; a batch with no labels at all gives NaN.
+e.g. Core13) are left out; a batch with no labels at all gives NaN here, and the training run's logs and metrics
+say :data:`NO_PART_LABELS` instead.
 
 Patch spread (:func:`patch_spread`) needs no labels: how far a capsule's points lie from their own mean, relative to
 how far the shape's points lie from theirs. About 1 means each capsule's points are scattered over the whole shape
@@ -26,7 +27,11 @@ from torch import Tensor
 from attention import knn
 from attention.checks import check_points
 
-__all__ = ["capsule_parts", "capsule_purity", "part_purity", "patch_spread", "random_patches"]
+__all__ = ["NO_PART_LABELS", "capsule_parts", "capsule_purity", "part_purity", "patch_spread", "random_patches"]
+
+NO_PART_LABELS = "no part labels"
+"""What the run logs and metrics (and the viewer's rows) hold for part purity on data without part labels (ModelNet,
+Core13, a cloud folder), instead of a NaN that reads like a failed computation."""
 
 
 def _label_counts(

@@ -16,7 +16,6 @@ embedded synthetic part shapes at 256 points, 20 epochs (240 steps), sized to ru
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +27,7 @@ from engine import CompileMode, Recipe, check_config, collect_model_kwargs, coun
 
 from .chamfer import CHAMFER_DEFINITION, chamfer_distance
 from .data import DATASETS, build_dataset
-from .metrics import capsule_purity, patch_spread, random_patches
+from .metrics import NO_PART_LABELS, capsule_purity, patch_spread, random_patches
 from .model import create_model, list_models
 
 __all__ = ["CapsulesConfig", "CapsulesRecipe", "build_datasets", "build_model", "evaluate", "model_spec"]
@@ -121,7 +120,8 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, backend
     (a fixed permutation of the capsule ids): the level a decomposition that ignores the parts would reach. Purity
     needs part labels (NaN without them); the patch spread (:func:`capsules.metrics.patch_spread`, the spread of each
     capsule's decoded points relative to the whole shape's) needs none, and ``test_patch_spread_random`` is that of
-    the same random patches: capsules that decode regions score well below it.
+    the same random patches: capsules that decode regions score well below it. On data without part labels both
+    purities are :data:`~capsules.metrics.NO_PART_LABELS` (``"no part labels"``), which the logs print as it is.
     """
     model.eval()
     chamfer_sum, count = 0.0, 0
@@ -140,7 +140,7 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, backend
             sums[key][1] += int(keep.sum())
         spread["test_patch_spread"] += patch_spread(recon, model.point_capsule) * len(points)
         spread["test_patch_spread_random"] += patch_spread(recon, chance_capsule) * len(points)
-    purities = {k: s / n if n else math.nan for k, (s, n) in sums.items()}
+    purities = {k: s / n if n else NO_PART_LABELS for k, (s, n) in sums.items()}
     spreads = {k: v / max(count, 1) for k, v in spread.items()}
     return {"test_chamfer": chamfer_sum / max(count, 1), **purities, **spreads}
 

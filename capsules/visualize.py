@@ -31,7 +31,7 @@ from attention import knn
 from engine import open_trained
 from pointcloud.render import GREY, VIEWS, add_legend, choose_shapes, has_display, palette, render_png, show, write_ply
 
-from .metrics import capsule_parts, patch_spread, random_patches
+from .metrics import NO_PART_LABELS, capsule_parts, patch_spread, random_patches
 from .recipe import CapsulesConfig, build_datasets, build_model
 
 __all__ = [
@@ -169,8 +169,9 @@ def visualize_checkpoint(
             the first four shapes.
 
     Returns:
-        One dict per shape: ``index``, ``name``, ``part_purity`` (mean over the capsules with labelled points; NaN
-        without labels), ``patch_spread``, ``patch_spread_random``, ``ply`` and ``png`` (when rendered).
+        One dict per shape: ``index``, ``name``, ``part_purity`` (mean over the capsules with labelled points;
+        :data:`~capsules.metrics.NO_PART_LABELS` without labels), ``patch_spread``, ``patch_spread_random``, ``ply``
+        and ``png`` (when rendered).
 
     Raises:
         UsageError: The checkpoint holds no config, an index is outside the split, or a name is not in it.
@@ -196,7 +197,7 @@ def visualize_checkpoint(
             recon = model(points[None])
         label, cap_purity = capsule_parts(recon, model.point_capsule, points[None], parts[None], model.num_latent)
         keep = ~torch.isnan(cap_purity[0])
-        purity = float(cap_purity[0][keep].mean()) if bool(keep.any()) else float("nan")
+        purity = float(cap_purity[0][keep].mean()) if bool(keep.any()) else NO_PART_LABELS
         spread = patch_spread(recon, model.point_capsule)
         spread_random = patch_spread(recon, random_capsule)
         xyz, rgb = decomposition(points.numpy(), recon[0].numpy(), model.point_capsule.numpy(), model.num_latent,

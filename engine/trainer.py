@@ -420,7 +420,7 @@ class Trainer:
             "epoch %d/%d: %s (%.1f s)%s",
             epoch + 1,
             self.epochs,
-            " ".join(f"{k} {v:.4g}" for k, v in record.items() if k not in ("epoch", *TIMING_KEYS) and _is_num(v)),
+            " ".join(_shown(k, v) for k, v in record.items() if k not in ("epoch", *TIMING_KEYS) and _shown(k, v)),
             epoch_s,
             f", new best {self.monitor}" if improved else "",
         )
@@ -672,6 +672,14 @@ class Trainer:
                 "persistent_workers=True: dataset.set_epoch() does not reach the worker copies of the dataset, so "
                 "augmentation will not follow the epoch and resume is not exact; use persistent_workers=False"
             )
+
+
+def _shown(key: str, value: Any) -> str:
+    """``key value`` of one entry of the epoch line: a number to 4 digits, a text (why a metric has no value, such as
+    ``"no part labels"``) in brackets, anything else left out."""
+    if _is_num(value):
+        return f"{key} {value:.4g}"
+    return f"{key} ({value})" if isinstance(value, str) else ""
 
 
 def _is_num(value: Any) -> bool:

@@ -13,6 +13,7 @@
 from . import partseg, peers  # noqa: F401  (register the peer and part-segmentation models)
 from .data import (
     DATASETS,
+    UP_AXES,
     ModelNet40H5,
     ModelNet40Normal,
     ModelNet40Sampled,
@@ -25,6 +26,7 @@ from .transforms import augmentation_rng, vote_logits
 
 __all__ = [
     "DATASETS",
+    "UP_AXES",
     "CentroidTransformer",
     "ModelNet40H5",
     "ModelNet40Normal",

@@ -16,9 +16,10 @@ name (:data:`DATASETS`)  what it reads
 
 Every dataset returns ``(points, label)``: ``points`` float32 ``(num_points, 3)`` (or ``(num_points, 6)`` with
 normals ``x, y, z, nx, ny, nz``), ``label`` an int64 scalar tensor; and exposes ``classes`` (names in label order)
-and ``num_classes``. Subsets take the *first* ``num_points`` points of each stored cloud, as PointNet, PointNet++
-(without ``--use_uniform_sample``) and DGCNN do: the HDF5 and sampled releases store i.i.d. uniform samples, so any
-prefix is a uniform sample too; the normal-resampled release is also used this way by most code.
+and ``num_classes``; the axis each name's shapes stand on is in :data:`UP_AXES`. Subsets take the *first*
+``num_points`` points of each stored cloud, as PointNet, PointNet++ (without ``--use_uniform_sample``) and DGCNN do:
+the HDF5 and sampled releases store i.i.d. uniform samples, so any prefix is a uniform sample too; the
+normal-resampled release is also used this way by most code.
 
 Scale: the models and augmentations assume clouds in about the unit sphere, as every release here stores them.
 The ModelNet datasets refuse a cloud with a coordinate beyond ``max_abs_coord`` (default :data:`MAX_ABS_COORD`;
@@ -64,6 +65,7 @@ from .transforms import EpochAugmented, augmentation_rng
 __all__ = [
     "DATASETS",
     "MAX_ABS_COORD",
+    "UP_AXES",
     "ModelNet40H5",
     "ModelNet40Normal",
     "ModelNet40Sampled",
@@ -681,6 +683,19 @@ DATASETS: dict[str, Callable[..., PointCloudDataset]] = {
     "modelnet10_sampled": functools.partial(ModelNet40Sampled, num_classes=10),
 }
 """Dataset name -> constructor, for configs and CLIs (:func:`build_dataset`)."""
+
+UP_AXES: dict[str, str] = {
+    "synthetic": "z",
+    "modelnet40_h5": "y",
+    "modelnet40_normal": "y",
+    "modelnet10_normal": "y",
+    "modelnet40_sampled": "z",
+    "modelnet10_sampled": "z",
+}
+"""Dataset name -> the axis its shapes stand on: the synthetic shapes and the raw ``.off`` meshes (so the sampled
+caches) are z up; both ModelNet releases, ``modelnet40_ply_hdf5_2048`` and ``modelnet40_normal_resampled``, store
+their shapes y up. A rotation about the up axis (:class:`~pointcloud.transforms.RandomRotateUp`) must use this axis:
+the ModelNet recipe takes it when its ``up_axis`` is null and refuses another one."""
 
 
 def build_dataset(name: str, split: str = "train", root: str | PathLike | None = None, **kwargs) -> PointCloudDataset:

@@ -27,7 +27,7 @@ from engine.config import shorten
 from engine.distributed import unwrap
 
 from . import transforms
-from .data import build_dataset
+from .data import DATASETS, UP_AXES, build_dataset
 from .model import create_model, list_models
 from .transforms import vote_logits
 
@@ -41,6 +41,7 @@ __all__ = [
     "evaluate",
     "model_spec",
     "point_checks",
+    "up_axis",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class ModelNetConfig:
     synthetic_classes: int = 10  # classes of the synthetic dataset (2 to 13)
     synthetic_train_per_class: int = 100  # synthetic training shapes per class
     synthetic_test_per_class: int = 30  # synthetic test shapes per class
-    up_axis: str = "z"  # axis of rotate_up: z for synthetic and the .off meshes, y for the h5 and normal releases
+    up_axis: str | None = None  # axis of rotate_up (null: the dataset's own, pointcloud.data.UP_AXES; others refused)
     normalize: bool = False  # centre each stored cloud and scale it to the unit sphere (synthetic clouds already are)
     max_abs_coord: float | None = 10.0  # refuse stored clouds with a larger |x|, |y| or |z| (null: no limit)
     # augmentation (train split only)
@@ -121,11 +122,31 @@ def build_model(cfg: ModelNetConfig, num_classes: int) -> nn.Module:
     return create_model(name, **kwargs)
 
 
+def up_axis(cfg: ModelNetConfig) -> str:
+    """The axis of ``cfg``'s rotation about the up axis: its ``up_axis``, else its dataset's own (:data:`UP_AXES`)."""
+    return cfg.up_axis or UP_AXES[cfg.dataset]
+
+
+def _up_axis_checks(cfg: ModelNetConfig) -> list[tuple[bool, str]]:
+    """``up_axis`` is x, y, z or null, and an explicit one is the dataset's own: ``rotate_up`` about another axis than
+    the one the shapes stand on tips them over, silently (the loss still falls)."""
+    own = UP_AXES.get(cfg.dataset)
+    return [
+        (cfg.up_axis in (None, "x", "y", "z"), f"up_axis must be 'x', 'y', 'z' or null, got {cfg.up_axis!r}"),
+        (
+            cfg.up_axis is None or own is None or cfg.up_axis == own,
+            f"up_axis {cfg.up_axis!r} disagrees with dataset {cfg.dataset!r}, whose shapes stand on {own!r} "
+            f"(pointcloud.data.UP_AXES): rotate_up would turn them about the wrong axis. Set up_axis: null (the "
+            f"dataset's own) or up_axis: {own}",
+        ),
+    ]
+
+
 def _train_transform(cfg: ModelNetConfig) -> transforms.Compose:
     parts = [transforms.NormalizeUnitSphere()] if _normalize(cfg) else []
     parts.append(transforms.RandomScale(cfg.scale_lo, cfg.scale_hi, anisotropic=True))
     if cfg.rotate_up:
-        parts.append(transforms.RandomRotateUp(cfg.up_axis))
+        parts.append(transforms.RandomRotateUp(up_axis(cfg)))
     if cfg.translate > 0:
         parts.append(transforms.RandomTranslate(cfg.translate))
     if cfg.jitter > 0:
@@ -243,7 +264,9 @@ class ModelNetRecipe(Recipe):
             cfg,
             [
                 (cfg.model in list_models(), f"model {cfg.model!r} is not registered; choose one of {list_models()}"),
+                (cfg.dataset in DATASETS, f"dataset {cfg.dataset!r} is unknown; choose one of {sorted(DATASETS)}"),
                 *point_checks(cfg, min_points=1),
+                *_up_axis_checks(cfg),
                 (
                     cfg.max_abs_coord is None or cfg.max_abs_coord > 0,
                     f"max_abs_coord must be > 0 or null, got {cfg.max_abs_coord}",

@@ -37,6 +37,7 @@ __all__ = [
     "palette",
     "render_image",
     "render_png",
+    "render_side_by_side",
     "save_png",
     "show",
     "viewer_kwargs",
@@ -230,7 +231,10 @@ def _camera(
     return centre, centre + back * distance, up_vec
 
 
-def _render_offscreen(xyz: np.ndarray, rgb: np.ndarray, width: int, height: int, up: str, point_size: float):
+Camera = tuple[np.ndarray, np.ndarray, np.ndarray]  # look-at centre, eye, up vector (_camera)
+
+
+def _render_offscreen(xyz: np.ndarray, rgb: np.ndarray, width: int, height: int, camera: Camera, point_size: float):
     import open3d as o3d
 
     rendering = o3d.visualization.rendering
@@ -241,12 +245,12 @@ def _render_offscreen(xyz: np.ndarray, rgb: np.ndarray, width: int, height: int,
     renderer.scene.set_background([1.0, 1.0, 1.0, 1.0])
     renderer.scene.view.set_post_processing(False)  # no tone mapping: the palette's colours as they are
     renderer.scene.add_geometry("points", _point_cloud(xyz, rgb), material)
-    centre, eye, up_vec = _camera(xyz, up, aspect=width / height)
+    centre, eye, up_vec = camera
     renderer.setup_camera(FIELD_OF_VIEW, centre, eye, up_vec)
     return np.asarray(renderer.render_to_image())
 
 
-def _render_legacy(xyz: np.ndarray, rgb: np.ndarray, width: int, height: int, up: str, point_size: float):
+def _render_legacy(xyz: np.ndarray, rgb: np.ndarray, width: int, height: int, camera: Camera, point_size: float):
     import open3d as o3d
 
     vis = o3d.visualization.Visualizer()
@@ -255,7 +259,7 @@ def _render_legacy(xyz: np.ndarray, rgb: np.ndarray, width: int, height: int, up
     try:
         vis.add_geometry(_point_cloud(xyz, rgb))
         vis.get_render_option().point_size = point_size
-        centre, eye, up_vec = _camera(xyz, up, aspect=width / height)
+        centre, eye, up_vec = camera
         ctrl = vis.get_view_control()
         ctrl.set_lookat(centre)
         ctrl.set_front((eye - centre) / np.linalg.norm(eye - centre))
@@ -274,17 +278,26 @@ def legend_panel_width(width: int) -> int:
 
 
 def render_image(
-    xyz: np.ndarray, rgb: np.ndarray, width: int = 960, height: int = 480, up: str = "z", point_size: float = 6.0
+    xyz: np.ndarray,
+    rgb: np.ndarray,
+    width: int = 960,
+    height: int = 480,
+    up: str = "z",
+    point_size: float = 6.0,
+    frame: np.ndarray | None = None,
 ) -> np.ndarray:
     """Render a coloured cloud without a display: ``(height, width, 3)`` uint8.
 
+    The camera looks from the fixed direction of ``up`` (:data:`VIEWS`) and is placed so that every point of ``frame``
+    (default: ``xyz``) is in the picture: pictures rendered with the same ``frame`` and size share one camera.
     Tries Open3D's ``OffscreenRenderer`` (Filament; Vulkan or EGL), then the legacy ``Visualizer`` with a hidden
     window (needs an X display, e.g. ``xvfb-run``). Raises ``RuntimeError`` naming what to install if both fail.
     """
+    camera = _camera(np.asarray(xyz if frame is None else frame, dtype=np.float64), up, aspect=width / height)
     errors = []
     for name, fn in (("OffscreenRenderer", _render_offscreen), ("legacy Visualizer", _render_legacy)):
         try:
-            return np.asarray(fn(xyz, rgb, width, height, up, point_size))[..., :3].astype(np.uint8)
+            return np.asarray(fn(xyz, rgb, width, height, camera, point_size))[..., :3].astype(np.uint8)
         except Exception as err:
             errors.append(f"{name}: {err}")
             _logger.info("%s failed (%s), trying the next renderer", name, err)
@@ -293,6 +306,30 @@ def render_image(
         "mesa-vulkan-drivers (OffscreenRenderer) or run under xvfb-run (legacy Visualizer); tools/bootstrap.sh "
         "installs them when run as root"
     )
+
+
+def render_side_by_side(
+    views: Sequence[tuple[np.ndarray, np.ndarray]],
+    width: int = 960,
+    height: int = 480,
+    up: str = "z",
+    point_size: float = 6.0,
+) -> np.ndarray:
+    """Several coloured clouds side by side, each rendered on its own and all from one camera: ``(height, width, 3)``.
+
+    For comparisons of one shape (ground truth | prediction): shifting copies of a cloud sideways in one perspective
+    picture shows each copy from another angle, so the same point lands at different places in the two halves. Here
+    each ``(xyz, rgb)`` of ``views`` gets ``width // len(views)`` pixels (what is left over stays white, at the right)
+    and the one camera that frames all of their points (:func:`render_image`'s ``frame``), so equal clouds give equal
+    pictures.
+    """
+    if not views or width < len(views):
+        raise ValueError(f"need at least one view and one pixel of width per view, got {len(views)} in {width}")
+    each = width // len(views)
+    frame = np.concatenate([np.asarray(xyz, dtype=np.float64)[:, :3] for xyz, _ in views])
+    images = [render_image(xyz, rgb, each, height, up, point_size, frame=frame) for xyz, rgb in views]
+    images.append(np.full((height, width - each * len(views), 3), 255, dtype=np.uint8))
+    return np.concatenate(images, axis=1)
 
 
 def save_png(path: str | PathLike, image: np.ndarray) -> Path:

@@ -6,7 +6,8 @@
         --models deit_tiny_patch16_224 centroid_deit_tiny_c6_patch16_224                     # seconds
 
 Rows: timm's `deit_tiny_patch16_224` and `deit_small_patch16_224` (the baselines) and every model registered by
-`vision` (or `--models`), all at 224 px, 1000 classes, random images, with the same settings for every row:
+`vision` (or `--models`), all at 224 px (`--img-size`), 1000 classes, random images, with the same settings for every
+row:
 fused attention as timm configures it (`scaled_dot_product_attention` where available, in timm's blocks and ours),
 `--compile` for all or none (`--compile both`: every model both ways, two rows each; `--compile-mode
 reduce-overhead` adds CUDA graphs), fp32 on CPU, `--amp` (bf16 autocast) on CUDA, where cuDNN picks its fastest
@@ -42,6 +43,14 @@ host work before the replay adds to it):
     python tools/bench_vision.py --device cuda --amp --batch 512 2048 --compile both --capture --no-train \\
         --channels-last --models deit_tiny_patch16_224 centroid_deit_tiny_c6_patch16_224
 
+`--config` and `--set` read a training config as `tools/train_deit.py` does (dataclass defaults < YAML < `--set`) and
+time its model as that run builds it (image and patch size, width, depth, heads, MLP ratio, centroid block,
+`model_kwargs`), beside the DeiT of its width built at the same sizes; without a `--config`, `--set` starts from the
+main job's config. The Ours-1 target is a 224 px verdict, so such a run prints none:
+
+    python tools/bench_vision.py --config configs/vision/small_images.yaml --batch 64          # the 32 px models
+    python tools/bench_vision.py --config configs/vision/small_images.yaml --set embed_dim=192 num_heads=3
+
 `--profile DIR` profiles each row's inference call after timing it: an op table and a Chrome trace per row, and a
 table of device time against the call's time (what bounds it: launches or the GPU's work).
 """
@@ -53,9 +62,10 @@ import logging
 
 import torch
 
-from engine import COMPILE_MODES
+from engine import COMPILE_MODES, add_config_args, config_from_args
 from engine.bench import PROFILE_HEADERS, add_profile_option, describe_machine, finish, print_table, profile_rows
-from vision.bench import COMPILE_CHOICES, GRAPH_MODES, benchmark, model_names, ours_target, table
+from vision.bench import COMPILE_CHOICES, GRAPH_MODES, benchmark, config_models, model_names, ours_target, table
+from vision.recipe import DeiTConfig
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -63,8 +73,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--batch", type=int, nargs="+", default=[32],
                         help="one table per batch size; the target reads each model at its best one")  # fmt: skip
-    parser.add_argument("--img-size", type=int, default=224)
+    parser.add_argument("--img-size", type=int, default=None, help="default: 224 (with --config / --set: its img_size)")
     parser.add_argument("--models", nargs="+", default=None, help="default: DeiT-tiny/small + every vision model")
+    add_config_args(parser)  # --config PATH, --set KEY=VALUE: a training config's model at its sizes
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--stat", choices=("median", "min"), default="median")
@@ -93,6 +104,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
         parser.error("--capture times inference calls only: add --no-train")
     if args.capture and args.compile != "no" and args.compile_mode in GRAPH_MODES:
         parser.error(f"--capture replaces the CUDA graphs of --compile-mode {args.compile_mode}: use default")
+    models, names, img_size = None, model_names(args.models), args.img_size or 224
+    if args.config is not None or args.overrides:
+        if args.models or args.img_size:
+            parser.error("--config / --set time the config's model at the config's sizes: choose them with --set "
+                         "(model=NAME img_size=N), not --models / --img-size")  # fmt: skip
+        try:
+            cfg = config_from_args(DeiTConfig, args)
+        except ValueError as err:
+            parser.error(str(err))
+        models = config_models(cfg)
+        names, img_size = list(models), cfg.img_size
     logging.basicConfig(level=logging.INFO, format="  %(message)s")  # each model as it is built, on stderr
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -105,23 +127,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
     what += ", channels last" if args.channels_last else ""
     what += ", inference captured in CUDA graphs" if args.capture else ""
     print(f"# bench_vision on {device}: {describe_machine(device)}")
-    print(f"# batch {' and '.join(map(str, args.batch))}, {args.img_size} px, fp32 weights, {what}\n", flush=True)
+    config = f", {args.config or 'the main job'}{' with ' + ' '.join(args.overrides) if args.overrides else ''}"
+    print(f"# batch {' and '.join(map(str, args.batch))}, {img_size} px, fp32 weights, {what}"
+          f"{config if models else ''}\n", flush=True)  # fmt: skip
     results: list[dict] = []
     tables: list[dict] = []
     several = len(args.batch) > 1
     for batch in args.batch:
-        measured = benchmark(model_names(args.models), device, batch=batch, img_size=args.img_size,
-                             repeats=args.repeats, warmup=args.warmup, stat=args.stat, amp=amp,
-                             compile_models=args.compile, train=not args.no_train, compile_mode=args.compile_mode,
-                             channels_last=args.channels_last, capture=args.capture,
-                             profile=args.profile)  # fmt: skip
+        measured = benchmark(names, device, batch=batch, img_size=img_size, repeats=args.repeats,
+                             warmup=args.warmup, stat=args.stat, amp=amp, compile_models=args.compile,
+                             train=not args.no_train, compile_mode=args.compile_mode,
+                             channels_last=args.channels_last, capture=args.capture, profile=args.profile,
+                             model_kwargs=models)  # fmt: skip
         results += [{"batch": batch, **r} for r in measured]
         print_table(*table(measured, train=not args.no_train), tables, title=f"batch {batch}" if several else None)
         if args.profile:
             profiled = profile_rows(measured, lambda r: r["label"], ms_key="infer_ms")
             title = f"profile, inference{f', batch {batch}' if several else ''} ({args.profile})"
             print_table(PROFILE_HEADERS, profiled, tables, title=title)
-    targets = [ours_target(results, device)]
+    targets = [] if models else [ours_target(results, device)]  # the target is set at 224 px
     finish("bench_vision", device, args, targets, argv=argv, results=results, tables=tables)
     return results
 

@@ -8,10 +8,10 @@
     torchrun --nproc-per-node 4 tools/train_capsules.py --config ...                   # DistributedDataParallel
 
 The run folder (default: a new `runs/capsules/<name>/<timestamp>`, `latest` points to the newest; rules in
-docs/harness.md) gets the resolved `config.yaml`, `train.log`, `log.jsonl`
-(one line per epoch: train and test Chamfer, test part purity), TensorBoard events in `tb/`, `last.pt` (every
-epoch, atomic), `best.pt` (lowest test Chamfer) and `final_metrics.json` (`chamfer`, `part_purity`,
-`params`, `chamfer_definition`, `first_epoch_test_chamfer`, ...).
+docs/harness.md) gets the resolved `config.yaml`, `train.log`, `log.jsonl` (one line per epoch: train and test
+Chamfer, test part purity, or "no part labels" on data without them), TensorBoard events in `tb/`, `last.pt` (every
+epoch, atomic), `best.pt` (lowest test Chamfer) and `final_metrics.json` (`chamfer`, `part_purity`, `params`,
+`chamfer_definition`, `first_epoch_test_chamfer`, ...).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     python tools/train_deit.py                                        # the main job: synthetic images, CPU, minutes
     python tools/train_deit.py --config configs/vision/deit_tiny_centroid_c6_300e.yaml --data-root /data/imagenet
-    python tools/train_deit.py --set embed_dim=128 lr=1e-3 --epochs 5
+    python tools/train_deit.py --set embed_dim=128 lr=1e-3 --epochs 5      # lr is per 512 images: trains at 1.25e-4
     python tools/train_deit.py --resume auto                                          # continue a killed run (latest)
     python tools/train_deit.py --eval-only --checkpoint runs/deit/synthetic_centroid_tiny/latest/best.pt
     torchrun --nproc-per-node 8 tools/train_deit.py --config configs/vision/deit_tiny_centroid_c6_300e.yaml ...

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import timm
 import torch
@@ -15,13 +16,17 @@ import torch.nn.functional as F
 from engine.bench import allow_recompiles, capture_call, profile_step, target, time_train_and_infer
 from engine.stats import count_gmacs, count_params
 
+from .recipe import DeiTConfig, model_spec
+
 __all__ = [
     "BASELINES",
     "COMPILE_CHOICES",
     "GRAPH_MODES",
     "OURS_1",
+    "SHAPE_KNOBS",
     "TARGETS",
     "benchmark",
+    "config_models",
     "model_names",
     "ours_target",
     "registered",
@@ -39,6 +44,8 @@ OURS_1 = "centroid_deit_tiny_c6_patch16_224"
 TARGETS = {"cpu": 1.4, "cuda": 1.5}
 # --compile: every model eager, every model compiled, or each both ways (two rows)
 COMPILE_CHOICES = {"no": (False,), "yes": (True,), "both": (False, True)}
+# The constructor keywords that shape a ViT: a config's model is timed against the DeiT of its width built with its own
+SHAPE_KNOBS = ("img_size", "patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio")
 # the torch.compile modes that run the model in CUDA graphs (recorded on a call after the compiling one)
 GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
@@ -104,6 +111,19 @@ def _at_best_batches(results: Sequence[dict]) -> list[dict]:
     return out
 
 
+def config_models(cfg: DeiTConfig, num_classes: int = 1000) -> dict[str, dict[str, Any]]:
+    """The models that ``tools/bench_vision.py --config`` times, name -> :func:`benchmark`'s ``model_kwargs``: the
+    config's model as its training run builds it (:func:`vision.recipe.model_spec`: image and patch size, width,
+    depth, heads, MLP ratio, the centroid block, ``model_kwargs``), with ``num_classes`` classes, after the DeiT of its
+    width built with the same :data:`SHAPE_KNOBS`, so that ``vs DeiT`` compares models of one shape (a DeiT config's
+    model is its own baseline: one row)."""
+    name, kwargs = model_spec(cfg, num_classes)
+    shape = {k: v for k, v in kwargs.items() if k in SHAPE_KNOBS}
+    models = {BASELINES[width_of(name)]: {**shape, "num_classes": num_classes}}
+    models[name] = kwargs
+    return models
+
+
 def model_names(models: Sequence[str] | None = None) -> list[str]:
     """``models`` (default: both DeiT baselines and every :func:`registered` model), with the DeiT of each model's
     width put first where it is missing."""
@@ -158,6 +178,7 @@ def benchmark(
     channels_last: bool = False,
     capture: bool = False,
     profile: str | None = None,
+    model_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[dict]:
     """Images/s of every model of ``names`` (1000 classes, random images), all rows timed round-robin after ``warmup``
     untimed calls each (:func:`engine.bench.time_train_and_infer`: every row's train steps, then every row's
@@ -172,15 +193,22 @@ def benchmark(
     or compiled, whole into one CUDA graph (:func:`engine.bench.capture_call`): a timed call copies the batch into the
     graph's input and replays it, so a row's time is its kernels' and not the host's (``captured`` ends its label).
     With a ``profile`` folder, each row's inference call (what the target reads) is profiled after timing
-    (:func:`engine.bench.profile_step`, ``"profile"``).
+    (:func:`engine.bench.profile_step`, ``"profile"``). Each model is ``timm.create_model(name, img_size=img_size)``
+    with the keywords ``model_kwargs`` holds for its name, if any (:func:`config_models`: a config's sizes); an
+    ``img_size`` there must be ``img_size``, the images' size.
 
     Returns:
         One dict per model and mode: ``label`` (the name, `` compiled`` added in a ``"both"`` run's compiled rows),
-        ``model``, ``compiled``, ``compile_mode``, ``captured``, ``params_m``, ``gmacs`` (per image), ``infer_ms``,
+        ``model``, ``compiled``, ``compile_mode``, ``captured``, ``img_size``, ``kwargs`` (the constructor keywords
+        besides ``img_size``), ``params_m``, ``gmacs`` (per image), ``infer_ms``,
         ``infer_ips`` and ``infer_vs_deit`` (over the same-width DeiT's run the same way, which ``names`` must hold:
         :func:`model_names`), and with ``train`` the same for the train step; with ``profile``, ``"profile"``.
     """
     modes = COMPILE_CHOICES[{False: "no", True: "yes"}.get(compile_models, compile_models)]
+    model_kwargs = {name: dict(kw) for name, kw in (model_kwargs or {}).items()}
+    sizes = {name: kw["img_size"] for name, kw in model_kwargs.items() if kw.get("img_size", img_size) != img_size}
+    if sizes:
+        raise ValueError(f"model_kwargs give image sizes {sizes} that are not the images' img_size={img_size}")
     if capture and (torch.device(device).type != "cuda" or train or (any(modes) and compile_mode in GRAPH_MODES)):
         raise ValueError(
             "capture takes CUDA, inference only (train=False) and a compile mode without CUDA graphs of its own "
@@ -202,11 +230,12 @@ def benchmark(
         for compiled in modes:
             label = f"{name} compiled" if compiled and len(modes) > 1 else name
             label += " captured" if capture else ""
-            row = {"label": label, "model": name, "compiled": compiled, "captured": capture}
-            row["compile_mode"] = compile_mode if compiled else None
+            kwargs = {k: v for k, v in model_kwargs.get(name, {}).items() if k != "img_size"}
+            row = {"label": label, "model": name, "compiled": compiled, "captured": capture, "img_size": img_size}
+            row |= {"compile_mode": compile_mode if compiled else None, "kwargs": kwargs}
             try:
                 torch.manual_seed(0)
-                model = timm.create_model(name, img_size=img_size)
+                model = timm.create_model(name, img_size=img_size, **kwargs)
                 row |= {
                     "params_m": count_params(model) / 1e6,
                     "gmacs": count_gmacs(model, torch.randn(1, 3, img_size, img_size)),

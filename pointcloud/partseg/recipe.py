@@ -82,7 +82,7 @@ class PartSegConfig:
     translate: float = 0.1  # largest random shift per axis (0: off)
     jitter: float = 0.01  # std of the Gaussian noise added to each coordinate (0: off)
     jitter_clip: float = 0.05  # the noise is clipped to [-jitter_clip, jitter_clip]
-    rotate_up: bool = False  # random rotation about z (off: ShapeNet Part and the synthetic shapes are aligned)
+    rotate_up: bool = False  # random rotation about the data's up axis: z synthetic, y ShapeNet (off: they are aligned)
     shuffle_points: bool = True  # shuffle the point order of each cloud (labels follow their points)
     # optimization
     epochs: int = 12  # epochs to train (more on --resume stretches what is left of the schedule)

@@ -1,7 +1,9 @@
 """Predicted parts beside the ground truth: the view of a trained part-segmentation run (tools/visualize_partseg.py).
 
 Each chosen shape is drawn twice side by side, its ground-truth labels on the left and the model's prediction (the
-arg-max over its category's parts, as the metric takes it) on the right, every point in the colour of its part
+arg-max over its category's parts, as the metric takes it) on the right, every point in the colour of its part. The
+PNGs render the two halves separately from one camera (:func:`pointcloud.render.render_side_by_side`), so a point sits
+at the same place in both and only its colour differs; the ``.ply`` (and the window) holds the two copies shifted apart
 (:func:`pointcloud.render.palette` over the global part labels, so a part has one colour in every shape). The legend
 lists the parts of the shown categories; the title gives each shape's IoU (ShapeNet Part's per-shape IoU).
 
@@ -31,8 +33,7 @@ from ..render import (
     has_display,
     legend_panel_width,
     palette,
-    render_image,
-    render_png,
+    render_side_by_side,
     save_png,
     show,
     write_ply,
@@ -40,15 +41,35 @@ from ..render import (
 from .metrics import category_part_mask, restricted_argmax, shape_ious
 from .recipe import PartSegConfig, build_datasets, build_model
 
-__all__ = ["predict", "segmentation_view", "visualize_checkpoint"]
+__all__ = ["predict", "segmentation_halves", "segmentation_view", "visualize_checkpoint"]
 
 _logger = logging.getLogger(__name__)
+
+
+def segmentation_halves(
+    points: np.ndarray, labels: np.ndarray, pred: np.ndarray, num_parts: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Ground truth and prediction of one shape as two coloured clouds: the same centred points, coloured by part, for
+    :func:`pointcloud.render.render_side_by_side`.
+
+    Shapes:
+        points: ``(N, 3)``; labels, pred: ``(N,)`` global part labels; output: ``[(xyz, rgb) ground truth,
+        (xyz, rgb) prediction]``, each ``(N, 3)``.
+    """
+    points = np.asarray(points, dtype=np.float64)[:, :3]
+    labels, pred = np.asarray(labels, dtype=np.int64), np.asarray(pred, dtype=np.int64)
+    if labels.shape != (len(points),) or pred.shape != (len(points),):
+        raise ValueError(f"labels and pred must be ({len(points)},), one part per point")
+    colours = palette(num_parts)
+    centred = points - points.mean(0)
+    return [(centred, colours[labels]), (centred.copy(), colours[pred])]
 
 
 def segmentation_view(
     points: np.ndarray, labels: np.ndarray, pred: np.ndarray, num_parts: int, up: str = "z", gap: float = 0.5
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Ground truth (left) and prediction (right) of one shape side by side, coloured by part.
+    """Ground truth (left) and prediction (right) of one shape in one cloud, shifted apart along x: what the ``.ply``
+    and the interactive window show (the PNGs render :func:`segmentation_halves` from one camera instead).
 
     Shapes:
         points: ``(N, 3)``; labels, pred: ``(N,)`` global part labels; output: xyz ``(2N, 3)`` (ground truth first,
@@ -56,14 +77,9 @@ def segmentation_view(
     """
     if up not in VIEWS:
         raise ValueError(f"up must be one of {sorted(VIEWS)}, got {up!r}")
-    points = np.asarray(points, dtype=np.float64)[:, :3]
-    labels, pred = np.asarray(labels, dtype=np.int64), np.asarray(pred, dtype=np.int64)
-    if labels.shape != (len(points),) or pred.shape != (len(points),):
-        raise ValueError(f"labels and pred must be ({len(points)},), one part per point")
-    colours = palette(num_parts)
-    centred = points - points.mean(0)
-    shift = np.array([(np.ptp(points[:, 0]) + gap) / 2, 0.0, 0.0])
-    return np.concatenate([centred - shift, centred + shift]), np.concatenate([colours[labels], colours[pred]])
+    (truth, truth_rgb), (_, pred_rgb) = segmentation_halves(points, labels, pred, num_parts)
+    shift = np.array([(np.ptp(truth[:, 0]) + gap) / 2, 0.0, 0.0])
+    return np.concatenate([truth - shift, truth + shift]), np.concatenate([truth_rgb, pred_rgb])
 
 
 @torch.no_grad()
@@ -124,31 +140,49 @@ def visualize_checkpoint(
         labels, pred, iou = predict(model, dataset, index)
         points = dataset[index][0].numpy()
         xyz, rgb = segmentation_view(points, labels, pred, dataset.num_parts, up)
+        halves = segmentation_halves(points, labels, pred, dataset.num_parts)
         category = dataset.category_names[dataset.parts.categories[index]]
         stem = f"{split}_{index}"
         result = {"index": index, "name": dataset.names[index], "category": category, "iou": iou,
                   "ply": str(write_ply(out_dir / f"{stem}.ply", xyz, rgb))}  # fmt: skip
         _logger.info("%s (%s, %s): IoU %.3f", stem, result["name"], category, iou)
-        clouds.append((xyz, rgb, dataset.parts.categories[index], f"{category} {iou:.2f}"))
+        clouds.append((halves, dataset.parts.categories[index], f"{category} {iou:.2f}"))
         if interactive:
             show(xyz, rgb, title=f"{result['name']}: ground truth | prediction", point_size=point_size)
         elif not together:
             title = f"{result['name']} ({category}): ground truth | prediction, IoU {iou:.2f}"
-            legend = _legend(dataset, [clouds[-1][2]], names)
-            result["png"] = str(render_png(out_dir / f"{stem}.png", xyz, rgb, width, height, up, point_size,
-                                           legend, title))  # fmt: skip
+            legend = _legend(dataset, [clouds[-1][1]], names)
+            result["png"] = str(_render_png(out_dir / f"{stem}.png", [halves], width, height, up, point_size,
+                                            legend, title))  # fmt: skip
         rows.append(result)
     if together and not interactive:
-        panel = legend_panel_width(width)
-        row_height = max(height // len(clouds), 1)
-        image = np.concatenate([render_image(xyz, rgb, width - panel, row_height, up, point_size)
-                                for xyz, rgb, _, _ in clouds])  # fmt: skip
-        title = "ground truth | prediction; IoU: " + ", ".join(c[3] for c in clouds)
-        image = add_legend(image, _legend(dataset, [c[2] for c in clouds], names), title, panel)
-        png = str(save_png(out_dir / f"{split}_{'-'.join(str(i) for i in chosen)}.png", image))
+        title = "ground truth | prediction; IoU: " + ", ".join(c[2] for c in clouds)
+        legend = _legend(dataset, [c[1] for c in clouds], names)
+        path = out_dir / f"{split}_{'-'.join(str(i) for i in chosen)}.png"
+        png = str(_render_png(path, [c[0] for c in clouds], width, height, up, point_size, legend, title))
         for result in rows:
             result["png"] = png
     return rows
+
+
+def _render_png(
+    path: Path,
+    shapes: Sequence[list[tuple[np.ndarray, np.ndarray]]],
+    width: int,
+    height: int,
+    up: str,
+    point_size: float,
+    legend: list,
+    title: str,
+) -> Path:
+    """One row per shape, its two halves side by side from one camera (:func:`render_side_by_side`; each row framed on
+    its own shape), a legend panel on the right and ``title`` on top."""
+    panel = legend_panel_width(width)
+    row_height = max(height // len(shapes), 1)
+    image = np.concatenate(
+        [render_side_by_side(halves, width - panel, row_height, up, point_size) for halves in shapes]
+    )
+    return save_png(path, add_legend(image, legend, title, panel))
 
 
 def _legend(dataset: PartSegmentation, categories: Sequence[int], names: Sequence[str]) -> list:

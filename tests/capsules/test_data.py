@@ -193,7 +193,18 @@ def test_modelnet40_h5_as_capsule_shapes(tmp_path: Path) -> None:
         (folder / f"{split}_files.txt").write_text(f"data/modelnet40_ply_hdf5_2048/ply_data_{split}0.h5\n")
     shapes = build_dataset("modelnet40_h5", "test", tmp_path, num_points=64)
     assert len(shapes) == 3 and shapes.names == ["class1_0", "class5_1", "class5_2"]
-    assert shapes[2][0].shape == (64, 3)
+    assert shapes[2][0].shape == (64, 3) and shapes.up_axis == "y"
+
+
+def test_shapes_sampled_from_the_off_meshes_stand_on_z(tmp_path: Path) -> None:
+    """The cache of the raw .off meshes keeps their frame (z up); the viewer turns that axis up, not the releases' y."""
+    from pointcloud.data import save_sampled_split
+
+    folder = tmp_path / "modelnet40_sampled"
+    save_sampled_split(folder, "test", np.zeros((1, 16, 6), np.float32) + 0.1, np.array([3]), ["chair_0001"])
+    (folder / "shape_names.txt").write_text("".join(f"class{i}\n" for i in range(40)))
+    shapes = build_dataset("modelnet40_sampled", "test", tmp_path, num_points=16)
+    assert shapes.names == ["chair_0001"] and shapes.up_axis == "z"
 
 
 def _write_clouds(folder: Path, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -237,6 +248,23 @@ def test_cloud_folder_reads_every_format(tmp_path: Path, layout: str) -> None:
         assert train.category_names == ["all", "chair", "lamp"]
     test = build_dataset("cloud_folder", "test", tmp_path, num_points=50)
     assert len(test) == (4 if layout == "split folders" else 1)
+
+
+def test_cloud_folder_numbers_categories_once_from_the_train_split(tmp_path: Path) -> None:
+    """A test split with fewer categories keeps the train split's indices; a category only the test split has is
+    refused by name."""
+    rng = np.random.default_rng(0)
+    for relative in ("train/chair/a", "train/lamp/b", "train/sofa/c", "test/sofa/d"):
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        np.save(tmp_path / f"{relative}.npy", rng.normal(size=(20, 3)))
+    train = build_dataset("cloud_folder", "train", tmp_path, num_points=20)
+    test = build_dataset("cloud_folder", "test", tmp_path, num_points=20)
+    assert train.category_names == test.category_names == ["chair", "lamp", "sofa"]
+    assert test.categories == [2] == [train.categories[train.names.index("sofa/c")]]
+    (tmp_path / "test" / "bench").mkdir()
+    np.save(tmp_path / "test" / "bench" / "e.npy", rng.normal(size=(20, 3)))
+    with pytest.raises(ValueError, match=r"categories the train split lacks: 'bench' \(e\.g\. 'bench/e'\)"):
+        build_dataset("cloud_folder", "test", tmp_path)
 
 
 def test_cloud_folder_samples_meshes_and_names_bad_files(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from capsules.metrics import capsule_parts, capsule_purity, part_purity, patch_spread
+from capsules.metrics import NO_PART_LABELS, capsule_parts, capsule_purity, part_purity, patch_spread
 
 
 def _two_part_shape() -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,3 +91,25 @@ def test_patch_spread_is_about_one_for_scattered_and_small_for_compact_patches()
     assert patch_spread(points, two) == pytest.approx(expected)
     with pytest.raises(ValueError, match="point_capsule"):
         patch_spread(points, two[:3])
+
+
+def test_purity_on_data_without_part_labels_reads_no_part_labels() -> None:
+    """The test metrics of a run on unlabelled shapes (ModelNet, a cloud folder) say so instead of NaN; with labels they
+    are numbers, and the patch spread is a number either way."""
+    from torch import nn
+
+    from capsules.recipe import evaluate
+
+    class Copy(nn.Module):  # decodes each input point as itself, point i in capsule i % 4
+        num_latent = 4
+        point_capsule = torch.arange(16) % 4
+
+        def forward(self, points: torch.Tensor) -> torch.Tensor:
+            return points
+
+    points = torch.rand(2, 16, 3, generator=torch.Generator().manual_seed(0))
+    unlabelled = evaluate(Copy(), [(points, torch.full((2, 16), -1))], torch.device("cpu"))
+    assert unlabelled["test_part_purity"] == unlabelled["test_part_purity_chance"] == NO_PART_LABELS == "no part labels"
+    assert 0 < unlabelled["test_patch_spread"] < 2
+    labelled = evaluate(Copy(), [(points, (torch.arange(16) % 4).expand(2, 16))], torch.device("cpu"))
+    assert labelled["test_part_purity"] == 1.0 and isinstance(labelled["test_part_purity_chance"], float)

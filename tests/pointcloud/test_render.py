@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import inspect
 
+import numpy as np
 import pytest
 
 from engine import UsageError
@@ -70,3 +71,51 @@ def test_a_window_needs_a_display_and_no_headless(monkeypatch: pytest.MonkeyPatc
     assert not has_display()
     monkeypatch.setenv("WAYLAND_DISPLAY", "wayland-0")
     assert has_display() and not has_display(headless=True)
+
+
+def _project(xyz: np.ndarray, width: int, height: int, camera: tuple) -> np.ndarray:
+    """Pixel coordinates ``(N, 2)`` of ``xyz`` under the pinhole camera ``(centre, eye, up)`` that the renderers get."""
+    from pointcloud.render import FIELD_OF_VIEW
+
+    centre, eye, up = camera
+    back = (eye - centre) / np.linalg.norm(eye - centre)
+    right = np.cross(up, back) / np.linalg.norm(np.cross(up, back))
+    rel = xyz - eye
+    depth, focal = -(rel @ back), height / 2 / np.tan(np.radians(FIELD_OF_VIEW) / 2)
+    return np.stack(
+        [width / 2 + focal * (rel @ right) / depth, height / 2 - focal * (rel @ np.cross(back, right)) / depth], 1
+    )
+
+
+def _splat(xyz, rgb, width, height, camera, point_size):
+    """A renderer without Open3D: each point's pixel under the camera it is given, in its colour."""
+    image = np.full((height, width, 3), 255, dtype=np.uint8)
+    uv = np.round(_project(np.asarray(xyz, dtype=np.float64), width, height, camera)).astype(int)
+    inside = (uv[:, 0] >= 0) & (uv[:, 0] < width) & (uv[:, 1] >= 0) & (uv[:, 1] < height)
+    image[uv[inside, 1], uv[inside, 0]] = (np.asarray(rgb)[inside] * 255).astype(np.uint8)
+    return image
+
+
+def test_partseg_halves_show_each_point_at_the_same_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ground truth and prediction are rendered from one camera: the same points project alike in both halves (equal
+    pictures for equal labels). One perspective picture of two copies shifted sideways sees them from two angles."""
+    import pointcloud.render as render
+    from pointcloud.partseg.visualize import segmentation_halves, segmentation_view
+
+    monkeypatch.setattr(render, "_render_offscreen", _splat)
+    rng = np.random.default_rng(0)
+    points = rng.uniform(-1, 1, (300, 3)) * [0.6, 0.4, 1.0]
+    labels, other = rng.integers(0, 4, 300), rng.integers(0, 4, 300)
+    same = render.render_side_by_side(segmentation_halves(points, labels, labels, 4), 201, 120, "z")
+    assert same.shape == (120, 201, 3) and (same[:, 200] == 255).all()  # the odd pixel column left white
+    np.testing.assert_array_equal(same[:, :100], same[:, 100:200])
+    assert (same[:, :100] != 255).any()
+    differ = render.render_side_by_side(segmentation_halves(points, labels, other, 4), 200, 120, "z")
+    drawn = (differ != 255).any(-1)
+    np.testing.assert_array_equal(drawn[:, :100], drawn[:, 100:])  # the same pixels drawn, in other colours
+    assert (differ[:, :100] != differ[:, 100:]).any()
+    # why: the shifted pair in one perspective picture puts the same point at other places in the two halves
+    xyz, _ = segmentation_view(points, labels, labels, 4)
+    uv = _project(xyz, 200, 120, render._camera(xyz, "z", aspect=200 / 120))
+    offset = uv[300:] - uv[:300]
+    assert np.ptp(offset, axis=0).max() > 2.0  # pixels: not one shift for every point

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.testing import run_tool
+from engine.testing import REPO, run_tool, run_tools_batched
 from vision.bench import OURS_1
 
 
@@ -98,3 +98,26 @@ def test_several_batch_sizes_give_a_table_each_and_one_verdict(tmp_path: Path) -
             ("deit_tiny_patch16_224", OURS_1)}  # fmt: skip
     assert target["measured"] == best[OURS_1]["infer_ips"] / best["deit_tiny_patch16_224"]["infer_ips"]
     assert target["detail"] == f"(batch {best[OURS_1]['batch']}; DeiT-tiny's {best['deit_tiny_patch16_224']['batch']})"
+
+
+def test_config_and_set_time_the_configs_model_at_its_image_size(tmp_path: Path) -> None:
+    """--config / --set as train_deit.py reads them: configs/vision/small_images.yaml's 32 px model (and its DeiT) is
+    what the rows hold; --models or --img-size beside them is refused, and so is an unknown key (no timing checked)."""
+    path = tmp_path / "bench.json"
+    config = ["--config", str(REPO / "configs" / "vision" / "small_images.yaml")]
+    tiny = ["--batch", "1", "--repeats", "1", "--warmup", "0", "--no-train", "--json", str(path)]
+    run, models, unknown = run_tools_batched([
+        ("bench_vision", [*config, "--set", "depth=3", *tiny]),
+        ("bench_vision", [*config, "--models", OURS_1]),
+        ("bench_vision", ["--set", "img_sise=32"]),
+    ])  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    payload = json.loads(path.read_text())
+    assert [(r["model"], r["img_size"], r["kwargs"]["depth"]) for r in payload["results"]] == [
+        ("deit_tiny_patch16_224", 32, 3), (OURS_1, 32, 3)
+    ]  # fmt: skip
+    assert (
+        payload["targets"] == [] and "# batch 1, 32 px" in run.stdout and "small_images.yaml with depth=3" in run.stdout
+    )
+    assert models.returncode == 2 and "not --models / --img-size" in models.stderr
+    assert unknown.returncode == 2 and "img_sise" in unknown.stderr

@@ -83,13 +83,15 @@ SAMPLE = REPO.parent / "shared" / "data" / "modelnet40_normal_resampled_sample"
 
 @pytest.mark.skipif(not SAMPLE.is_dir(), reason="the real ModelNet40 sample (../shared/data) is absent")
 def test_trains_on_the_real_modelnet40_sample_with_a_label_free_number(tmp_path: Path) -> None:
-    """No part labels: purity is null, the patch spread says whether capsules decode regions (below random patches)."""
+    """No part labels: purity says so (in the metrics and the epoch line of the log), the patch spread says whether
+    capsules decode regions (below random patches)."""
     run = tmp_path / "run"
     metrics = train_capsules(["--no-progress", "--device", "cpu", "--epochs", "1", "--output-dir", str(run),
                               "--data-root", str(SAMPLE), "--set", "dataset=modelnet40_normal", "num_points=128",
                               "batch_size=8"])  # fmt: skip
     written = json.loads((run / "final_metrics.json").read_text())
-    assert written["part_purity"] is None and math.isnan(metrics["part_purity"])
+    assert written["part_purity"] == metrics["part_purity"] == written["part_purity_chance"] == "no part labels"
+    assert "test_part_purity (no part labels)" in (run / "train.log").read_text()
     assert 0 < written["patch_spread"] < written["patch_spread_random"] <= 1.5
     assert written["dataset"] == "modelnet40_normal"
     # the run records where its data lies: eval-only needs no --data-root

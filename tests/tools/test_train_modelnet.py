@@ -77,6 +77,39 @@ def test_every_paper_row_config_loads_and_builds(path: Path) -> None:
         assert model(torch.rand(2, cfg.num_points, 3)).shape == (2, 40)
 
 
+def test_rotation_about_the_datasets_own_up_axis_and_a_different_one_is_refused() -> None:
+    """Both ModelNet releases stand on y, the synthetic shapes and the sampled .off meshes on z: the main job's config
+    with another dataset rotates about that dataset's axis, an explicit axis that disagrees is refused by name, and the
+    paper-row configs and the ablation regimes (which pin up_axis=z on synthetic data) still validate."""
+    from engine import UsageError, load_config
+    from engine.ablation import TABLES
+    from pointcloud.ablation import MODELNET_TABLE
+    from pointcloud.data import DATASETS, UP_AXES
+    from pointcloud.recipe import ModelNetConfig, _train_transform
+    from pointcloud.transforms import RandomRotateUp
+
+    assert set(UP_AXES) == set(DATASETS) and UP_AXES["synthetic"] == "z"
+    assert UP_AXES["modelnet40_h5"] == UP_AXES["modelnet40_normal"] == "y"
+    for name, axis in UP_AXES.items():
+        cfg = load_config(ModelNetConfig, overrides=[f"dataset={name}"])  # the main job's config, rotate_up: true
+        ModelNetRecipe.validate(cfg)
+        (rotation,) = [t for t in _train_transform(cfg).transforms if isinstance(t, RandomRotateUp)]
+        assert rotation.axis == "xyz".index(axis), name
+    wrong = load_config(ModelNetConfig, overrides=["dataset=modelnet40_normal", "up_axis=z"])
+    with pytest.raises(UsageError, match="up_axis 'z' disagrees with dataset 'modelnet40_normal', whose shapes stand"):
+        ModelNetRecipe.validate(wrong)
+    for path in sorted((REPO / "configs" / "pointcloud").glob("modelnet40_*.yaml")):
+        for sets in ([], ["dataset=synthetic"], ["dataset=modelnet40_normal"]):
+            ModelNetRecipe.validate(load_config(ModelNetConfig, path, sets))
+    tables = [t for t in TABLES.values() if t.recipe is ModelNetRecipe]
+    assert MODELNET_TABLE in tables
+    for table in tables:
+        for row in table.rows:
+            cfg = load_config(ModelNetConfig, REPO / row.config, [*table.regime, *row.overrides])
+            ModelNetRecipe.validate(cfg)
+            assert (cfg.up_axis, cfg.dataset) == ("z", "synthetic")
+
+
 # Options first, then `--set` with its items last, so a test can append more items.
 REAL = ["--no-progress", "--device", "cpu", "--epochs", "1", "--set", "num_points=32", "num_centroids=[16,8]",
         "num_neighbors=4", "fuse_dim=32", "batch_size=4", "eval_batch_size=8"]  # fmt: skip

@@ -5,7 +5,18 @@ from __future__ import annotations
 import pytest
 
 from engine.bench import RECOMPILE_LIMIT
-from vision.bench import BASELINES, OURS_1, benchmark, model_names, ours_target, registered, table, timed_calls
+from engine.testing import REPO
+from vision.bench import (
+    BASELINES,
+    OURS_1,
+    benchmark,
+    config_models,
+    model_names,
+    ours_target,
+    registered,
+    table,
+    timed_calls,
+)
 
 
 def test_ours_target_is_per_device_and_needs_the_row() -> None:
@@ -119,6 +130,32 @@ def test_inference_only_rows_have_no_train_columns() -> None:
     assert results[1]["infer_vs_deit"] == pytest.approx(results[1]["infer_ips"] / results[0]["infer_ips"])
     headers, rows = table(results, train=False)
     assert headers[-1] == "infer vs DeiT" and len(rows[1]) == len(headers)
+
+
+def test_a_configs_model_is_timed_at_its_sizes_beside_a_deit_of_the_same_shape() -> None:
+    """configs/vision/small_images.yaml: the 32 px, patch-4 centroid DeiT as train_deit.py builds it, and DeiT-tiny
+    built at the same image size, patch size, width, depth, heads and MLP ratio."""
+    import torch
+
+    from engine import load_config
+    from engine.stats import count_gmacs, count_params
+    from vision.recipe import DeiTConfig, build_model
+
+    cfg = load_config(DeiTConfig, REPO / "configs" / "vision" / "small_images.yaml", ["depth=3"])
+    models = config_models(cfg)
+    assert list(models) == [BASELINES["tiny"], OURS_1] and cfg.img_size == 32 and cfg.patch_size == 4
+    shape = dict(img_size=32, patch_size=4, embed_dim=128, depth=3, num_heads=4, mlp_ratio=2.0, num_classes=1000)
+    assert models[BASELINES["tiny"]] == shape and models[OURS_1]["centroid_index"] == 2
+    settings = dict(batch=1, repeats=1, warmup=0, stat="median", amp=False, compile_models=False, train=False)
+    results = benchmark(list(models), "cpu", img_size=cfg.img_size, **settings, model_kwargs=models)
+    by = {r["model"]: r for r in results}
+    trained = build_model(cfg, num_classes=1000)  # what a training run of this config builds
+    assert by[OURS_1]["img_size"] == 32 and by[OURS_1]["params_m"] == count_params(trained) / 1e6
+    assert by[OURS_1]["gmacs"] == pytest.approx(count_gmacs(trained, torch.randn(1, 3, 32, 32)))
+    assert by[BASELINES["tiny"]]["kwargs"] == {k: v for k, v in shape.items() if k != "img_size"}
+    assert by[OURS_1]["infer_vs_deit"] == pytest.approx(by[OURS_1]["infer_ips"] / by[BASELINES["tiny"]]["infer_ips"])
+    with pytest.raises(ValueError, match="not the images' img_size=224"):
+        benchmark(list(models), "cpu", img_size=224, **settings, model_kwargs=models)
 
 
 @pytest.mark.torch_compat
