@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from engine import CompileMode, Recipe, check_config, collect_model_kwargs, count_params, epoch_lr_schedule
+from pointcloud.recipe import MAX_POINTS
 
 from .chamfer import CHAMFER_DEFINITION, chamfer_distance
 from .data import DATASETS, build_dataset
@@ -168,6 +169,7 @@ class CapsulesRecipe(Recipe):
             [
                 (cfg.model in list_models(), f"model {cfg.model!r} is not registered; choose one of {list_models()}"),
                 (cfg.num_points >= 2, f"num_points must be >= 2, got {cfg.num_points}"),
+                (cfg.num_points <= MAX_POINTS, f"num_points must be <= {MAX_POINTS}, got {cfg.num_points}"),
                 (
                     cfg.batch_size >= 2,
                     f"batch_size must be >= 2 (BatchNorm needs two shapes per batch), got {cfg.batch_size}",

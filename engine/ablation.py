@@ -340,7 +340,9 @@ def run_table(
                 try:
                     run(table.recipe, cfg, RunOptions(output_dir=folder, resume="auto", device=device, progress=False))
                 except UsageError as e:  # e.g. another runner holds the folder: say which run it is
-                    raise UsageError(f"{table.name}, {row.label!r}, seed {seed}: {e}") from e
+                    # the folder is this runner's, under its --out: name the flag the user has
+                    message = str(e).replace("--output-dir", "--out")
+                    raise UsageError(f"{table.name}, {row.label!r}, seed {seed}: {message}") from e
                 record = {
                     "commit": commit,
                     "load_before": load_before,

@@ -327,4 +327,6 @@ def test_bad_inputs_are_one_line_errors(tmp_path: Path, case: str) -> None:
     assert expected in line, line
     if case == "--rows nope":
         assert all(r.label in line for r in MODELNET.rows)
+    if case == "locked row":  # the runner's own flag, not the training CLI's
+        assert "--out" in line and "--output-dir" not in line, line
     assert not (out / "modelnet" / "t_1" / "seed0" / "log.jsonl").exists()

@@ -34,6 +34,10 @@ def test_routing_model_and_foreign_knobs(tmp_path: Path) -> None:
                              "num_heads=2"])  # fmt: skip
     with pytest.raises(ValueError, match="num_pionts"):
         train_capsules(["--debug", "--output-dir", str(tmp_path / "bad2"), *TINY, "num_pionts=3"])
+    # as the point models refuse it: one cloud of 10**11 points would ask for hundreds of GiB before training
+    with pytest.raises(ValueError, match=r"num_points must be <= 65536, got 100000000000$"):
+        train_capsules(["--debug", "--output-dir", str(tmp_path / "bad3"), *TINY, "num_points=100000000000"])
+    assert not (tmp_path / "bad3").exists()
 
 
 def test_cli_on_the_real_shapenet_part_layout(tmp_path: Path) -> None:
