@@ -15,6 +15,10 @@
 #                         (`bash tools/run.sh train` passes 0: the main job runs on the torch paths without it)
 #   CENTROID_WHEEL_CACHE  where the torch-cluster wheels are kept
 #                         (default ${XDG_CACHE_HOME:-~/.cache}/centroid-toolkit/wheels)
+#   CENTROID_INSTALLER    uv (default) or pip. uv keeps every wheel unpacked in its cache (~/.cache/uv, or
+#                         UV_CACHE_DIR) and links the files into each new virtualenv, so a second clone or the torch
+#                         2.11 virtualenv installs torch in seconds where pip unpacks ~6 GB again; without uv (it is
+#                         installed into the virtualenv from the package index) pip installs the same versions
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,6 +28,7 @@ CONSTRAINTS="${CENTROID_CONSTRAINTS:-$ROOT/constraints.txt}"
 case "$CONSTRAINTS" in /*) ;; *) CONSTRAINTS="$ROOT/$CONSTRAINTS" ;; esac
 EXTRAS="${CENTROID_EXTRAS:-dev,viz,docs}"
 CLUSTER="${CENTROID_CLUSTER:-1}"
+INSTALLER="${CENTROID_INSTALLER:-uv}"
 STAMP="$VENV/.centroid-bootstrap"
 APT_PACKAGES=(libusb-1.0-0 libgl1 libegl1 libgomp1 libvulkan1 mesa-vulkan-drivers xvfb xauth)
 
@@ -81,8 +86,22 @@ fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 "${PIP[@]}" install -q --upgrade pip setuptools wheel
 
-say "installing centroid-toolkit[$EXTRAS] with $(basename "$CONSTRAINTS") (torch is ~5.6 GB the first time)"
-"${PIP[@]}" install -q -c "$CONSTRAINTS" -e "$ROOT[$EXTRAS]"
+case "$INSTALLER" in
+    uv)
+        if ! "$VENV/bin/uv" --version >/dev/null 2>&1 && ! "${PIP[@]}" install -q -c "$CONSTRAINTS" uv; then
+            say "could not install uv: installing with pip instead"
+            INSTALLER=pip
+        fi ;;
+    pip) ;;
+    *) say "CENTROID_INSTALLER must be uv or pip, got '$INSTALLER'"; exit 2 ;;
+esac
+say "installing centroid-toolkit[$EXTRAS] with $(basename "$CONSTRAINTS") by $INSTALLER (torch is ~5.6 GB the first time)"
+if [ "$INSTALLER" = uv ]; then
+    # compiled to bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set, every process would recompile torch
+    "$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python" -c "$CONSTRAINTS" -e "$ROOT[$EXTRAS]"
+else
+    "${PIP[@]}" install -q -c "$CONSTRAINTS" -e "$ROOT[$EXTRAS]"
+fi
 
 BUILT_CLUSTER=1
 if [ "$CLUSTER" = 0 ] && ! "$VENV/bin/python" -c "import torch_cluster" >/dev/null 2>&1; then
