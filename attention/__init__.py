@@ -1,17 +1,17 @@
 """The shared core of the centroid-attention toolkit.
 
-* :mod:`attention.points`: farthest point sampling, k nearest neighbours, gather and interpolation, with a plain
-  PyTorch reference and optional fast backends (torch-cluster, pytorch3d, Triton).
 * :mod:`attention.centroid`: centroid attention (dense or over K nearest inputs, T steps), its inits and blocks
   (subpackage: ``functional``, ``layer``, ``inits``, ``blocks``, ``accounting``).
+* :mod:`attention.points`: farthest point sampling, k nearest neighbours, gather and interpolation, with a plain
+  PyTorch reference and optional fast backends (torch-cluster, pytorch3d, Triton).
 * :mod:`attention.layers`: the transformer MLP and stochastic depth shared by the blocks.
-* :mod:`attention.backends`: the backend switchboard (optional packages, what each kernel supports, ``resolve``).
-* :mod:`attention.chunking`: the per-op, per-device memory budgets of the chunked paths.
-* :mod:`attention.checks`: the input validation of every public op (eager mode only; off while tracing).
-* :mod:`attention.mixers.fsat`: FSAT (Fourier sparse attention) and FAT over the FFT-pooled hidden-state cross.
 * :mod:`attention.mixers`: structured matrix mixers (softmax, linear, Toeplitz, Cauchy, Vandermonde, Hydra) and
   their non-data-dependent twins, Dense and DFT (:mod:`attention.mixers.fixed`), with FSAT / FAT, in one registry
   (:data:`MIXERS`, :func:`build_mixer`).
+* :mod:`attention.mixers.fsat`: FSAT (Fourier sparse attention) and FAT over the FFT-pooled hidden-state cross.
+* :mod:`attention.backends`: the backend switchboard (optional packages, what each kernel supports, ``resolve``).
+* :mod:`attention.chunking`: the per-op, per-device memory budgets of the chunked paths.
+* :mod:`attention.checks`: the input validation of every public op (eager mode only; off while tracing).
 """
 
 from . import backends, centroid, checks, chunking, layers, mixers, points

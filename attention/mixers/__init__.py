@@ -57,13 +57,20 @@ MIXERS: dict[str, Callable[..., nn.Module]] = {
     "fsat": FourierSparseAttention,
     "fat": FourierAttention,
 }
+"""Mixer name -> constructor ``(dim, num_heads=..., qkv_bias=..., **kwargs)`` of a module ``mixer(x, attn_mask=None)``
+mapping ``(B, L, C)`` to ``(B, L, C)``. Its keys are the names that the ``mixer=`` keyword of the centroid DeiTs, the
+point model and the ListOps classifier accepts. Build one with :func:`build_mixer`, which checks the name and passes
+``max_len`` to the mixers that need it (``fsat``, ``dense`` and the ``*_static`` twins)."""
 
 _NEEDS_MAX_LEN = {"fsat", "dense", *(name for name in MIXERS if name.endswith("_static"))}
 
-# Mixers TorchScript cannot compile: their products are custom autograd Functions (FSAT's sparse edge products and
-# gradient truncation, the chunked Cauchy / Vandermonde paths and their Triton kernels). Scripting one raises an
-# error naming it; every other mixer scripts, as a module and inside an FX graph (tests/attention/test_mixers.py).
 UNSCRIPTABLE_MIXERS = frozenset({"fsat", *(name for name in MIXERS if name.split("_")[0] in UNSCRIPTABLE_MATRICES)})
+"""The names of :data:`MIXERS` that TorchScript cannot compile: ``fsat``, ``cauchy``, ``vandermonde``,
+``cauchy_static`` and ``vandermonde_static``, whose products are custom autograd Functions (FSAT's sparse edge
+products and gradient truncation, the chunked Cauchy / Vandermonde paths and their Triton kernels). ``torch.jit.script``
+of such a mixer, or of a model that holds one, raises a ``RuntimeError`` naming it, and a centroid DeiT refuses one at
+construction under timm's ``set_scriptable(True)``. Every other mixer scripts, as a module and inside an FX graph;
+to export a model with one of these, use ``torch.fx``, ``torch.compile`` or ``torch.export``."""
 
 
 def build_mixer(

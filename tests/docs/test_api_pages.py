@@ -1,5 +1,5 @@
-"""The API reference (docs/api/<package>.md) renders every public module of every package, and mkdocs.yml lists every
-page under docs/ in its navigation."""
+"""The API reference (docs/api/<package>.md, with its internals on docs/api/<package>-*.md) renders every public module
+of every package, and mkdocs.yml lists every page under docs/ in its navigation."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def _public_modules(package: str) -> list[str]:
 def test_api_page_renders_every_public_module(package: str) -> None:
     page = REPO / "docs" / "api" / f"{package}.md"
     assert page.is_file(), f"no API page for {package}: add docs/api/{package}.md and list it in mkdocs.yml"
-    rendered = set(re.findall(r"^::: ([\w.]+)", page.read_text(), re.M))
+    pages = [page, *sorted(page.parent.glob(f"{package}-*.md"))]  # e.g. attention-internals.md: kernels, benches
+    rendered = {m for p in pages for m in re.findall(r"^::: ([\w.]+)", p.read_text(), re.M)}
     missing = [m for m in _public_modules(package) if m not in rendered]
     assert not missing, f"docs/api/{package}.md lacks {missing}: add a `::: <module>` line for each"
 
