@@ -46,6 +46,7 @@ __all__ = [
     "host_syncs",
     "read_log",
     "run_interpreted",
+    "run_python",
     "run_tool",
     "run_tools_batched",
     "skip_if_interpreted",
@@ -53,6 +54,7 @@ __all__ = [
     "stop_after_first_checkpoint",
     "strip_timing",
     "tool_env",
+    "tool_process",
     "tools_help",
     "torchrun",
 ]
@@ -200,17 +202,228 @@ def tool_env(display: bool = True) -> dict[str, str]:
     return env
 
 
+# The tools' processes are forked from a process that has already imported the heavy third-party packages (a "fork
+# server", as multiprocessing's forkserver start method): each is still a process of its own, with its own PID,
+# arguments, environment, folder, pipes, signals and exit status, as ``python tools/<name>.py`` gives, without paying
+# for importing torch, torchvision, timm and torch_geometric again (seconds a process on a small CPU, most of the time
+# of a short CLI test). The toolkit's own modules are imported in the child, as a fresh process would.
+_FORK_SERVER = r"""
+import atexit, importlib, json, os, runpy, selectors, signal, socket, sys, traceback
+for name in sys.argv[2].split(","):
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass  # a package that does not import here is imported (and fails) in the tool, as without the server
+control = socket.socket(fileno=int(sys.argv[1]))
+selector = selectors.DefaultSelector()
+selector.register(control, selectors.EVENT_READ)
+
+
+def child(request, fds, call):
+    code = 0
+    try:
+        # nothing of the server's stays open in the tool: its sockets, the selector and the other children's pidfds
+        others = [(k.fd, k.data[1]) for k in selector.get_map().values() if k.data]
+        selector.close()
+        for pidfd, other in others:
+            os.close(pidfd)
+            other.close()
+        control.close()
+        call.close()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in set(fds):
+            if fd > 2:
+                os.close(fd)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        if "OMP_NUM_THREADS" in request["env"]:
+            import torch
+            torch.set_num_threads(int(request["env"]["OMP_NUM_THREADS"]))
+        script = request["argv"][0]
+        sys.argv, sys.path[0] = list(request["argv"]), os.path.dirname(script)
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:
+            if e.code is None or isinstance(e.code, int):
+                code = e.code or 0
+            else:
+                print(e.code, file=sys.stderr)
+                code = 1
+        except KeyboardInterrupt:  # as the interpreter ends on one: the traceback, then killed by SIGINT
+            traceback.print_exc()
+            code = -signal.SIGINT
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        if code < 0:
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
+    finally:
+        os._exit(code & 0xFF)
+
+
+while True:
+    for key, _ in selector.select():
+        if key.fileobj is control:
+            message, fds, _, _ = socket.recv_fds(control, 1 << 20, 4)
+            if not message:
+                sys.exit(0)  # the test process has gone
+            call = socket.socket(fileno=fds[3])
+            pid = os.fork()
+            if pid == 0:
+                child(json.loads(message), fds[:3], call)
+            for fd in set(fds[:3]):
+                os.close(fd)
+            call.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            selector.register(os.pidfd_open(pid), selectors.EVENT_READ, (pid, call))
+        else:
+            pid, call = key.data
+            selector.unregister(key.fd)
+            os.close(key.fd)
+            status = os.waitpid(pid, 0)[1]
+            try:
+                call.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+            except OSError:
+                pass  # the test no longer waits for it
+            call.close()
+"""
+
+#: What the fork server imports before it forks a tool: the third-party packages, whose import is the cost.
+FORK_SERVER_PRELOAD = ("torch", "torchvision", "timm", "torch_geometric", "numpy", "yaml", "tqdm")
+#: Environment variables that a tool reads when it runs, not when these packages are imported: a call whose
+#: environment differs from the server's only in these is forked; any other difference starts a fresh interpreter.
+FORK_SERVER_LAZY_ENV = ("DISPLAY", "WAYLAND_DISPLAY", "COLUMNS", "LINES", "PYTEST_CURRENT_TEST", "CENTROID_TEST_FORK")
+
+
+class _ForkServer:
+    """One per test process, started on the first tool call with :func:`tool_env`'s environment."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _FORK_SERVER, str(theirs.fileno()), ",".join(FORK_SERVER_PRELOAD)],
+                env=env, pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+
+    def serves(self, env: dict[str, str]) -> bool:
+        keys = (set(env) | set(self.env)) - set(FORK_SERVER_LAZY_ENV)
+        return self.proc.poll() is None and all(env.get(k) == self.env.get(k) for k in keys)
+
+    def fork(self, argv: list[str], env: dict[str, str], cwd: str, fds: list[int]) -> socket.socket:
+        """Forks ``python argv...`` with ``fds`` as its stdin, stdout and stderr; returns the call's socket, which
+        gets ``{"pid": ...}`` at once and ``{"returncode": ...}`` when the child ends."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with theirs:
+            request = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()
+            socket.send_fds(self.control, [request], [*fds, theirs.fileno()])
+        return mine
+
+
+_SERVERS: dict[int, _ForkServer] = {}
+
+
+def _fork_server(env: dict[str, str]) -> _ForkServer | None:
+    """This process's fork server if it can serve ``env`` (``CENTROID_TEST_FORK=0`` turns it off; it needs Linux's
+    pidfd and fd passing), else ``None``."""
+    if os.environ.get("CENTROID_TEST_FORK", "1") == "0" or not hasattr(os, "pidfd_open"):
+        return None
+    server = _SERVERS.get(os.getpid())
+    if server is None or server.proc.poll() is not None:
+        server = _SERVERS[os.getpid()] = _ForkServer(tool_env())
+    return server if server.serves(env) else None
+
+
+class _Forked(subprocess.Popen):
+    """A :class:`subprocess.Popen` whose child the fork server forks instead of ``fork + exec``: the same pipes,
+    ``pid``, signals, ``poll``, ``wait`` and ``communicate``; its exit status comes from the server."""
+
+    def __init__(self, server: _ForkServer, *args: Any, **kwargs: Any) -> None:
+        self._server, self._buffer = server, b""
+        super().__init__(*args, **kwargs)
+
+    def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo, creationflags,
+                       shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite, *rest):  # fmt: skip
+        fds = [fd if fd != -1 else default for fd, default in zip((p2cread, c2pwrite, errwrite), (0, 1, 2))]
+        self._call = self._server.fork(list(args[1:]), dict(env), os.fspath(cwd or os.getcwd()), fds)
+        self.pid = self._message(None)["pid"]
+        self._child_created = True
+        self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
+
+    def _message(self, timeout: float | None) -> dict[str, Any]:
+        self._call.settimeout(timeout)
+        while b"\n" not in self._buffer:
+            data = self._call.recv(4096)
+            if not data:
+                raise RuntimeError(f"the fork server ended before reporting on process {self.pid}")
+            self._buffer += data
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return json.loads(line)
+
+    def _internal_poll(self, _deadstate: int | None = None, **_: Any) -> int | None:
+        if self.returncode is None:
+            try:
+                self.returncode = self._message(0)["returncode"]
+            except (BlockingIOError, TimeoutError, RuntimeError):
+                if _deadstate is not None:
+                    self.returncode = _deadstate
+        return self.returncode
+
+    def _wait(self, timeout: float | None) -> int:
+        if self.returncode is None:
+            try:
+                self.returncode = self._message(timeout)["returncode"]
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout) from None
+        return self.returncode
+
+
+def tool_process(argv: list[str], env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen:
+    """``subprocess.Popen([sys.executable, *argv], env=env, **popen)`` for a Python script, forked from the fork
+    server when it can serve ``env`` (default :func:`tool_env`): a process of its own, without re-importing torch."""
+    env = tool_env() if env is None else env
+    server = _fork_server(env)
+    cmd = [sys.executable, *argv]
+    return subprocess.Popen(cmd, env=env, **popen) if server is None else _Forked(server, cmd, env=env, **popen)
+
+
+def run_python(argv: list[str], env: dict[str, str] | None = None, timeout: float = 300,
+               cwd: str | Path | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    """``python argv...`` to the end (:func:`tool_process`), stdout and stderr captured as text, as
+    ``subprocess.run(..., capture_output=True, text=True, timeout=timeout)`` returns them."""
+    with tool_process(argv, env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def start_tool(name: str, args: list[str]) -> subprocess.Popen:
     """Starts ``python tools/<name>.py args`` with its stderr captured as text."""
-    cmd = [sys.executable, str(REPO / "tools" / f"{name}.py"), *args]
-    return subprocess.Popen(cmd, env=tool_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    argv = [str(REPO / "tools" / f"{name}.py"), *args]
+    return tool_process(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def run_tool(name: str, args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs ``python tools/<name>.py args`` to the end, stdout and stderr captured as text: for tests of the script
     itself (its printed output, exit status, files), where the library behind it is tested in process."""
-    cmd = [sys.executable, str(REPO / "tools" / f"{name}.py"), *args]
-    return subprocess.run(cmd, env=tool_env(), capture_output=True, text=True, timeout=timeout)
+    return run_python([str(REPO / "tools" / f"{name}.py"), *args], timeout=timeout)
 
 
 # Runs each (script, argv) of a JSON list on stdin as ``python script argv`` would, in this one process, and prints

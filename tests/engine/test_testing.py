@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+
 import pytest
 import torch
 from torch import nn
 
-from engine.testing import assert_backends_agree, assert_interpreted, run_tool, run_tools_batched
+from engine.testing import (
+    assert_backends_agree,
+    assert_interpreted,
+    run_python,
+    run_tool,
+    run_tools_batched,
+    tool_env,
+    tool_process,
+)
 
 
 class _Scaled(nn.Module):
@@ -52,3 +63,65 @@ def test_batched_tools_behave_as_their_own_processes() -> None:
     assert "--seeds N >= 1" in got[2].stderr
     alone = run_tool("run_ablation", ["--help"])
     assert (alone.returncode, alone.stdout) == (0, got[0].stdout)
+
+
+_PROBE = """
+import os, signal, sys, time
+sockets = []
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        sockets += [fd] if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:") else []
+    except FileNotFoundError:  # the listing's own descriptor
+        pass
+print(os.getcwd(), os.environ.get("PROBE"), sys.argv[1:], sys.path[0], sockets, "torch" in sys.modules)
+sys.stderr.write("to stderr\\n")
+what = sys.argv[1]
+if what == "sleep":
+    print("ready", flush=True)
+    time.sleep(60)
+if what == "interrupt":
+    raise KeyboardInterrupt
+if what == "raise":
+    raise ValueError("boom")
+sys.exit(int(what))
+"""
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "fresh interpreter"])
+def test_tool_processes_behave_as_python_script_does(tmp_path, monkeypatch, fork: bool) -> None:
+    """A process from the fork server and one from ``python script`` give the same argv, folder, environment, pipes,
+    exit status (an exit code, an exception, a KeyboardInterrupt, a signal) and timeouts; the server's sockets are not
+    left open in the child, and only the third-party packages it preloads are imported before the script runs."""
+    monkeypatch.setenv("CENTROID_TEST_FORK", "1" if fork else "0")
+    script = tmp_path / "probe.py"
+    script.write_text(_PROBE)
+    env = {**tool_env(), "DISPLAY": ":99", "PROBE": "x"}
+    if fork:  # only a difference the preloaded packages never read is served by the same server
+        env.pop("PROBE")
+    done = run_python([str(script), "3"], env=env, cwd=tmp_path)
+    expected_env = "x" if not fork else "None"
+    assert done.stdout.split("\n")[0] == f"{tmp_path} {expected_env} ['3'] {tmp_path} [] {fork}"
+    assert (done.returncode, done.stderr) == (3, "to stderr\n")
+    failed = run_python([str(script), "raise"])
+    assert (
+        failed.returncode == 1 and failed.stderr.rstrip().endswith("ValueError: boom") and "Traceback" in failed.stderr
+    )
+    interrupted = run_python([str(script), "interrupt"])
+    assert interrupted.returncode == -signal.SIGINT and interrupted.stderr.rstrip().endswith("KeyboardInterrupt")
+    proc = tool_process([str(script), "sleep"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().endswith("\n") and proc.stdout.readline() == "ready\n"
+    assert proc.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_python([str(script), "sleep"], timeout=0.5)
+
+
+def test_a_forked_tool_prints_what_a_fresh_one_does(monkeypatch) -> None:
+    forked = run_tool("run_ablation", ["--table", "modelnet", "--plan", "--seeds", "0"])
+    monkeypatch.setenv("CENTROID_TEST_FORK", "0")
+    fresh = run_tool("run_ablation", ["--table", "modelnet", "--plan", "--seeds", "0"])
+    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert forked.returncode == 2 and "--seeds N >= 1" in forked.stderr

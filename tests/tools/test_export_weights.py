@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ import vision  # noqa: F401
 from engine.checkpoint import save_checkpoint
 from engine.export import PROBE_ATOL, PROBE_RTOL, export_weights, load_exported, model_args_from_overrides
 from engine.registry import create_by_name, example_inputs
-from engine.testing import REPO, tool_env
+from engine.testing import run_tool
 from engine.weights import DIGEST_KEY, weights_digest
 from pointcloud.model import example_clouds
 
@@ -47,8 +45,7 @@ def test_vision_round_trip_through_timm_pretrained(tmp_path: Path) -> None:
     ema = {f"module.{k}": v + 1.0 for k, v in model.state_dict().items()}  # timm ModelEmaV3 key layout
     save_checkpoint({"model": model.state_dict(), "ema": ema, "config": {"model": OURS_1}}, tmp_path / "best.pt")
     sets = [f"{k}={v}" for k, v in TINY.items()]
-    cli = [sys.executable, str(REPO / "tools" / "export_weights.py"), str(tmp_path / "best.pt"), "--out"]
-    done = subprocess.run([*cli, str(tmp_path / "out"), "--set", *sets], env=tool_env(), capture_output=True, text=True)
+    done = run_tool("export_weights", [str(tmp_path / "best.pt"), "--out", str(tmp_path / "out"), "--set", *sets])
     assert done.returncode == 0, done.stderr
     path = tmp_path / "out" / "model.safetensors"
     assert f"wrote {path}" in done.stdout
@@ -114,10 +111,7 @@ def test_a_recorded_model_spec_is_used_and_a_changed_keyword_refused(tmp_path: P
 
 
 def test_cli_user_errors_are_one_line(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "export_weights.py"), str(tmp_path / "missing.pt"), "--out", "x"],
-        env=tool_env(), capture_output=True, text=True,
-    )  # fmt: skip
+    done = run_tool("export_weights", [str(tmp_path / "missing.pt"), "--out", "x"])
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip() == f"error: checkpoint not found: {tmp_path / 'missing.pt'}"
 
@@ -196,8 +190,7 @@ def test_a_set_that_changes_the_function_is_refused_and_one_that_keeps_it_export
 def test_cli_refuses_a_knob_the_run_never_set_in_one_line(tmp_path: Path) -> None:
     """The issue's command: ``export_weights.py ok1/best.pt --set num_heads=2`` (exit 0 before, outputs 0.02 off)."""
     best, _ = _recorded_run(tmp_path, "train_modelnet")
-    cli = [sys.executable, str(REPO / "tools" / "export_weights.py"), str(best), "--out", str(tmp_path / "out")]
-    done = subprocess.run([*cli, "--set", "num_heads=2"], env=tool_env(), capture_output=True, text=True)
+    done = run_tool("export_weights", [str(best), "--out", str(tmp_path / "out"), "--set", "num_heads=2"])
     assert done.returncode == 2 and "Traceback" not in done.stderr
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith(f"error: refusing to export {best} with --set num_heads: it changes what the trained")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 from attention.bench import kernel_targets
 from engine import gpu_check
 from engine.bench import target
-from engine.testing import run_tool, run_tools_batched, tool_env
+from engine.testing import run_tool, run_tools_batched
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -148,8 +147,7 @@ def test_part_two_keeps_part_one_and_its_summary_covers_both(tmp_path: Path) -> 
 
 def test_the_cli_turns_bad_arguments_into_usage_errors(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("not gpu_check's\n")
-    cmd = [sys.executable, str(REPO / "tools" / "gpu_check.py"), "--device", "cpu", "--out", str(tmp_path)]
-    run = subprocess.run(cmd, env=tool_env(), capture_output=True, text=True)
+    run = run_tool("gpu_check", ["--device", "cpu", "--out", str(tmp_path)])
     assert run.returncode == 2 and "holds no earlier gpu_check output" in run.stderr
 
 

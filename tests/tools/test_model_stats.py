@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ import capsules.stats
 import pointcloud.stats
 import vision.stats
 from engine.stats import check_against_paper, stats_report
-from engine.testing import REPO, tool_env
+from engine.testing import run_tool
 from pointcloud import model as pc_model
 from pointcloud.testing import TinyPeer
 
@@ -40,9 +38,7 @@ def _rows(out: str) -> dict[str, list[str]]:
 def test_pointcloud_table_with_paper_columns(tmp_path: Path) -> None:
     path = tmp_path / "stats.json"
     argv = ["--family", "pointcloud", "--models", CT, f"{CT}_random", "--json", str(path)]
-    run = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "model_stats.py"), *argv], env=tool_env(), capture_output=True, text=True
-    )
+    run = run_tool("model_stats", argv)
     assert run.returncode == 0, run.stderr
     out = run.stdout
     results = json.loads(path.read_text())["results"]
@@ -64,10 +60,7 @@ def test_pointcloud_table_with_paper_columns(tmp_path: Path) -> None:
     assert rows[CT][2] == "4.1" and rows[CT][6] == "5.4" and float(rows[CT][3]) > 0
     assert rows[CT][4] == f"{ct['gmacs']:.3g}"  # the table prints 3 significant digits
     assert rows[f"{CT}_random"][2:4] == ["-", "-"]
-    bad = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "model_stats.py"), "--models", "no_such_model"],
-        env=tool_env(), capture_output=True, text=True,
-    )  # fmt: skip
+    bad = run_tool("model_stats", ["--models", "no_such_model"])
     assert bad.returncode == 2 and "unknown models ['no_such_model']" in bad.stderr
 
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,7 @@ import engine
 import lra
 from capsules.recipe import CapsulesRecipe
 from capsules.testing import TINY_CAPSULES_SETS
-from engine.testing import REPO, doc_pages, fenced_blocks, tool_env, tools_help
+from engine.testing import REPO, doc_pages, fenced_blocks, run_python, tool_env, tools_help
 from lra.testing import TINY_LISTOPS_SETS
 from pointcloud.partseg.recipe import PartSegRecipe
 from pointcloud.recipe import ModelNetRecipe
@@ -108,8 +106,7 @@ def _run(argv: list[str], cwd: Path) -> None:
     if argv[1].startswith("tools/train_") or argv[1] == "tools/lra_listops.py":
         argv = [*argv, "--no-progress"]
     env = tool_env(display=False)  # render PNGs, no window
-    done = subprocess.run([sys.executable, script, *argv[2:]], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    done = run_python([script, *argv[2:]], env=env, timeout=600, cwd=cwd)
     assert done.returncode == 0, f"{' '.join(argv)}\n{done.stderr[-3000:]}"
 
 
