@@ -244,10 +244,14 @@ def child(request, fds, call):
         if "OMP_NUM_THREADS" in request["env"]:
             import torch
             torch.set_num_threads(int(request["env"]["OMP_NUM_THREADS"]))
-        script = request["argv"][0]
-        sys.argv, sys.path[0] = list(request["argv"]), os.path.dirname(script)
+        argv = request["argv"]
         try:
-            runpy.run_path(script, run_name="__main__")
+            if argv[0] == "-c":  # python -c CODE args: sys.argv is ["-c", args...] and the folder comes first
+                sys.argv, sys.path[0] = ["-c", *argv[2:]], ""
+                exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+            else:
+                sys.argv, sys.path[0] = list(argv), os.path.dirname(argv[0])
+                runpy.run_path(argv[0], run_name="__main__")
         except SystemExit as e:
             if e.code is None or isinstance(e.code, int):
                 code = e.code or 0
@@ -301,13 +305,13 @@ while True:
 
 #: What the fork server imports before it forks a tool: the third-party packages, whose import is the cost.
 FORK_SERVER_PRELOAD = ("torch", "torchvision", "timm", "torch_geometric", "numpy", "yaml", "tqdm")
-#: Environment variables that a tool reads when it runs, not when these packages are imported: a call whose
-#: environment differs from the server's only in these is forked; any other difference starts a fresh interpreter.
+#: Environment variables that a tool reads when it runs, not when these packages are imported: calls whose
+#: environments differ only in these share a fork server; any other difference gets a server started with it.
 FORK_SERVER_LAZY_ENV = ("DISPLAY", "WAYLAND_DISPLAY", "COLUMNS", "LINES", "PYTEST_CURRENT_TEST", "CENTROID_TEST_FORK")
 
 
 class _ForkServer:
-    """One per test process, started on the first tool call with :func:`tool_env`'s environment."""
+    """A process that has imported :data:`FORK_SERVER_PRELOAD` with ``env`` and forks the tools' processes."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = env
@@ -319,10 +323,6 @@ class _ForkServer:
                 stderr=subprocess.DEVNULL,
             )  # fmt: skip
 
-    def serves(self, env: dict[str, str]) -> bool:
-        keys = (set(env) | set(self.env)) - set(FORK_SERVER_LAZY_ENV)
-        return self.proc.poll() is None and all(env.get(k) == self.env.get(k) for k in keys)
-
     def fork(self, argv: list[str], env: dict[str, str], cwd: str, fds: list[int]) -> socket.socket:
         """Forks ``python argv...`` with ``fds`` as its stdin, stdout and stderr; returns the call's socket, which
         gets ``{"pid": ...}`` at once and ``{"returncode": ...}`` when the child ends."""
@@ -333,18 +333,24 @@ class _ForkServer:
         return mine
 
 
-_SERVERS: dict[int, _ForkServer] = {}
+_SERVERS: dict[tuple[int, frozenset], _ForkServer] = {}
+_MAX_SERVERS = 3  # per test process: a test that changes the environment gets its own, the oldest is closed
 
 
 def _fork_server(env: dict[str, str]) -> _ForkServer | None:
-    """This process's fork server if it can serve ``env`` (``CENTROID_TEST_FORK=0`` turns it off; it needs Linux's
-    pidfd and fd passing), else ``None``."""
+    """A fork server of this process for ``env`` (one per environment, up to :data:`_MAX_SERVERS`, started with it),
+    or ``None`` where ``CENTROID_TEST_FORK=0`` or the platform lacks Linux's pidfd and fd passing."""
     if os.environ.get("CENTROID_TEST_FORK", "1") == "0" or not hasattr(os, "pidfd_open"):
         return None
-    server = _SERVERS.get(os.getpid())
+    key = (os.getpid(), frozenset((k, v) for k, v in env.items() if k not in FORK_SERVER_LAZY_ENV))
+    server = _SERVERS.pop(key, None)
     if server is None or server.proc.poll() is not None:
-        server = _SERVERS[os.getpid()] = _ForkServer(tool_env())
-    return server if server.serves(env) else None
+        server = _ForkServer(env)
+    _SERVERS[key] = server  # the most recently used last
+    mine = [k for k in _SERVERS if k[0] == os.getpid()]
+    for old in mine[: max(0, len(mine) - _MAX_SERVERS)]:
+        _SERVERS.pop(old).control.close()  # the server sees the end of its socket and exits
+    return server
 
 
 class _Forked(subprocess.Popen):
@@ -392,8 +398,9 @@ class _Forked(subprocess.Popen):
 
 
 def tool_process(argv: list[str], env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen:
-    """``subprocess.Popen([sys.executable, *argv], env=env, **popen)`` for a Python script, forked from the fork
-    server when it can serve ``env`` (default :func:`tool_env`): a process of its own, without re-importing torch."""
+    """``subprocess.Popen([sys.executable, *argv], env=env, **popen)`` for a Python script (``argv[0]``, or ``-c
+    CODE``), forked from a fork server started with ``env`` (default :func:`tool_env`): a process of its own, without
+    importing torch again."""
     env = tool_env() if env is None else env
     server = _fork_server(env)
     cmd = [sys.executable, *argv]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -95,12 +97,9 @@ def test_tool_processes_behave_as_python_script_does(tmp_path, monkeypatch, fork
     monkeypatch.setenv("CENTROID_TEST_FORK", "1" if fork else "0")
     script = tmp_path / "probe.py"
     script.write_text(_PROBE)
-    env = {**tool_env(), "DISPLAY": ":99", "PROBE": "x"}
-    if fork:  # only a difference the preloaded packages never read is served by the same server
-        env.pop("PROBE")
+    env = {**tool_env(), "DISPLAY": ":99", "PROBE": "x"}  # PROBE: a server of its own; DISPLAY: the same server
     done = run_python([str(script), "3"], env=env, cwd=tmp_path)
-    expected_env = "x" if not fork else "None"
-    assert done.stdout.split("\n")[0] == f"{tmp_path} {expected_env} ['3'] {tmp_path} [] {fork}"
+    assert done.stdout.split("\n")[0] == f"{tmp_path} x ['3'] {tmp_path} [] {fork}"
     assert (done.returncode, done.stderr) == (3, "to stderr\n")
     failed = run_python([str(script), "raise"])
     assert (
@@ -125,3 +124,17 @@ def test_a_forked_tool_prints_what_a_fresh_one_does(monkeypatch) -> None:
     fresh = run_tool("run_ablation", ["--table", "modelnet", "--plan", "--seeds", "0"])
     assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
     assert forked.returncode == 2 and "--seeds N >= 1" in forked.stderr
+
+
+def test_one_fork_server_per_environment_and_the_lazy_variables_share_one(monkeypatch) -> None:
+    """Calls whose environments differ only in what the preloaded packages never read (a display, the terminal's width)
+    share a server; any other difference gets a server started with that environment, so nothing imported under
+    another environment reaches the tool."""
+    monkeypatch.setenv("CENTROID_TEST_FORK", "1")
+    parent = [sys.executable, "-c", "import os; print(os.getppid())"][1:]
+
+    def server(**extra: str) -> str:
+        return run_python(parent, env={**tool_env(), **extra}).stdout
+
+    assert server() == server(COLUMNS="80", DISPLAY=":1") != server(TORCH_LOGS="+dynamo")
+    assert server() != str(os.getpid()) + "\n"  # forked by a server, not started by this process
