@@ -314,7 +314,6 @@ class _ForkServer:
     """A process that has imported :data:`FORK_SERVER_PRELOAD` with ``env`` and forks the tools' processes."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with theirs:
             self.proc = subprocess.Popen(

@@ -17,8 +17,8 @@
 #                         (default ${XDG_CACHE_HOME:-~/.cache}/centroid-toolkit/wheels)
 #   CENTROID_INSTALLER    uv (default) or pip. uv keeps every wheel unpacked in its cache (~/.cache/uv, or
 #                         UV_CACHE_DIR) and links the files into each new virtualenv, so a second clone or the torch
-#                         2.11 virtualenv installs torch in seconds where pip unpacks ~6 GB again; without uv (it is
-#                         installed into the virtualenv from the package index) pip installs the same versions
+#                         2.11 virtualenv does not unpack ~6 GB again as pip does; without uv (it is installed into
+#                         the virtualenv from the package index) pip installs the same versions
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
