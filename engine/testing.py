@@ -530,9 +530,13 @@ def torchrun(name: str, args: list[str], nproc: int = 2, timeout: float = 300) -
 # seconds a call on a few points; XOR is exact, associative and commutative, so NumPy's reduction gives the same bits.
 # (2) Every call of a jit helper inside a kernel lists all members of triton.language (inspect.getmembers) to find the
 # builtins to patch, most of an interpreted kernel's time; the builtins' names are listed once instead, and each call
-# patches those still unpatched, as before. Either is skipped where the interpreter's layout differs.
+# patches those still unpatched, as before. (3) Every integer +, - and * of a kernel also computes an int32 overflow
+# check in int64 and hands it to device_assert, which drops it unless the options' debug is set, never the case in the
+# interpreter: about half of an interpreted kernel's time, for a check that cannot fire; it is switched off while debug
+# is off. Each is skipped where the interpreter's layout differs.
 INTERPRETER_PRELUDE = """
 def _interpreter_shortcuts():
+    import dataclasses
     import inspect
 
     import numpy as np
@@ -554,6 +558,11 @@ def _interpreter_shortcuts():
                     patch_attr(pkg, name, member, builder, scope)
 
         interpreter._patch_builtin = _patch_builtin
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if dataclasses.is_dataclass(options) and getattr(options, "sanitize_overflow", False) and not options.debug:
+        builder.options = dataclasses.replace(options, sanitize_overflow=False)
 
     ops, xor = getattr(interpreter, "ReduceOps", None), getattr(tl.standard, "_xor_combine", None)
     if ops is None or xor is None or not hasattr(ops, "apply_impl"):

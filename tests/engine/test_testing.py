@@ -11,9 +11,12 @@ import pytest
 import torch
 from torch import nn
 
+from attention import backends
 from engine.testing import (
+    REPO,
     assert_backends_agree,
     assert_interpreted,
+    run_interpreted,
     run_python,
     run_tool,
     run_tools_batched,
@@ -51,6 +54,58 @@ def test_assert_interpreted_wants_a_clean_exit_that_prints_ok(tmp_path) -> None:
         assert_interpreted("print('not ok')", tmp_path / "t.py")
     with pytest.raises(AssertionError, match="boom"):
         assert_interpreted("raise SystemExit('boom')", tmp_path / "t.py")
+
+
+_SHORTCUTS = """
+import json
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime import interpreter
+
+
+@triton.jit
+def _lcg(x):
+    return x * 1664525 + 1013904223  # wraps around in int32
+
+
+@triton.jit
+def _kernel(x_ptr, out_ptr, xor_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    y = _lcg(tl.load(x_ptr + offs))
+    tl.store(out_ptr + offs, y - 7 * offs)
+    tl.store(xor_ptr, tl.xor_sum(y, axis=0))
+
+
+x = torch.arange(-64, 64, dtype=torch.int32) * 40503
+out, xor = torch.empty_like(x), torch.empty(1, dtype=torch.int32)
+_kernel[(1,)](x, out, xor, N=128)
+options = interpreter.interpreter_builder.options
+print(json.dumps([out.tolist(), xor.item(), options.sanitize_overflow]))
+"""
+
+
+@pytest.mark.torch_compat
+@pytest.mark.skipif(not backends.HAS_TRITON, reason="triton missing")
+def test_interpreter_shortcuts_leave_every_bit_as_it_was(tmp_path) -> None:
+    """run_interpreted's three shortcuts (a jit helper's builtins listed once, XOR reduced by NumPy, no int32 overflow
+    check that debug-off drops anyway) against the plain interpreter and against NumPy's int32 arithmetic."""
+    import json
+
+    import numpy as np
+
+    plain = subprocess.run([sys.executable, "-c", _SHORTCUTS], env={**os.environ, "TRITON_INTERPRET": "1",
+                           "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)  # fmt: skip
+    fast = run_interpreted(_SHORTCUTS, tmp_path, timeout=300)
+    assert plain.returncode == 0 and fast.returncode == 0, plain.stderr[-3000:] + fast.stderr[-3000:]
+    (out, xor, sanitized), (fast_out, fast_xor, fast_sanitized) = (json.loads(p.stdout) for p in (plain, fast))
+    assert (fast_out, fast_xor) == (out, xor)
+    assert sanitized and not fast_sanitized  # the overflow check is what the shortcut switched off
+    with np.errstate(over="ignore"):
+        y = np.arange(-64, 64, dtype=np.int32) * np.int32(40503) * np.int32(1664525) + np.int32(1013904223)
+    assert out == (y - 7 * np.arange(128, dtype=np.int32)).tolist()
+    assert xor == int(np.bitwise_xor.reduce(y))
 
 
 def test_batched_tools_behave_as_their_own_processes() -> None:
