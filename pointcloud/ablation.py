@@ -117,6 +117,8 @@ LEVER_TABLE = register_table(
             Row("T = 1, CA K = 32", _T1, (_PAPER, _NO_SA, "model_kwargs.ca_num_neighbors=32")),
             Row("T = 1 + layer scale 0 + SA pos. enc.", _T1, (_LS0, _SA)),
             Row("T = 2 + layer scale 0 + SA pos. enc.", "configs/pointcloud/modelnet40_centroid_t2.yaml", (_LS0, _SA)),
+            # suggested by the converged diagnosis: the second centroid step's softmax picks one neighbour per head
+            Row("T = 1 + layer scale 0 + SA pos. enc., CA heads 16", _T1, (_LS0, _SA, "model_kwargs.ca_num_heads=16")),
         ),
         regime=DEV_REGIME,
         description=(

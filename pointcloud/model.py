@@ -195,6 +195,8 @@ class CentroidTransformer(PointClassifier):
         pos_hidden: hidden width of the position encodings' MLPs.
         ca_num_neighbors: K of the centroid blocks' attention when it differs from the SA blocks' ``num_neighbors``
             (None: the same K); at most N1, the second centroid block's inputs.
+        ca_num_heads: heads of the centroid blocks' attention when they differ from ``num_heads`` (None: the same);
+            each head chooses its own neighbours for its share of the channels.
 
     Shapes:
         points: ``(B, N, in_channels)``; output logits ``(B, num_classes)`` (``num_classes=0``: the pooled features
@@ -227,6 +229,7 @@ class CentroidTransformer(PointClassifier):
         layer_scale: float | None = 0.0,
         pos_hidden: int = 16,
         ca_num_neighbors: int | None = None,
+        ca_num_heads: int | None = None,
     ) -> None:
         super().__init__(num_classes, in_channels)
         if len(widths) != 4 or len(num_centroids) != 2:
@@ -252,6 +255,7 @@ class CentroidTransformer(PointClassifier):
         sa = {"pos_encoding": sa_pos_encoding, "pos_hidden": pos_hidden}
         ca = {"neighbor_space": CA_NEIGHBORS[ca_neighbors], "pos_encoding": ca_pos_encoding, "pos_hidden": pos_hidden,
               "normalize": ca_normalize, "layer_scale": layer_scale}  # fmt: skip
+        ca_block = partial(block, num_heads=num_heads if ca_num_heads is None else ca_num_heads)
         self.embed = nn.Sequential(
             nn.Linear(in_channels, widths[0], bias=False), PointBatchNorm(widths[0]), act(),
             nn.Linear(widths[0], widths[0], bias=False), PointBatchNorm(widths[0]), act(),
@@ -264,12 +268,12 @@ class CentroidTransformer(PointClassifier):
                 self._sa_block(widths[0], num_neighbors, mixer, mixer_kwargs, block(**sa)),
                 CentroidBlock(
                     widths[1], init, init_kwargs(num_centroids[0]), num_neighbors=self.ca_num_neighbors,
-                    num_steps=num_steps, **block(**ca),
+                    num_steps=num_steps, **ca_block(**ca),
                 ),
                 self._sa_block(widths[2], num_neighbors, mixer, mixer_kwargs, block(**sa)),
                 CentroidBlock(
                     widths[3], init, init_kwargs(num_centroids[1]), num_neighbors=self.ca_num_neighbors,
-                    num_steps=num_steps, **block(**ca),
+                    num_steps=num_steps, **ca_block(**ca),
                 ),
             ]
         )  # fmt: skip

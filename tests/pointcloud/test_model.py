@@ -45,6 +45,7 @@ def test_num_steps_kwarg(steps: int) -> None:
         {"ca_pos_encoding": True, "layer_scale": 0.1},
         {"ca_neighbors": "xyz", "ca_normalize": "centroids", "num_steps": 2},
         {"ca_num_neighbors": 12},
+        {"ca_num_heads": 16, "num_steps": 2},
         {"sa_pos_encoding": True, "ca_pos_encoding": True, "ca_neighbors": "xyz", "num_steps": 0},
     ],
 )
@@ -60,6 +61,10 @@ def test_lever_knobs_reach_the_blocks_and_bad_values_are_refused() -> None:
     assert ca.normalize == "centroids" and sa.normalize == "inputs" and float(ca.layer_scale.gamma.abs().sum()) == 0
     wide = create_model("centroid_transformer_modelnet40", ca_num_neighbors=12, **SMALL)
     assert wide.blocks[3].attn.num_neighbors == 12 and wide.blocks[2].attn.num_neighbors == 8
+    heads = create_model("centroid_transformer_modelnet40", ca_num_heads=16, **SMALL)
+    assert [heads.blocks[i].attn.num_heads for i in range(4)] == [4, 16, 4, 16]
+    with pytest.raises(ValueError, match="divisible"):
+        create_model("centroid_transformer_modelnet40", ca_num_heads=7, **SMALL)
     with pytest.raises(ValueError, match="ca_num_neighbors K=70 exceeds the N1=64 inputs"):
         create_model("centroid_transformer_modelnet40", ca_num_neighbors=70, **SMALL).eval()(torch.rand(1, 64, 3))
     with pytest.raises(ValueError, match="ca_neighbors must be one of"):
