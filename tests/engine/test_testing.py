@@ -14,6 +14,7 @@ from torch import nn
 from engine.testing import (
     assert_backends_agree,
     assert_interpreted,
+    host_syncs,
     run_python,
     run_tool,
     run_tools_batched,
@@ -51,6 +52,15 @@ def test_assert_interpreted_wants_a_clean_exit_that_prints_ok(tmp_path) -> None:
         assert_interpreted("print('not ok')", tmp_path / "t.py")
     with pytest.raises(AssertionError, match="boom"):
         assert_interpreted("raise SystemExit('boom')", tmp_path / "t.py")
+
+
+@pytest.mark.torch_compat
+def test_host_syncs_counts_only_sync_ops_where_they_were_called() -> None:
+    x = torch.randn(4)
+    found = host_syncs(lambda: (x * 2).sum().item())
+    assert list(found.values()) == [1]
+    (where,) = found
+    assert where.startswith("_local_scalar_dense at tests/engine/test_testing.py:")
 
 
 def test_batched_tools_behave_as_their_own_processes() -> None:
