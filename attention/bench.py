@@ -2,7 +2,7 @@
 (``tools/bench_centroid.py``), the sequence mixers (``tools/bench_mixers.py``), the Triton kernels against the torch
 paths they replace (``tools/gpu_check.py``), and the targets those runs declare.
 
-Every target is a ratio of two rows measured in the same run (:func:`engine.bench.target`): a speedup of a kernel
+Every target is a ratio of two rows measured in the same run (:func:`measure.bench.target`): a speedup of a kernel
 over the path it replaces, never an absolute time, so that it reads the same on a busy machine. The thresholds are
 CUDA figures: a CPU run reports the ratios with no verdict. The exception is the KNN search's memory
 (:func:`knn_memory_targets`): a peak resident set on CPU, which load on the machine does not change. The scripts
@@ -26,7 +26,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from engine.bench import (
+from measure.bench import (
     allow_recompiles,
     capture_graphs,
     current_rss_bytes,
@@ -452,7 +452,7 @@ def measure_knn_memory(cfg: dict) -> dict:
     float32, ``no_grad``, CPU, ``cfg["threads"]`` threads.
 
     Returns ``{"before_gb", "peaks_gb"}``: the resident set once the inputs exist, and the process's peak resident set
-    after each call. Meant for a fresh process (:func:`engine.bench.run_isolated`, without its ``rss`` mmap threshold:
+    after each call. Meant for a fresh process (:func:`measure.bench.run_isolated`, without its ``rss`` mmap threshold:
     what the allocator keeps of freed chunk buffers is part of the figure, as it is in a model's process)."""
     torch.set_num_threads(cfg["threads"])
     g = torch.Generator().manual_seed(0)
@@ -542,7 +542,7 @@ def numba_first_call_ms() -> tuple[float, float]:
 # as "auto" chose it before the fused kernel existed (masked while N / K <= MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR, else
 # gather): what the compiler alone gives; and of the fused kernel's path (the kernel an opaque op in the graph); the
 # "-graphs" rows compile with mode="reduce-overhead" (CUDA graphs: one replay a step), the "-captured" rows capture the
-# eager step whole (engine.bench.capture_graphs: no compiler, no guards), the fused step and SDPA's.
+# eager step whole (measure.bench.capture_graphs: no compiler, no guards), the fused step and SDPA's.
 CENTROID_PATHS = ("dense-matmul", "dense-sdpa", "knn", "knn-masked", "knn-triton", "knn-compiled",
                   "knn-triton-compiled", "knn-triton-graphs", "dense-sdpa-graphs", "knn-triton-captured",
                   "dense-sdpa-captured")  # fmt: skip
@@ -588,7 +588,7 @@ def measure_centroid(cfg: dict) -> dict:
     the ``-graphs`` paths compile it with ``mode="reduce-overhead"`` and report no peak: their tensors live in the
     graphs' private pool, whose allocator state torch's cudagraph trees checkpoint and restore, so the allocator's
     peak does not measure a step there (the same holds for ``measure_mixer``'s CUDA-graph rows). The ``-captured``
-    paths capture the eager step whole (:func:`engine.bench.capture_graphs`) and report no peak either.
+    paths capture the eager step whole (:func:`measure.bench.capture_graphs`) and report no peak either.
     """
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
@@ -654,9 +654,9 @@ def centroid_results(
 ) -> list[dict]:
     """One result per (N, path): ``{"N", "M", "path", "ms", "peak_mb"}`` (and ``"form"`` for the compiled and graphed
     KNN rows, and
-    with a ``profile`` folder the row's :func:`engine.bench.profile_step` summary, ``"profile"``), or a
+    with a ``profile`` folder the row's :func:`measure.bench.profile_step` summary, ``"profile"``), or a
     ``"note"`` saying why a path was not timed on ``device`` (:func:`centroid_path_skipped`) or its ``"error"``. Each
-    configuration runs through :func:`engine.bench.run_config` (a fresh process where ``isolate``); the settings are
+    configuration runs through :func:`measure.bench.run_config` (a fresh process where ``isolate``); the settings are
     ``tools/bench_centroid.py``'s flags of the same names (its defaults)."""
     results = []
     for N in num_points:
@@ -768,7 +768,7 @@ MIXER_BASELINES = ("attention-matmul", "attention-sdpa")
 # alone gives), "<name>-fused-compiled" the kernels under torch.compile (inductor fuses the ops around them: what
 # "auto" runs in a compiled model), "<name>-fused-graphs" the same compiled with mode="reduce-overhead" (CUDA graphs
 # replay the whole step: no CPU cost a launch, which bounds a small batch), "<name>-fused-captured" the eager kernels
-# captured whole into CUDA graphs (engine.bench.capture_graphs: no compiler and no guards, the least host work a step),
+# captured whole into CUDA graphs (measure.bench.capture_graphs: no compiler and no guards, the least host work a step),
 # "<name>-fused-compiled-captured" the compiled step (inductor's kernels, mode="default") captured the same way.
 KERNEL_MIXERS = {"fsat": ("fsat_edges", "edge_backend"), "hydra": ("quasiseparable_mix", "backend")}
 BENCH_MIXERS = (*MIXER_BASELINES, "fsat", "fsat-torch", "fsat-compiled", "fsat-fused-compiled", "fsat-fused-graphs",
@@ -827,7 +827,7 @@ def measure_mixer(cfg: dict) -> dict:
     ``{"mixer", "device", "B", "L", "C", "H", "repeats"}``: one warm-up step, one step under the memory tracker, then
     the median of ``repeats`` clean steps (the tracked one carries the tracker's per-op overhead). A CUDA-graph row
     on CUDA: three untimed steps (compile and warm up, record, replay), then the timed replays; a captured row: the
-    capture's own warm-up steps (:func:`engine.bench.capture_graphs`; a compiled row compiles in them), one untimed
+    capture's own warm-up steps (:func:`measure.bench.capture_graphs`; a compiled row compiles in them), one untimed
     replay, then the timed ones. Neither reports a peak (the graphs' pool, :func:`measure_centroid`)."""
     device = torch.device(cfg["device"])
     torch.manual_seed(0)
@@ -879,9 +879,9 @@ def mixer_rows(
     profile: str | None = None,
 ) -> list[dict]:
     """Both baselines and every mixer of ``mixers`` (e.g. :data:`BENCH_MIXERS`) at each L of ``lengths``, each
-    configuration through :func:`engine.bench.run_config` (a fresh process where ``isolate``). The settings are
+    configuration through :func:`measure.bench.run_config` (a fresh process where ``isolate``). The settings are
     ``tools/bench_mixers.py``'s flags of the same names (its defaults); with a ``profile`` folder each row also
-    carries its :func:`engine.bench.profile_step` summary, ``"profile"``.
+    carries its :func:`measure.bench.profile_step` summary, ``"profile"``.
 
     Returns:
         One dict per row: ``L``, ``mixer``, ``ms`` and ``peak_mb`` (or ``error``), ``speedup vs <baseline>`` and
@@ -1001,7 +1001,7 @@ def knn_kernel_rows(
     Inputs are in the layer's layout: q a ``(B, H, M, D)`` view of ``(B, M, H, D)``, k and v views of one
     ``(B, N, 2, H, D)`` tensor (the layer's ``kv`` projection), random values; each centroid attends to its K nearest
     of N random points (the first M points are the centroids: neighbour sets that nearby centroids share, as a KNN
-    search gives). Per shape the forms are timed round-robin (:func:`engine.bench.time_round_robin`), each call
+    search gives). Per shape the forms are timed round-robin (:func:`measure.bench.time_round_robin`), each call
     ``inner`` times a round (a GPU then runs the launches back to back), the median round per call: ``fwd_ms`` (no
     grad) and ``step_ms`` (forward + backward from a random output gradient). The kernel's rows run on CUDA, or on
     CPU under ``TRITON_INTERPRET=1``; elsewhere one row per shape says why they did not.

@@ -7,7 +7,7 @@ same function, tested equal). For each row (:func:`benchmark`), on the same rand
 
 * params;
 * train-step time: forward + Chamfer loss + backward + Adam step; all models are built first and timed round-robin
-  (:func:`engine.bench.time_round_robin`: background load hits all alike), median (or fastest) of the rounds;
+  (:func:`measure.bench.time_round_robin`: background load hits all alike), median (or fastest) of the rounds;
 * peak memory of forward + backward at two batch sizes (:func:`measure_memory`), hence memory per sample and the
   largest batch within a memory budget;
 * Chamfer distance, part purity and its chance level, and patch spread on the embedded synthetic part shapes after a
@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from engine.bench import peak_tensor_bytes, target, time_round_robin, unit_sphere_clouds
-from engine.stats import count_params
+from measure.bench import peak_tensor_bytes, target, time_round_robin, unit_sphere_clouds
+from measure.stats import count_params
 
 from .chamfer import chamfer_distance
 from .data import SyntheticParts
@@ -113,7 +113,7 @@ def measure_memory(
     largest batch within ``budget_gb`` = ``floor((budget - fixed) / slope)``, ``fixed`` the intercept.
 
     The peak counts every live tensor: weights, gradients, Adam's states (after a warm-up step), activations and
-    temporaries (:func:`engine.bench.peak_tensor_bytes`: exact tensor accounting on CPU, the CUDA allocator's peak on
+    temporaries (:func:`measure.bench.peak_tensor_bytes`: exact tensor accounting on CPU, the CUDA allocator's peak on
     GPU). The optimizer step itself is left out: its temporaries do not grow with the batch.
     """
     device = torch.device(device)

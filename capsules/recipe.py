@@ -23,7 +23,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from engine import CompileMode, Recipe, check_config, collect_model_kwargs, count_params, epoch_lr_schedule
+from engine import CompileMode, Recipe, check_config, collect_model_kwargs, epoch_lr_schedule
+from measure.stats import count_params
 from pointcloud.recipe import MAX_POINTS
 
 from .chamfer import CHAMFER_DEFINITION, chamfer_distance

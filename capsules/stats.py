@@ -20,8 +20,8 @@ primary capsules and decoder for both variants, so the two differ only in the la
 
 from __future__ import annotations
 
-from engine.bench import unit_sphere_clouds
-from engine.stats import ModelFamily
+from measure.bench import unit_sphere_clouds
+from measure.stats import ModelFamily
 
 from .model import create_model, list_models
 

@@ -8,7 +8,6 @@ training CLI shares (``tools/train_modelnet.py`` is ``engine.main(ModelNetRecipe
 continues a killed run bit for bit. Rules: :mod:`engine.rundir` (folders), :mod:`engine.checkpoint` (trust).
 """
 
-from engine.atomic import atomic_open, atomic_write_text
 from engine.checkpoint import (
     CheckpointError,
     check_best_agrees,
@@ -48,8 +47,9 @@ from engine.resume import (
 )
 from engine.run import RunOptions, add_checkpoint_flags, load_run_config, main, run, user_errors, write_metrics
 from engine.schedule import EpochLR, StretchOnResume, epoch_lr_schedule
-from engine.stats import count_gmacs, count_params
 from engine.trainer import COMPILE_MODES, TIMING_KEYS, CompileMode, NonFiniteLossError, Trainer, derive_seed, to_device
+from measure.atomic import atomic_open, atomic_write_text
+from measure.stats import count_gmacs, count_params
 
 __all__ = [
     "COMPILE_MODES",

@@ -37,13 +37,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.atomic import atomic_write_text
-from engine.bench import git_commit, markdown_table
 from engine.config import load_config
 from engine.errors import UsageError
 from engine.logger import read_records
 from engine.recipe import Recipe
 from engine.run import RunOptions, run
+from measure.atomic import atomic_write_text
+from measure.bench import git_commit, markdown_table
 
 __all__ = [
     "REPO",

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.atomic import atomic_open
 from engine.interrupt import critical
+from measure.atomic import atomic_open
 
 __all__ = [
     "CheckpointError",

@@ -46,7 +46,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 import yaml
 
-from engine.atomic import atomic_write_text
+from measure.atomic import atomic_write_text
 
 __all__ = [
     "FieldHelp",

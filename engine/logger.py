@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from engine.atomic import atomic_write_text
+from measure.atomic import atomic_write_text
 
 __all__ = ["RunLogger", "TqdmHandler", "dumps_json", "read_records", "setup_logging", "to_jsonable", "write_json"]
 

@@ -42,7 +42,7 @@ from engine.distributed import DistributedContext
 from engine.errors import UsageError
 from engine.logger import read_records
 from engine.registry import create_by_name
-from engine.stats import count_params
+from measure.stats import count_params
 
 __all__ = [
     "MAX_BATCH_SIZE",

@@ -109,7 +109,7 @@ SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "_uniqu
 
 
 # the counter's own frames, never the caller of a sync
-_NOT_CALLERS = (__file__, str(REPO / "engine" / "bench.py"))
+_NOT_CALLERS = (__file__, str(REPO / "measure" / "bench.py"))
 
 
 def blobs(n: int, seed: int, dim: int = 8, classes: int = 3) -> TensorDataset:
@@ -161,7 +161,7 @@ def host_syncs(fn: Any) -> dict[str, int]:
     import traceback
     from collections import Counter
 
-    from engine.bench import OpCounter
+    from measure.bench import OpCounter
 
     found: Counter = Counter()
 

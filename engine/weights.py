@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from engine.atomic import atomic_open
+from measure.atomic import atomic_open
 
 __all__ = ["DIGEST_KEY", "load_weights", "nonfinite_weights", "save_weights", "weights_digest"]
 

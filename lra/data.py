@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import TensorDataset
 
-from engine.atomic import atomic_write_text
+from measure.atomic import atomic_write_text
 
 __all__ = [
     "END",

@@ -20,7 +20,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 import engine
-from engine import CompileMode, Recipe, check_config, collect_model_kwargs, count_params
+from engine import CompileMode, Recipe, check_config, collect_model_kwargs
+from measure.stats import count_params
 
 from . import model as _model  # noqa: F401  (registers listops_classifier, the model_spec's name)
 from .data import LRA_FILES, ListOpsSet, encode, generate_listops, parse_row, read_listops_tsv, to_lra_string

@@ -14,7 +14,7 @@ clouds, 40 classes.
 
 * train step: forward + cross-entropy + backward + AdamW step, in train mode;
 * inference: eval-mode forward under ``torch.no_grad``;
-* all rows are built first, warmed up, then timed round-robin (:func:`engine.bench.time_round_robin`), so a change
+* all rows are built first, warmed up, then timed round-robin (:func:`measure.bench.time_round_robin`), so a change
   in background load hits all rows alike; samples/s = batch / the median (or fastest) round;
 * ``train_vs_random`` = samples/s / the random twin's samples/s in the same run; ``paper_train_sps`` = the paper's
   training throughput (samples/s on their GPU: T=1 60, T=2 55, T=3 52, random 312, FPS 66, k-means 54) and its ratio
@@ -24,7 +24,7 @@ clouds, 40 classes.
   form of the KNN attention (the fused kernel on CUDA, gather on CPU);
 * ``ops_per_step``: aten ops one train step dispatches (forward and backward, not the optimizer; one extra untimed
   step) and ``kernel_ops_per_step`` those that are not views, i.e. launch kernels on a GPU
-  (:func:`engine.bench.count_aten_ops`). A GPU runs small-kernel models at the speed the host issues them, a few
+  (:func:`measure.bench.count_aten_ops`). A GPU runs small-kernel models at the speed the host issues them, a few
   microseconds per op, so this column predicts that cost on any device. A fused kernel's operator
   (:mod:`attention.kernels.ops`: one launch, or two or three for a pass of a multi-kernel scan) counts as one op;
   compiled rows count nothing (``-``: their work runs as generated kernels).
@@ -49,7 +49,8 @@ import torch.nn.functional as F
 
 from attention import backends
 from attention.chunking import CHUNK_BUDGETS
-from engine.bench import (
+from engine.trainer import COMPILE_MODES
+from measure.bench import (
     allow_recompiles,
     count_aten_ops,
     profile_step,
@@ -57,8 +58,7 @@ from engine.bench import (
     time_train_and_infer,
     unit_sphere_clouds,
 )
-from engine.stats import count_gmacs, count_params
-from engine.trainer import COMPILE_MODES
+from measure.stats import count_gmacs, count_params
 
 from .model import create_model, list_models
 
@@ -306,7 +306,7 @@ def benchmark(
 ) -> list[dict]:
     """Measures every row of :func:`plan`: one dict per row with its stats, ``{train,infer}_ms`` (and each round's
     ``_ms_rounds``), ``{train,infer}_sps`` and the ratios to the random twin and the paper's; with a ``profile``
-    folder, the train step's :func:`engine.bench.profile_step` summary after timing (``"profile"``).
+    folder, the train step's :func:`measure.bench.profile_step` summary after timing (``"profile"``).
 
     Each row is built and called once (train step and inference; a compiled row compiles there) before any is timed:
     a row that raises (a compile that fails, memory that runs out) gets ``error`` instead of figures, and the other

@@ -22,9 +22,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from attention import MIXERS
-from engine import CompileMode, Recipe, check_config, collect_model_kwargs, count_gmacs, count_params, epoch_lr_schedule
+from engine import CompileMode, Recipe, check_config, collect_model_kwargs, epoch_lr_schedule
 from engine.config import shorten
 from engine.distributed import unwrap
+from measure.stats import count_gmacs, count_params
 
 from . import transforms
 from .data import DATASETS, UP_AXES, build_dataset

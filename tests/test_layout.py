@@ -1,8 +1,10 @@
 """The repository's layout rules (HOUSE_STYLE "Layout"): packages hold the library, scripts hold argparse and one call.
 
 * no file edits ``sys.path`` (the README's set-up installs the toolkit; tests import it like any user);
-* the import graph of the packages has no cycle, and dependencies point one way: ``engine`` and ``attention`` import
-  no domain package, and nothing imports ``tools/``;
+* the import graph of the packages has no cycle, and dependencies point one way: ``measure`` (timing, memory, op
+  counts, reports) is the ground floor and imports nothing of the toolkit, and only torch, numpy and the standard
+  library when it is imported; ``attention`` and ``engine`` import ``measure`` and no domain package (checked in the
+  source, and in a fresh process: importing them loads no package above them); nothing imports ``tools/``;
 * no package module or test imports a script of ``tools/`` (by name, or by loading its file).
 
 Imports are read from the source with ``ast`` (those inside functions included: a lazy import back into a module
@@ -12,6 +14,7 @@ that imports you is still a cycle), so the checks do not depend on what is insta
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,9 +22,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = sorted(p.parent.name for p in REPO.glob("*/__init__.py"))
 TOOLS = sorted(p.stem for p in (REPO / "tools").glob("*.py"))
-# what the core packages may import (HOUSE_STYLE: vision, pointcloud -> attention; capsules -> pointcloud, attention):
-# engine is the domain-free harness every recipe and bench builds on; attention may use its bench utilities
-DOMAIN_FREE = {"attention": {"attention", "engine"}, "engine": {"engine"}}
+# the toolkit's packages each lower package may import (HOUSE_STYLE: vision, pointcloud -> attention; capsules ->
+# pointcloud, attention): measure is the ground floor the core's benches and the harness both measure with;
+# attention, the shared core, and engine, the domain-free harness, stand on it and on nothing else of the toolkit
+LOWER = {"measure": {"measure"}, "attention": {"attention", "measure"}, "engine": {"engine", "measure"}}
+# what a module of measure may import when it is imported (optional packages: inside the function that needs them)
+MEASURE_IMPORTS = {"torch", "numpy", "measure", *sys.stdlib_module_names}
 
 
 def _python_files(*roots: str) -> list[Path]:
@@ -62,6 +68,20 @@ def _imports(file: Path) -> set[str]:
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
                 found.add(sub if _is_module(sub) else target)
+    return found
+
+
+def _module_level_imports(file: Path) -> set[str]:
+    """The absolute imports that run when ``file`` is imported: those outside function bodies."""
+    found, todo = set(), [ast.parse(file.read_text(), str(file))]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add(node.module or "")
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            todo.extend(ast.iter_child_nodes(node))
     return found
 
 
@@ -113,17 +133,47 @@ def test_package_import_graph_has_no_cycle() -> None:
             pytest.fail(f"import cycle: {' -> '.join(cycle)}")
 
 
-@pytest.mark.parametrize("package", sorted(DOMAIN_FREE))
-def test_core_packages_import_no_domain_package(package: str) -> None:
-    graph = _package_graph()
+@pytest.mark.parametrize("package", sorted(LOWER))
+def test_lower_packages_import_nothing_above_them(package: str) -> None:
+    """No module of ``package`` imports (at its top or inside a function) a package of the toolkit outside
+    ``LOWER[package]``, nor a script of ``tools/``."""
+    ours = {*PACKAGES, "tools", *TOOLS}
     bad = sorted(
-        f"{m} imports {dep}"
-        for m, deps in graph.items()
-        if m.split(".")[0] == package
-        for dep in deps
-        if dep.split(".")[0] not in DOMAIN_FREE[package]
+        f"{file.relative_to(REPO)} imports {name}"
+        for file in _python_files(package)
+        for name in _imports(file)
+        if name.split(".")[0] in ours and name.split(".")[0] not in LOWER[package]
     )
     assert not bad, bad
+
+
+def test_measure_imports_only_torch_numpy_and_the_standard_library() -> None:
+    bad = sorted(
+        f"{file.relative_to(REPO)} imports {name}"
+        for file in _python_files("measure")
+        for name in _module_level_imports(file)
+        if name.split(".")[0] not in MEASURE_IMPORTS
+    )
+    assert not bad, f"measure imports only torch, numpy and the standard library (others lazily): {bad}"
+
+
+@pytest.mark.parametrize(
+    ("statement", "loaded"),
+    [
+        ("import measure.atomic, measure.bench, measure.gpu_check, measure.report, measure.stats", {"measure"}),
+        ("import attention, attention.bench", {"attention", "measure"}),
+        ("import engine", {"engine", "measure"}),
+    ],
+)
+def test_importing_a_lower_package_loads_no_package_above_it(statement: str, loaded: set[str]) -> None:
+    """In a fresh process, as a user of the core imports it: the toolkit's packages it loads, including those the
+    source check above cannot see (a module imported by ``importlib`` from its name)."""
+    from engine.testing import run_python
+
+    code = f"import sys; {statement}; print(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    out = run_python(["-c", code], timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert set(out.stdout.split()) & {*PACKAGES, "tools", *TOOLS} == loaded
 
 
 def test_nothing_imports_a_script_of_tools() -> None:
@@ -144,3 +194,8 @@ def test_the_checks_see_imports() -> None:
     assert "attention.backends" in graph["attention.points"]
     assert "attention.checks" in graph["attention.backends"]
     assert "engine.trainer" in _imports(REPO / "engine" / "testing.py")
+    assert "measure.bench" in graph["attention.bench"]
+    assert "measure.atomic" in graph["engine.checkpoint"]
+    assert {"torch", "measure.atomic"} <= _module_level_imports(REPO / "measure" / "bench.py")
+    assert "torch" not in _module_level_imports(REPO / "measure" / "gpu_check.py")  # inside its functions only
+    assert "torch" in _imports(REPO / "measure" / "gpu_check.py")

@@ -45,7 +45,7 @@ import torch
 from capsules import CHAMFER_DEFINITION, list_models
 from capsules.bench import benchmark, check_settings, decoder_table, table, targets
 from capsules.model import DECODERS, ROUTING_IMPLS
-from engine.bench import describe_machine, finish, print_table
+from measure.bench import describe_machine, finish, print_table
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

@@ -21,7 +21,7 @@ Implementations of one attention step from M centroids to N inputs, with the sam
 * `knn-triton-graphs`, `dense-sdpa-graphs`: the fused step and SDPA's compiled with `mode="reduce-overhead"`
   (CUDA graphs: a step is one replay, no per-kernel launch cost; `--compiled`; CUDA only);
 * `knn-triton-captured`, `dense-sdpa-captured`: the same eager steps captured whole into CUDA graphs
-  (`engine.bench.capture_graphs`: one replay forward and one backward, no compiler and no guards, the least
+  (`measure.bench.capture_graphs`: one replay forward and one backward, no compiler and no guards, the least
   host work a step; CUDA only).
 
 Peak memory is the growth of the peak resident set of a fresh process during forward + backward on CPU (a process
@@ -37,7 +37,7 @@ import argparse
 import logging
 
 from attention.bench import CENTROID_HEADERS, CENTROID_PATHS, centroid_results, centroid_rows, centroid_targets
-from engine.bench import (
+from measure.bench import (
     PROFILE_HEADERS,
     add_isolate_option,
     add_profile_option,

@@ -33,7 +33,7 @@ from attention.bench import (
     knn_kernel_shapes,
     knn_kernel_table,
 )
-from engine.bench import describe_machine, finish, print_table
+from measure.bench import describe_machine, finish, print_table
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

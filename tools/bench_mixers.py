@@ -29,7 +29,7 @@ tensors), compiled in the warm-up step: what the compiler alone gives. `fsat-fus
 model. `fsat-fused-graphs` / `hydra-fused-graphs` compile them with `mode="reduce-overhead"`: CUDA graphs replay
 the whole step without a CPU cost per launch, which bounds small batches (no peak memory: the graphs' pool holds their
 tensors, see the GPU guide). `fsat-fused-captured` / `hydra-fused-captured` capture the eager kernels' step whole
-(`engine.bench.capture_graphs`: one replay forward and one backward, no compiler and no guards, the least host
+(`measure.bench.capture_graphs`: one replay forward and one backward, no compiler and no guards, the least host
 work a step; no peak either), and `fsat-fused-compiled-captured` / `hydra-fused-compiled-captured` capture the
 compiled step so (inductor's fused kernels, `mode="default"`, compiled in the capture's warm-up steps), which is
 what a `reduce-overhead` row runs without its cudagraph trees' host work. The fused rows run on CUDA only (a CPU
@@ -57,7 +57,7 @@ import argparse
 import logging
 
 from attention.bench import BENCH_MIXERS, fsat_target, mixer_kernel_targets, mixer_rows, mixer_table
-from engine.bench import (
+from measure.bench import (
     PROFILE_HEADERS,
     add_isolate_option,
     add_profile_option,

@@ -24,7 +24,8 @@ import argparse
 import torch
 
 from attention import backend_names
-from engine.bench import (
+from engine.trainer import COMPILE_MODES
+from measure.bench import (
     PROFILE_HEADERS,
     add_profile_option,
     add_throughput_arguments,
@@ -33,7 +34,6 @@ from engine.bench import (
     print_table,
     profile_rows,
 )
-from engine.trainer import COMPILE_MODES
 from pointcloud.bench import (
     COMPILE_FORMS,
     benchmark,

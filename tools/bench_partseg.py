@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from engine.bench import add_throughput_arguments, describe_machine, finish, print_table
+from measure.bench import add_throughput_arguments, describe_machine, finish, print_table
 from pointcloud.partseg import list_models
 from pointcloud.partseg.bench import benchmark, check_settings, plan, table
 

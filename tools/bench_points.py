@@ -61,7 +61,7 @@ from attention.bench import (
     point_op_rows,
     points_results,
 )
-from engine.bench import describe_machine, finish, print_table
+from measure.bench import describe_machine, finish, print_table
 
 
 def main(argv: list[str] | None = None) -> None:

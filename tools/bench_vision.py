@@ -63,7 +63,7 @@ import logging
 import torch
 
 from engine import COMPILE_MODES, add_config_args, config_from_args
-from engine.bench import PROFILE_HEADERS, add_profile_option, describe_machine, finish, print_table, profile_rows
+from measure.bench import PROFILE_HEADERS, add_profile_option, describe_machine, finish, print_table, profile_rows
 from vision.bench import COMPILE_CHOICES, GRAPH_MODES, benchmark, config_models, model_names, ours_target, table
 from vision.recipe import DeiTConfig
 

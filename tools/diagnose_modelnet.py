@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 
 from engine import setup_logging, user_errors
-from engine.bench import markdown_table
+from measure.bench import markdown_table
 from pointcloud.diagnostics import diagnose_checkpoint
 from pointcloud.neighbourhoods import PART_SOURCES
 

@@ -1,4 +1,4 @@
-"""Writes docs/benchmarks.md from the benches' reports in docs/benchmarks/ (`engine.bench_report`).
+"""Writes docs/benchmarks.md from the benches' reports in docs/benchmarks/ (`measure.report`).
 
     python tools/docs_benchmarks.py           # rewrite the page
     python tools/docs_benchmarks.py --check   # exit 1 when the page is not what the reports give
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.bench_report import check_page, write_page
+from measure.report import check_page, write_page
 
 
 def main(argv: list[str] | None = None) -> None:

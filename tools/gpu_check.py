@@ -7,7 +7,7 @@
     python tools/gpu_check.py --only env tests kernels # some sections
 
 The sections (env, tests, kernels, the benches, the training CLIs), the output folder and the summary of the targets
-that each bench declares are described in `engine.gpu_check`.
+that each bench declares are described in `measure.gpu_check`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import logging
 import sys
 from pathlib import Path
 
-from engine.gpu_check import PARTS, SECTIONS, CheckError, check, env_report
+from measure.gpu_check import PARTS, SECTIONS, CheckError, check, env_report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json is None:
             parser.error("--child kernels writes its report to --json PATH")
         from attention.bench import triton_kernels
-        from engine import atomic_write_text
+        from measure.atomic import atomic_write_text
 
         atomic_write_text(args.json, json.dumps(triton_kernels(args.device, args.quick), indent=2) + "\n")
         return 0

@@ -8,9 +8,9 @@
 One Markdown table per family; each row is a registered model, so a model appears here as soon as its package
 registers it, and a paper number whose model is not registered yet is not printed. `ratio` = ours / paper. Each
 family's paper numbers, tolerances and notes live in its package: `pointcloud/stats.py`, `capsules/stats.py`,
-`vision/stats.py` (measured by `engine.stats.stats_report`).
+`vision/stats.py` (measured by `measure.stats.stats_report`).
 
-GMACs are per sample (batch 1, eval mode), counted by `engine.count_gmacs`, i.e. by
+GMACs are per sample (batch 1, eval mode), counted by `measure.stats.count_gmacs`, i.e. by
 `torch.utils.flop_counter.FlopCounterMode` with 1 MAC = 2 FLOPs. It counts the matmul-like aten ops that actually
 run: linear layers, convolutions, `bmm`/`baddbmm` and `scaled_dot_product_attention`, so the attention matmuls
 (scores and weighted sums, dense or over the K gathered neighbours) are included, and so is the brute-force KNN
@@ -33,9 +33,9 @@ import sys
 import capsules.stats
 import pointcloud.stats
 import vision.stats
-from engine import atomic_write_text
-from engine.bench import describe_machine
-from engine.stats import check_against_paper, stats_report
+from measure.atomic import atomic_write_text
+from measure.bench import describe_machine
+from measure.stats import check_against_paper, stats_report
 
 FAMILIES = {"pointcloud": pointcloud.stats.FAMILY, "capsules": capsules.stats.FAMILY, "vision": vision.stats.FAMILY}
 

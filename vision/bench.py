@@ -1,6 +1,6 @@
 """What ``tools/bench_vision.py`` measures and the target it declares: inference and train-step images/s of the vision
 models against DeiT measured in the same run (:func:`benchmark`), and Ours-1 against DeiT-tiny
-(:func:`engine.bench.target`)."""
+(:func:`measure.bench.target`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from engine.bench import allow_recompiles, capture_call, profile_step, target, time_train_and_infer
-from engine.stats import count_gmacs, count_params
+from measure.bench import allow_recompiles, capture_call, profile_step, target, time_train_and_infer
+from measure.stats import count_gmacs, count_params
 
 from .recipe import DeiTConfig, model_spec
 
@@ -181,7 +181,7 @@ def benchmark(
     model_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[dict]:
     """Images/s of every model of ``names`` (1000 classes, random images), all rows timed round-robin after ``warmup``
-    untimed calls each (:func:`engine.bench.time_train_and_infer`: every row's train steps, then every row's
+    untimed calls each (:func:`measure.bench.time_train_and_infer`: every row's train steps, then every row's
     inference calls), images/s = batch / the median (or ``stat="min"``: fastest) round. The settings are
     ``tools/bench_vision.py``'s flags (its defaults); ``amp`` is bf16 autocast; ``compile_models`` (a key of
     :data:`COMPILE_CHOICES`, or a bool) runs every model eager (``"no"``), wrapped in ``torch.compile`` (``"yes"``),
@@ -190,10 +190,10 @@ def benchmark(
     compiled graphs go). ``channels_last`` puts the images and every model's weights in that memory format (timm's
     ``benchmark.py --channels-last``): the patch embedding's convolution then reads NHWC data. ``capture`` (CUDA, with
     ``train`` False and a ``compile_mode`` without CUDA graphs of its own) captures every row's inference call, eager
-    or compiled, whole into one CUDA graph (:func:`engine.bench.capture_call`): a timed call copies the batch into the
+    or compiled, whole into one CUDA graph (:func:`measure.bench.capture_call`): a timed call copies the batch into the
     graph's input and replays it, so a row's time is its kernels' and not the host's (``captured`` ends its label).
     With a ``profile`` folder, each row's inference call (what the target reads) is profiled after timing
-    (:func:`engine.bench.profile_step`, ``"profile"``). Each model is ``timm.create_model(name, img_size=img_size)``
+    (:func:`measure.bench.profile_step`, ``"profile"``). Each model is ``timm.create_model(name, img_size=img_size)``
     with the keywords ``model_kwargs`` holds for its name, if any (:func:`config_models`: a config's sizes); an
     ``img_size`` there must be ``img_size``, the images' size.
 

@@ -63,12 +63,11 @@ from engine import (
     StretchOnResume,
     UsageError,
     collect_model_kwargs,
-    count_gmacs,
-    count_params,
     create_with_kwargs,
     split_batch,
     unwrap_state_dict,
 )
+from measure.stats import count_gmacs, count_params
 
 from .data import build_dataset, patch_posterize  # importing vision (this package) registered the models in timm
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import timm
 import torch
 
-from engine.stats import ModelFamily
+from measure.stats import ModelFamily
 
 __all__ = ["FAMILY", "REFERENCES"]
 

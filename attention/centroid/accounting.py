@@ -1,12 +1,12 @@
 """How centroid attention is counted and checked: FLOP formulas of the chunked KNN products, the per-edge twin of the
 layer that sets our MAC count next to the paper's, and the plain multi-head attention step the layer is tested on.
 
-* FLOPs. ``torch.utils.flop_counter.FlopCounterMode`` (and :func:`engine.count_gmacs` on it) counts matmul-like aten
-  ops by formula. The KNN path's two products run as the operators ``torch.ops.attention.gather_dot`` and
-  ``torch.ops.attention.gather_weighted_sum`` (:mod:`attention.centroid.functional`); the formulas registered here
-  count each as the matrix product it is, 2 L K H D FLOPs (L = B M centroid rows, K neighbours, H heads, D head
-  dim), what the einsums of the reference :func:`attention.centroid.edge_attention` count. The production forward
-  has no branch for the counter.
+* FLOPs. ``torch.utils.flop_counter.FlopCounterMode`` (and :func:`measure.stats.count_gmacs` on it) counts
+  matmul-like aten ops by formula. The KNN path's two products run as the operators
+  ``torch.ops.attention.gather_dot`` and ``torch.ops.attention.gather_weighted_sum``
+  (:mod:`attention.centroid.functional`); the formulas registered here count each as the matrix product it is,
+  2 L K H D FLOPs (L = B M centroid rows, K neighbours, H heads, D head dim), what the einsums of the reference
+  :func:`attention.centroid.edge_attention` count. The production forward has no branch for the counter.
 * MACs per edge. With K neighbours the keys and values are projected once per input and gathered per (centroid,
   neighbour) edge. Gathering the inputs first and projecting per edge computes the same function with K times the
   projection MACs (:class:`EdgeProjectionAttention`, swapped in by :func:`edge_projection`): the count the paper's

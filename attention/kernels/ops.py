@@ -4,7 +4,7 @@ An operator with a fake implementation (shapes and dtypes only) is one opaque ca
 model keeps the fused kernels while inductor fuses the element-wise ops around them, where dynamo would otherwise
 have to trace each launch. :mod:`attention.backends` marks these kernels ``traceable``, so ``"auto"`` keeps them under
 ``torch.compile`` (not under FX or ``torch.export``, whose graphs stay plain aten ops that every exporter reads). A
-dispatch-level counter (:func:`engine.bench.count_aten_ops`, a FLOP counter) sees each launch as one op.
+dispatch-level counter (:func:`measure.bench.count_aten_ops`, a FLOP counter) sees each launch as one op.
 
 Each implementation imports its kernel module, and with it triton, on its first call; the autograd Functions and
 public wrappers live in the kernel modules (``attention.kernels.knn_attention_triton``, ``fsat_triton``,

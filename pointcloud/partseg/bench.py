@@ -9,7 +9,7 @@ after x, y, z, six input channels) as both ShapeNet Part configs and the main jo
 
 * train step: forward + per-point cross-entropy + backward + AdamW step, in train mode;
 * inference: eval-mode forward under ``torch.no_grad``;
-* all rows are built first, warmed up, then timed round-robin (:func:`engine.bench.time_round_robin`), so a change
+* all rows are built first, warmed up, then timed round-robin (:func:`measure.bench.time_round_robin`), so a change
   in background load hits all rows alike; samples/s = batch / the median (or fastest) round;
 * ``train_vs_peer`` / ``infer_vs_peer``: samples/s over PointNet++'s in the same run;
 * params and GMACs per sample, counted at batch 1 (matmuls; FPS, KNN and gathers cost time but no GMACs).
@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from engine.bench import time_train_and_infer, unit_sphere_clouds
-from engine.stats import count_gmacs, count_params
+from measure.bench import time_train_and_infer, unit_sphere_clouds
+from measure.stats import count_gmacs, count_params
 
 from ..bench import check_throughput_settings
 from .model import create_model, list_models

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from engine import CompileMode, Recipe, check_config, collect_model_kwargs, count_gmacs, count_params, epoch_lr_schedule
+from engine import CompileMode, Recipe, check_config, collect_model_kwargs, epoch_lr_schedule
+from measure.stats import count_gmacs, count_params
 
 from ..parts import PART_NAMES, PartSegmentation, ShapeNetPart, SyntheticParts
 from ..recipe import point_checks

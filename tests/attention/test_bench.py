@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attention import backends, bench
-from engine.bench import RECOMPILE_LIMIT
+from measure.bench import RECOMPILE_LIMIT
 
 
 def _fps_row(backend: str, speedup: float, B: int = 32, N: int = 1024, M: int = 512) -> dict:

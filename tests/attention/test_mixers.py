@@ -20,7 +20,7 @@ from attention.mixers import (
     cauchy_mix,
     vandermonde_mix,
 )
-from engine.bench import largest_output_bytes
+from measure.bench import largest_output_bytes
 
 SMALL_CHUNKS = {
     "cauchy": {"chunk_size": 4},

@@ -20,7 +20,7 @@ from attention.points import (
     knn_spare_candidates,
     nearest_upsample,
 )
-from engine.bench import OpCounter
+from measure.bench import OpCounter
 
 KNN_ALT = [
     pytest.param("cluster", marks=pytest.mark.skipif(not points.HAS_TORCH_CLUSTER, reason="torch-cluster missing")),

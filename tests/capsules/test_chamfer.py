@@ -12,7 +12,7 @@ import capsules
 from attention import available, backends
 from capsules import chamfer as chamfer_mod
 from capsules.chamfer import CHAMFER_BACKENDS, CHAMFER_DEFINITION, ChamferOutput, chamfer_definition, chamfer_distance
-from engine.bench import largest_output_bytes
+from measure.bench import largest_output_bytes
 
 FAST = [name for name in CHAMFER_BACKENDS if name != "dense"]
 BACKENDS = [

@@ -1,5 +1,5 @@
 """docs/benchmarks.md is what ``tools/docs_benchmarks.py`` writes from the committed reports, and a report written
-by a real bench (``engine.bench.finish``) renders to the tables that bench printed."""
+by a real bench (``measure.bench.finish``) renders to the tables that bench printed."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench import target
-from engine.bench_report import check_page, load_reports, render_page, render_report
 from engine.testing import REPO, run_tool
+from measure.bench import target
+from measure.report import check_page, load_reports, render_page, render_report
 
 REPORTS = REPO / "docs" / "benchmarks"
 PAGE = REPO / "docs" / "benchmarks.md"
@@ -67,7 +67,7 @@ def test_a_report_renders_its_tables_and_verdicts() -> None:
 
 @pytest.mark.slow
 def test_a_real_bench_report_renders_what_the_bench_printed(tmp_path: Path) -> None:
-    """Round trip: ``tools/bench_centroid.py`` at a tiny size writes its report through ``engine.bench.finish``; the
+    """Round trip: ``tools/bench_centroid.py`` at a tiny size writes its report through ``measure.bench.finish``; the
     rendered report holds its command, its machine line, every table exactly as the bench printed it, and its
     verdict lines."""
     path = tmp_path / "bench_centroid-cpu.json"

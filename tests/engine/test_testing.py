@@ -16,6 +16,7 @@ from engine.testing import (
     REPO,
     assert_backends_agree,
     assert_interpreted,
+    host_syncs,
     run_interpreted,
     run_python,
     run_tool,
@@ -106,6 +107,15 @@ def test_interpreter_shortcuts_leave_every_bit_as_it_was(tmp_path) -> None:
         y = np.arange(-64, 64, dtype=np.int32) * np.int32(40503) * np.int32(1664525) + np.int32(1013904223)
     assert out == (y - 7 * np.arange(128, dtype=np.int32)).tolist()
     assert xor == int(np.bitwise_xor.reduce(y))
+
+
+@pytest.mark.torch_compat
+def test_host_syncs_counts_only_sync_ops_where_they_were_called() -> None:
+    x = torch.randn(4)
+    found = host_syncs(lambda: (x * 2).sum().item())
+    assert list(found.values()) == [1]
+    (where,) = found
+    assert where.startswith("_local_scalar_dense at tests/engine/test_testing.py:")
 
 
 def test_batched_tools_behave_as_their_own_processes() -> None:

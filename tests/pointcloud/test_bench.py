@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.bench import RECOMPILE_LIMIT, markdown_table
+from measure.bench import RECOMPILE_LIMIT, markdown_table
 from pointcloud import bench
 from pointcloud import model as pc_model
 from pointcloud.testing import TinyPeer

@@ -129,7 +129,7 @@ def test_bad_input(name: str) -> None:
 @pytest.mark.torch_compat
 def test_pointnet_sizes_match_its_paper() -> None:
     """PointNet paper, Table 6: 3.5 M params with the transforms, 0.8 M without (its FLOPs are MACs: 440 M, 148 M)."""
-    from engine.stats import count_gmacs, count_params
+    from measure.stats import count_gmacs, count_params
 
     full, vanilla = create_model("pointnet_modelnet40").eval(), create_model("pointnet_vanilla_modelnet40").eval()
     assert full.input_tnet is not None and full.feature_tnet is not None

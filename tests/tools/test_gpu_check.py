@@ -1,4 +1,4 @@
-"""engine.gpu_check (behind tools/gpu_check.py): junit reading, skip reasons, the benches' reports and targets, the
+"""measure.gpu_check (behind tools/gpu_check.py): junit reading, skip reasons, the benches' reports and targets, the
 two parts (the whole run is in .ci/run)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from attention.bench import kernel_targets
-from engine import gpu_check
-from engine.bench import target
 from engine.testing import run_tool, run_tools_batched
+from measure import gpu_check
+from measure.bench import target
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,7 +83,7 @@ def test_a_bench_section_reads_the_report_it_wrote(tmp_path: Path) -> None:
 def test_bench_arguments_name_real_options() -> None:
     """Every option gpu_check passes to a bench is in that bench's ``--help``: a renamed flag fails here, not on a
     GPU (the help, not the script's text: shared flags come from package helpers such as
-    :func:`engine.bench.add_throughput_arguments`)."""
+    :func:`measure.bench.add_throughput_arguments`)."""
     helps: dict[str, str] = {}
     for device in ("cpu", "cuda"):
         for quick in (True, False):

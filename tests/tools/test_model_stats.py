@@ -1,4 +1,4 @@
-"""tools/model_stats.py (logic in engine.stats, paper numbers in each package's ``stats``): the pointcloud table,
+"""tools/model_stats.py (logic in measure.stats, paper numbers in each package's ``stats``): the pointcloud table,
 paper columns, --check (per-edge GMACs against the paper), --json."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import capsules.stats
 import pointcloud.stats
 import vision.stats
-from engine.stats import check_against_paper, stats_report
 from engine.testing import run_tool
+from measure.stats import check_against_paper, stats_report
 from pointcloud import model as pc_model
 from pointcloud.testing import TinyPeer
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.bench import RECOMPILE_LIMIT
 from engine.testing import REPO
+from measure.bench import RECOMPILE_LIMIT
 from vision.bench import (
     BASELINES,
     OURS_1,
@@ -138,7 +138,7 @@ def test_a_configs_model_is_timed_at_its_sizes_beside_a_deit_of_the_same_shape()
     import torch
 
     from engine import load_config
-    from engine.stats import count_gmacs, count_params
+    from measure.stats import count_gmacs, count_params
     from vision.recipe import DeiTConfig, build_model
 
     cfg = load_config(DeiTConfig, REPO / "configs" / "vision" / "small_images.yaml", ["depth=3"])
@@ -167,7 +167,7 @@ def test_captured_inference_calls_of_both_models_equal_their_eager_calls() -> No
     import timm
     import torch
 
-    from engine.bench import capture_call
+    from measure.bench import capture_call
 
     torch.manual_seed(0)
     fmt = torch.channels_last
@@ -211,7 +211,7 @@ def test_timed_calls_switch_the_model_mode_only_when_it_is_in_the_other(monkeypa
 def test_every_rows_train_steps_are_timed_before_every_rows_inference_calls(monkeypatch) -> None:
     """Timed round-robin by kind: a model stays in one mode through its timed calls of a kind (no mode switch is
     timed), and each row's figures are its own calls' (here each call takes its row's position, in ms)."""
-    import engine.bench as eb
+    import measure.bench as eb
 
     groups, real = [], eb.time_round_robin
 

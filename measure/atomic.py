@@ -1,9 +1,10 @@
 """Atomic file writes: a reader sees either the old file or the complete new one, never a partial file.
 
 The new content goes to a temporary file in the destination's folder (same file system, so the final rename is
-atomic), which is flushed and fsync'ed before ``os.replace`` moves it over the destination. A run killed at any
-moment therefore leaves ``last.pt`` / ``config.yaml`` / ``final_metrics.json`` either as they were or complete; a
-stray ``.<name>.*.tmp`` file can only remain after a hard crash of the machine itself.
+atomic), which is flushed and fsync'ed before ``os.replace`` moves it over the destination. A process killed at any
+moment therefore leaves a bench's ``--json`` report, or a run's ``last.pt`` / ``config.yaml`` / ``final_metrics.json``
+(the harness, :mod:`engine`, writes through here too), either as it was or complete; a stray ``.<name>.*.tmp`` file
+can only remain after a hard crash of the machine itself.
 """
 
 from __future__ import annotations

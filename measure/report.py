@@ -1,6 +1,6 @@
 """docs/benchmarks.md, generated from the benches' ``--json`` reports (``tools/docs_benchmarks.py``).
 
-Each ``tools/bench_*.py`` writes with ``--json`` a report (:func:`engine.bench.write_report`): the command, the
+Each ``tools/bench_*.py`` writes with ``--json`` a report (:func:`measure.bench.write_report`): the command, the
 commit, the machine line, the flags, the rows (``results``), the target verdicts (``targets``) and every table it
 printed (``tables``). The reports kept in ``docs/benchmarks/`` (one per bench and device, named
 ``<tool>-<device>.json``) are the page's only source: for each bench, each device's command, machine and commit, its
@@ -14,8 +14,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.atomic import atomic_write_text
-from engine.bench import format_target, markdown_table
+from measure.atomic import atomic_write_text
+from measure.bench import format_target, markdown_table
 
 __all__ = [
     "DEVICE_ORDER",
@@ -28,7 +28,7 @@ __all__ = [
     "write_page",
 ]
 
-# keys every report must hold to be rendered (engine.bench.write_report writes them)
+# keys every report must hold to be rendered (measure.bench.write_report writes them)
 REPORT_KEYS = ("tool", "command", "commit", "machine", "args", "tables", "targets")
 DEVICE_ORDER = ("cpu", "cuda")
 # the page's order: the core ops, then the models by domain; a bench not listed here comes after them, by name
@@ -73,7 +73,7 @@ def load_reports(folder: str | os.PathLike) -> list[dict]:
         report = json.loads(path.read_text())
         missing = [k for k in REPORT_KEYS if k not in report]
         if missing:
-            raise ValueError(f"{path} lacks {missing}: write it with a bench's --json (engine.bench.write_report)")
+            raise ValueError(f"{path} lacks {missing}: write it with a bench's --json (measure.bench.write_report)")
         key = (report["tool"], _device(report))
         if key in seen:
             raise ValueError(f"{path} and {seen[key]} are both {key[0]} on {key[1]}: keep the latest one")
@@ -86,7 +86,7 @@ def load_reports(folder: str | os.PathLike) -> list[dict]:
 
 def render_report(report: dict, level: int = 3) -> str:
     """One report as Markdown: a heading for its device, the command, machine and commit, each table (under its
-    title, one level down) and each target's verdict line (:func:`engine.bench.format_target`)."""
+    title, one level down) and each target's verdict line (:func:`measure.bench.format_target`)."""
     hashes = "#" * level
     commit = f"`{report['commit']}`" if report["commit"] else "unknown"
     lines = [

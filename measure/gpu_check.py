@@ -23,7 +23,7 @@ Sections, each a subprocess with its own time limit (one failing or timing out d
 The output folder (``--out``, default ``runs/gpu_check/<device>-<quick|full>``) gets ``<section>.md`` (the tables),
 ``<section>.json`` (the section's status, tables and data), ``<section>.tool.json`` (a bench's own ``--json``),
 ``<section>.log`` (stdout and stderr), and ``summary.md`` / ``summary.json``: each section's status and time, and
-the targets the benches declared (:func:`engine.bench.target`), each a ratio against its baseline from the same
+the targets the benches declared (:func:`measure.bench.target`), each a ratio against its baseline from the same
 run. The exit status is 1 if a section failed; a section whose optional package is missing (e.g. trimesh for the
 synthetic shapes) is "skipped" with the reason.
 
@@ -111,7 +111,7 @@ OURS_1, DEIT_TINY = "centroid_deit_tiny_c6_patch16_224", "deit_tiny_patch16_224"
 @dataclass
 class Result:
     """What one section left: its status (ok / failed / skipped / timeout), time, tables, notes and the targets its
-    bench declared (:func:`engine.bench.target`)."""
+    bench declared (:func:`measure.bench.target`)."""
 
     name: str
     status: str = "ok"

@@ -1,4 +1,4 @@
-"""engine.bench: the op counter (the aten-op count that stands for a GPU's launch cost, host syncs), targets, timing
+"""measure.bench: the op counter (the aten-op count that stands for a GPU's launch cost, host syncs), targets, timing
 and tables."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import bench as benchutil
+from measure import bench as benchutil
 
 
 @pytest.mark.torch_compat
@@ -84,7 +84,7 @@ def test_run_isolated_imports_the_measure_function_by_name_in_a_fresh_process() 
 
 @pytest.mark.torch_compat
 def test_one_counter_counts_ops_by_name_and_shows_each_to_a_hook() -> None:
-    """:class:`engine.bench.OpCounter` is what count_aten_ops and engine.testing.host_syncs both use."""
+    """:class:`measure.bench.OpCounter` is what count_aten_ops and engine.testing.host_syncs both use."""
     seen = []
     x = torch.randn(3, 2)
     with benchutil.OpCounter(on_op=lambda func, args, kwargs, out: seen.append((func.overloadpacket.__name__, out))):
@@ -92,17 +92,6 @@ def test_one_counter_counts_ops_by_name_and_shows_each_to_a_hook() -> None:
         y.item()
     assert [name for name, _ in seen] == ["mul", "sum", "_local_scalar_dense"]
     assert seen[1][1] is not None and float(seen[2][1]) == float(y)  # the hook sees each op's result
-
-
-@pytest.mark.torch_compat
-def test_host_syncs_counts_only_sync_ops_where_they_were_called() -> None:
-    from engine.testing import host_syncs
-
-    x = torch.randn(4)
-    found = host_syncs(lambda: (x * 2).sum().item())
-    assert list(found.values()) == [1]
-    (where,) = found
-    assert where.startswith("_local_scalar_dense at tests/engine/test_bench.py:")
 
 
 def test_targets_carry_a_verdict_or_say_why_not() -> None:

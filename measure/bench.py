@@ -1,4 +1,6 @@
-"""Benchmark utilities shared by the tools/bench_*.py scripts: timing, peak memory in a subprocess, and tables.
+"""Benchmark utilities shared by the benches of every package (:mod:`attention.bench` and the domains' ``bench``
+modules), the tools/bench_*.py scripts and the harness: timing, peak memory in a subprocess, op counts, profiles,
+tables, targets and reports.
 
 Benchmarks print ratios against a baseline measured in the same run; absolute times are meaningful only on an
 otherwise idle machine (and only on a GPU for the GPU tables).
@@ -25,7 +27,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.atomic import atomic_write_text
+from measure.atomic import atomic_write_text
 
 _logger = logging.getLogger(__name__)
 
@@ -615,7 +617,7 @@ def write_report(
     ``git`` commit (None outside a git checkout), ``machine`` :func:`describe_machine`. ``payload`` holds the bench's
     ``results`` (the rows), its ``targets`` (:func:`target`), the ``tables`` it printed (:func:`print_table`), and
     whatever else that bench reports. ``tools/docs_benchmarks.py`` renders these files into docs/benchmarks.md
-    (:mod:`engine.bench_report`).
+    (:mod:`measure.report`).
     """
     argv = sys.argv[1:] if argv is None else argv
     head = {

@@ -1,4 +1,4 @@
-"""engine.stats: GMACs include fused attention on every supported torch (2.11's counter skips the CPU flash kernel)."""
+"""measure.stats: GMACs include fused attention on every supported torch (2.11's counter skips the CPU flash kernel)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import count_gmacs, count_params
+from measure.stats import count_gmacs, count_params
 
 # torch's FLOP counter sees different kernels on different torch versions
 pytestmark = pytest.mark.torch_compat
@@ -38,3 +38,10 @@ def test_count_gmacs_restores_the_mode_and_count_params_counts_shared_once() -> 
     assert model.training
     shared = nn.Sequential(lin, nn.ReLU(), nn.Linear(5, 4), lin)
     assert count_params(shared) == 4 * 5 + 5 + 5 * 4 + 4
+
+
+def test_engine_still_exports_the_counts() -> None:
+    """``engine.count_gmacs`` and ``engine.count_params`` are public names of the harness: the same functions."""
+    import engine
+
+    assert (engine.count_gmacs, engine.count_params) == (count_gmacs, count_params)
