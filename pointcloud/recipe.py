@@ -7,7 +7,7 @@ keep their ``init`` and ``num_steps=0``); ``model_kwargs`` reaches any other con
 
 Paper schedule (section 3.2): Adam, step decay every 20 epochs, 250 epochs. The defaults here are the main job: the
 default centroid transformer on the embedded synthetic shapes at 256 points (so 128 and 64 centroids, and K = 16
-neighbours), 7 epochs, sized to run on a 2-core CPU in under 5 minutes (the measured figures: the README's results).
+neighbours), 7 epochs, sized to run on a 2-core CPU in minutes (the measured figures: the README's results).
 """
 
 from __future__ import annotations
