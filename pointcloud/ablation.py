@@ -47,6 +47,8 @@ _PAPER = "model_kwargs.layer_scale=null"
 _LS0 = "model_kwargs.layer_scale=0.0"
 _NO_SA = "model_kwargs.sa_pos_encoding=false"
 _SA = "model_kwargs.sa_pos_encoding=true"
+_CA_PE = "model_kwargs.ca_pos_encoding=true"
+_XYZ = "model_kwargs.ca_neighbors=xyz"
 
 MODELNET_TABLE = register_table(
     Table(
@@ -119,6 +121,23 @@ LEVER_TABLE = register_table(
             Row("T = 2 + layer scale 0 + SA pos. enc.", "configs/pointcloud/modelnet40_centroid_t2.yaml", (_LS0, _SA)),
             # suggested by the converged diagnosis: the second centroid step's softmax picks one neighbour per head
             Row("T = 1 + layer scale 0 + SA pos. enc., CA heads 16", _T1, (_LS0, _SA, "model_kwargs.ca_num_heads=16")),
+            # suggested by the same diagnosis and by PointNet++'s lead: every group of channels (vector attention) or
+            # every channel (max) chooses its own neighbours, read through their offsets from the centroid
+            Row(
+                "T = 1 + layer scale 0 + SA pos. enc., vector CA (16 groups) + CA pos. enc.",
+                _T1,
+                (_LS0, _SA, "model_kwargs.ca_aggregation=vector", "model_kwargs.ca_num_heads=16", _CA_PE),
+            ),
+            Row(
+                "T = 1 + layer scale 0 + SA pos. enc., vector CA (16 groups) + CA pos. enc., xyz neighbours",
+                _T1,
+                (_LS0, _SA, "model_kwargs.ca_aggregation=vector", "model_kwargs.ca_num_heads=16", _CA_PE, _XYZ),
+            ),
+            Row(
+                "T = 1 + layer scale 0 + SA pos. enc., max CA + CA pos. enc., xyz neighbours",
+                _T1,
+                (_LS0, _SA, "model_kwargs.ca_aggregation=max", _CA_PE, _XYZ),
+            ),
         ),
         regime=DEV_REGIME,
         description=(

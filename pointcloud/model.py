@@ -197,6 +197,10 @@ class CentroidTransformer(PointClassifier):
             (None: the same K); at most N1, the second centroid block's inputs.
         ca_num_heads: heads of the centroid blocks' attention when they differ from ``num_heads`` (None: the same);
             each head chooses its own neighbours for its share of the channels.
+        ca_aggregation: how the centroid step reads its neighbours (:data:`attention.AGGREGATIONS`): ``"dot"`` (the
+            paper's multi-head attention), ``"vector"`` (grouped vector attention, ``ca_num_heads`` groups of channels
+            each weighing its own neighbours, Point Transformer v2's form) or ``"max"`` (a per-channel maximum over
+            the neighbours, PointNet++'s pool).
 
     Shapes:
         points: ``(B, N, in_channels)``; output logits ``(B, num_classes)`` (``num_classes=0``: the pooled features
@@ -230,6 +234,7 @@ class CentroidTransformer(PointClassifier):
         pos_hidden: int = 16,
         ca_num_neighbors: int | None = None,
         ca_num_heads: int | None = None,
+        ca_aggregation: str = "dot",
     ) -> None:
         super().__init__(num_classes, in_channels)
         if len(widths) != 4 or len(num_centroids) != 2:
@@ -254,7 +259,7 @@ class CentroidTransformer(PointClassifier):
         block = partial(dict, num_heads=num_heads, mlp_ratio=mlp_ratio, act_layer=act, attn_backend=attn_backend)
         sa = {"pos_encoding": sa_pos_encoding, "pos_hidden": pos_hidden}
         ca = {"neighbor_space": CA_NEIGHBORS[ca_neighbors], "pos_encoding": ca_pos_encoding, "pos_hidden": pos_hidden,
-              "normalize": ca_normalize, "layer_scale": layer_scale}  # fmt: skip
+              "normalize": ca_normalize, "layer_scale": layer_scale, "aggregation": ca_aggregation}  # fmt: skip
         ca_block = partial(block, num_heads=num_heads if ca_num_heads is None else ca_num_heads)
         self.embed = nn.Sequential(
             nn.Linear(in_channels, widths[0], bias=False), PointBatchNorm(widths[0]), act(),

@@ -75,7 +75,8 @@ class EdgeProjectionAttention(CentroidAttention):
     edge: the normalized inputs are gathered ``(B, M, K, C)`` and then projected, instead of projecting the N inputs
     once and gathering keys and values. Same function up to rounding (tested, outputs and gradients); K times the
     key/value projection MACs. It exists so that the MAC count can be set next to KNN attention code that projects
-    per edge (the paper's); never train with it. The dense path (no neighbours) is the parent's.
+    per edge (the paper's); never train with it. The dense path (no neighbours) and the ``"vector"`` and ``"max"``
+    aggregations are the parent's.
 
     Shapes:
         as :class:`attention.CentroidAttention`.
@@ -90,7 +91,7 @@ class EdgeProjectionAttention(CentroidAttention):
         pos: Tensor | None = None,
         centroid_pos: Tensor | None = None,
     ) -> Tensor:
-        if neighbor_idx is None and self.num_neighbors is None:
+        if self.aggregation != "dot" or (neighbor_idx is None and self.num_neighbors is None):
             return super().forward(x, centroids, mask, neighbor_idx, pos, centroid_pos)
         self.check_inputs(x, centroids, mask, neighbor_idx, pos, centroid_pos)
         B, N, C = x.shape

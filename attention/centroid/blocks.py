@@ -28,7 +28,8 @@ class CentroidBlock(nn.Module):
         init_kwargs: constructor arguments of the named init (e.g. ``num_centroids``, ``space``, ``grid_size``).
         num_heads, num_neighbors, num_steps, normalize, qkv_bias, attn_drop, knn_backend, attn_backend: of
             :class:`CentroidAttention`. ``num_steps=0`` gives the ablation that only downsamples (init + MLP).
-        pos_encoding, pos_hidden, layer_scale: of :class:`CentroidAttention` (relative position encoding, LayerScale).
+        pos_encoding, pos_hidden, layer_scale, aggregation: of :class:`CentroidAttention` (relative position
+            encoding, LayerScale, how the neighbours are read: :data:`AGGREGATIONS`).
         neighbor_space: where each centroid's K neighbours are searched: ``"feature"`` (the paper: feature space,
             recomputed at every step) or ``"pos"`` (the K inputs nearest the centroid's position, e.g. in xyz; needs
             ``pos`` and an init that returns the centroids' positions).
@@ -63,6 +64,7 @@ class CentroidBlock(nn.Module):
         pos_encoding: bool = False,
         pos_hidden: int = 16,
         layer_scale: float | None = None,
+        aggregation: str = "dot",
     ) -> None:
         super().__init__()
         if neighbor_space not in NEIGHBOR_SPACES:
@@ -88,6 +90,7 @@ class CentroidBlock(nn.Module):
                 pos_encoding=pos_encoding,
                 pos_hidden=pos_hidden,
                 layer_scale=layer_scale,
+                aggregation=aggregation,
             )
             if num_steps > 0
             else None

@@ -64,6 +64,7 @@ __all__ = [
     "check_neighbor_idx",
     "dense_centroid_attention",
     "edge_attention",
+    "grouped_vector_attention",
     "knn_centroid_attention",
     "masked_knn_attention",
     "triton_knn_attention",
@@ -366,6 +367,27 @@ def edge_attention(
     scores = torch.einsum("bhmd,bmkhd->bhmk", q, kn) * q.shape[-1] ** -0.5  # (B, H, M, K)
     attn = _knn_weights(scores, idx, N, mask, normalize, dropout_p, eps)
     return torch.einsum("bhmk,bmkhd->bhmd", attn, vn)
+
+
+def grouped_vector_attention(
+    logits: Tensor,
+    vn: Tensor,
+    idx: Tensor,
+    N: int,
+    *,
+    mask: Tensor | None,
+    normalize: str,
+    dropout_p: float,
+    eps: float,
+) -> Tensor:
+    """Grouped vector attention (Point Transformer v2, Wu et al., arXiv:2210.05666, eq. 6-7) over K neighbours: logits
+    ``(B, M, K, G)``, one per neighbour and group of channels, are normalised over the neighbours (``normalize``, as
+    the dot-product form) and weigh the values ``vn`` ``(B, M, K, C)`` group by group, C divisible by G; returns
+    ``(B, G, M, C / G)``. With G = C every channel weighs its own neighbours, as Point Transformer's vector attention
+    does; with one logit per head it is the dot-product form's weighting."""
+    B, M, K, G = logits.shape
+    attn = _knn_weights(logits.permute(0, 3, 1, 2), idx, N, mask, normalize, dropout_p, eps)  # (B, G, M, K)
+    return torch.einsum("bgmk,bmkgd->bgmd", attn, vn.view(B, M, K, G, -1))
 
 
 def _flat_rows(idx: Tensor, N: int) -> Tensor:

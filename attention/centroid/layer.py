@@ -12,6 +12,7 @@ methods from their live annotations, not from strings.
 """
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..backends import backend_names, resolve
@@ -25,12 +26,19 @@ from .functional import (
     _knn_weights,
     check_neighbor_idx,
     dense_centroid_attention,
+    grouped_vector_attention,
     knn_centroid_attention,
     masked_knn_attention,
     triton_knn_attention,
 )
 
-__all__ = ["CentroidAttention", "feature_neighbors"]
+__all__ = ["AGGREGATIONS", "CentroidAttention", "feature_neighbors"]
+
+AGGREGATIONS = ("dot", "vector", "max")
+"""How :class:`CentroidAttention` reads a centroid's neighbours: ``"dot"``, multi-head dot-product attention (the
+paper); ``"vector"``, grouped vector attention (Point Transformer v2): a small MLP of ``q_i - k_j (+ delta_ij)`` gives
+one weight per neighbour and group of channels; ``"max"``, a per-channel maximum over the neighbours' values
+(PointNet++'s set-abstraction pool), no weights."""
 
 
 def feature_neighbors(
@@ -92,6 +100,12 @@ class CentroidAttention(nn.Module):
         layer_scale: None (default) adds each step's update as it is; a float scales it per channel by a learned
             :class:`attention.LayerScale` initialised to that value (0.0: each step starts as the identity, so a
             centroid block starts as its downsampling-only twin).
+        aggregation: one of :data:`AGGREGATIONS`. ``"vector"`` and ``"max"`` need neighbours and read them per edge
+            (gathered keys and values, memory O(M K C)): the ``attn_backend`` forms are the dot product's, so they
+            take ``"auto"`` or ``"gather"`` only. ``"vector"`` uses ``num_heads`` as its G groups of channels (G = C:
+            one weight per channel); its logits are ``w2(relu(w1(q_i - k_j + delta_ij)))`` and its values
+            ``v_j + delta_ij`` (``delta`` with ``pos_encoding``, else 0). ``"max"`` takes ``max_j (v_j + delta_ij)``
+            per channel; ``attn_drop`` and ``normalize`` do not apply to it.
 
     Shapes:
         x: ``(B, N, C)`` inputs; centroids: ``(B, M, C)``; mask: ``(B, N)`` bool (True = real input);
@@ -119,9 +133,17 @@ class CentroidAttention(nn.Module):
         pos_dim: int = 3,
         pos_hidden: int = 16,
         layer_scale: float | None = None,
+        aggregation: str = "dot",
     ) -> None:
         super().__init__()
         check_heads(dim, num_heads)
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+        if aggregation != "dot" and attn_backend not in ("auto", "gather"):
+            raise ValueError(
+                f"attn_backend={attn_backend!r} is a form of the dot-product attention; aggregation={aggregation!r} "
+                "reads its neighbours per edge: use attn_backend='auto' or 'gather'"
+            )
         if normalize not in NORMALIZATIONS:
             raise ValueError(f"normalize must be one of {NORMALIZATIONS}, got {normalize!r}")
         if num_neighbors is not None and num_neighbors < 1:
@@ -143,7 +165,10 @@ class CentroidAttention(nn.Module):
         self.validate_inputs = validate_inputs
         self.norm_q = norm_layer(dim) if norm_layer is not None else nn.Identity()
         self.norm_kv = self.norm_q if share_norm else (norm_layer(dim) if norm_layer is not None else nn.Identity())
-        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        # "max" reads no query: the centroids enter only through the skip (and the neighbour search)
+        self.q = nn.Linear(dim, dim, bias=qkv_bias) if aggregation != "max" else None
+        if aggregation == "max" and not share_norm:
+            self.norm_q = nn.Identity()
         self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
@@ -152,11 +177,19 @@ class CentroidAttention(nn.Module):
         self.pos_encoding = pos_encoding
         self.pos_enc = RelativePositionEncoding(dim, pos_dim, pos_hidden) if pos_encoding else None
         self.layer_scale = LayerScale(dim, layer_scale) if layer_scale is not None else nn.Identity()
+        self.aggregation = aggregation
+        # the logits of grouped vector attention: Point Transformer v2's weight encoding without its BatchNorm
+        self.weight_enc = (
+            nn.Sequential(nn.Linear(dim, num_heads), nn.ReLU(), nn.Linear(num_heads, num_heads))
+            if aggregation == "vector"
+            else None
+        )
 
     def extra_repr(self) -> str:
         return (
             f"dim={self.dim}, num_heads={self.num_heads}, num_neighbors={self.num_neighbors}, "
-            f"num_steps={self.num_steps}, normalize={self.normalize!r}, pos_encoding={self.pos_encoding}"
+            f"num_steps={self.num_steps}, normalize={self.normalize!r}, pos_encoding={self.pos_encoding}, "
+            f"aggregation={self.aggregation!r}"
         )
 
     @torch.jit.unused
@@ -207,6 +240,10 @@ class CentroidAttention(nn.Module):
                 raise ValueError("pos_encoding=True needs pos (B, N, P) and centroid_pos (B, M, P)")
             if neighbor_idx is None and self.num_neighbors is None:
                 raise ValueError("pos_encoding=True needs neighbours: set num_neighbors or pass neighbor_idx")
+        if self.aggregation != "dot" and neighbor_idx is None and self.num_neighbors is None:
+            raise ValueError(
+                "aggregation='" + self.aggregation + "' needs neighbours: set num_neighbors or pass neighbor_idx"
+            )
         if not torch.jit.is_scripting():  # nested: TorchScript skips the whole branch, condition included
             if self.validate_inputs and checks_active():
                 self.check_inputs(x, centroids, mask, neighbor_idx, pos, centroid_pos)
@@ -219,10 +256,15 @@ class CentroidAttention(nn.Module):
         dropout_p = self.attn_drop if self.training else 0.0
         u = centroids
         for _ in range(self.num_steps):
-            q = self.q(self.norm_q(u)).view(B, M, H, D).transpose(1, 2)  # (B, H, M, D)
             idx = neighbor_idx
             if idx is None and self.num_neighbors is not None:
                 idx = self._feature_neighbors(u, x, mask)  # (B, M, K)
+            if self.aggregation != "dot" and idx is not None:
+                out = self._edge_aggregation(u, kv, idx, pos, centroid_pos, mask, dropout_p)
+                update = self.proj_drop(self.proj(out))
+                u = u + self.drop_path(self.layer_scale(update))
+                continue
+            q = self.q(self.norm_q(u)).view(B, M, H, D).transpose(1, 2)  # (B, H, M, D)
             if self.pos_enc is not None and idx is not None and pos is not None and centroid_pos is not None:
                 out = self._pos_attention(q, kv, idx, pos, centroid_pos, mask, dropout_p)
             elif idx is None:
@@ -252,6 +294,40 @@ class CentroidAttention(nn.Module):
         )  # fmt: skip
 
     @torch.jit.unused
+    def _edges(
+        self, u: Tensor, kv: Tensor, idx: Tensor, pos: Tensor | None, centroid_pos: Tensor | None
+    ) -> tuple[Tensor | None, Tensor]:
+        """Per-edge relations ``q_i - k_j + delta_ij`` (None for ``"max"``, which reads no query) and values
+        ``v_j + delta_ij``, ``(B, M, K, C)`` each; delta is 0 without ``pos_encoding``."""
+        C = self.dim
+        kn, vn = gather(kv, idx).view(*idx.shape, 2, C).unbind(3)  # (B, M, K, C) each
+        if self.pos_enc is not None and pos is not None and centroid_pos is not None:
+            delta = self.pos_enc(gather(pos, idx) - centroid_pos.unsqueeze(2))  # (B, M, K, C)
+            kn, vn = kn - delta, vn + delta
+        if self.q is None:
+            return None, vn
+        return self.q(self.norm_q(u)).unsqueeze(2) - kn, vn
+
+    @torch.jit.unused
+    def _edge_aggregation(
+        self, u: Tensor, kv: Tensor, idx: Tensor, pos: Tensor | None, centroid_pos: Tensor | None,
+        mask: Tensor | None, dropout_p: float,
+    ) -> Tensor:  # fmt: skip
+        """The ``"vector"`` and ``"max"`` forms, ``(B, M, C)`` before the output projection."""
+        B, M, C = u.shape
+        rel, vn = self._edges(u, kv, idx, pos, centroid_pos)
+        if self.weight_enc is not None and rel is not None:
+            out = grouped_vector_attention(
+                self.weight_enc(rel), vn, idx, kv.shape[1], mask=mask, normalize=self.normalize, dropout_p=dropout_p,
+                eps=1e-6,
+            )  # fmt: skip
+            return out.transpose(1, 2).reshape(B, M, C)
+        if mask is not None:
+            vn = vn.masked_fill(~gather(mask, idx).unsqueeze(-1), float("-inf"))
+        out = vn.amax(dim=2)  # (B, M, C)
+        return out.masked_fill(out.isneginf(), 0.0)  # a centroid whose neighbours are all padding reads nothing
+
+    @torch.jit.unused
     @torch.no_grad()
     def attention_weights(
         self,
@@ -269,11 +345,21 @@ class CentroidAttention(nn.Module):
         B, N, C = x.shape
         M = centroids.shape[1]
         H, D = self.num_heads, self.head_dim
-        q = self.q(self.norm_q(centroids)).view(B, M, H, D)
         kv = self.kv(self.norm_kv(x))  # (B, N, 2 C)
         idx = neighbor_idx
         if idx is None and self.num_neighbors is not None:
             idx = self._feature_neighbors(centroids, x, mask)  # (B, M, K)
+        if self.aggregation != "dot" and idx is not None:
+            rel, vn = self._edges(centroids, kv, idx, pos, centroid_pos)
+            if self.weight_enc is not None and rel is not None:
+                logits = self.weight_enc(rel).permute(0, 3, 1, 2)  # (B, G, M, K)
+                return _knn_weights(logits, idx, N, mask, self.normalize, 0.0, 1e-6), idx
+            if mask is not None:
+                vn = vn.masked_fill(~gather(mask, idx).unsqueeze(-1), float("-inf"))
+            # "max": the share of each head's channels whose maximum a neighbour holds
+            wins = F.one_hot(vn.view(B, M, -1, H, D).argmax(dim=2), idx.shape[-1]).to(vn.dtype)  # (B, M, H, D, K)
+            return wins.mean(dim=3).permute(0, 2, 1, 3), idx
+        q = self.q(self.norm_q(centroids)).view(B, M, H, D)
         if idx is None:
             k = kv.view(B, N, 2, H, D)[:, :, 0]
             scores = torch.einsum("bmhd,bnhd->bhmn", q, k) * D**-0.5  # (B, H, M, N)

@@ -46,6 +46,8 @@ def test_num_steps_kwarg(steps: int) -> None:
         {"ca_neighbors": "xyz", "ca_normalize": "centroids", "num_steps": 2},
         {"ca_num_neighbors": 12},
         {"ca_num_heads": 16, "num_steps": 2},
+        {"ca_aggregation": "vector", "ca_num_heads": 16, "ca_pos_encoding": True},
+        {"ca_aggregation": "max", "ca_pos_encoding": True, "ca_neighbors": "xyz", "num_steps": 2},
         {"sa_pos_encoding": True, "ca_pos_encoding": True, "ca_neighbors": "xyz", "num_steps": 0},
     ],
 )
@@ -63,6 +65,10 @@ def test_lever_knobs_reach_the_blocks_and_bad_values_are_refused() -> None:
     assert wide.blocks[3].attn.num_neighbors == 12 and wide.blocks[2].attn.num_neighbors == 8
     heads = create_model("centroid_transformer_modelnet40", ca_num_heads=16, **SMALL)
     assert [heads.blocks[i].attn.num_heads for i in range(4)] == [4, 16, 4, 16]
+    vector = create_model("centroid_transformer_modelnet40", ca_aggregation="vector", **SMALL)
+    assert [vector.blocks[i].attn.aggregation for i in range(4)] == ["dot", "vector", "dot", "vector"]
+    with pytest.raises(ValueError, match="aggregation must be one of"):
+        create_model("centroid_transformer_modelnet40", ca_aggregation="mean")
     with pytest.raises(ValueError, match="divisible"):
         create_model("centroid_transformer_modelnet40", ca_num_heads=7, **SMALL)
     with pytest.raises(ValueError, match="ca_num_neighbors K=70 exceeds the N1=64 inputs"):
