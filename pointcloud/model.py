@@ -197,6 +197,10 @@ class CentroidTransformer(PointClassifier):
             (None: the same K); at most N1, the second centroid block's inputs.
         ca_num_heads: heads of the centroid blocks' attention when they differ from ``num_heads`` (None: the same);
             each head chooses its own neighbours for its share of the channels.
+        sa_aggregation: how the KNN SA blocks read their neighbours (:data:`attention.AGGREGATIONS`): ``"dot"`` (the
+            paper) or ``"vector"`` (grouped vector attention with ``sa_num_heads`` groups; with ``sa_pos_encoding``,
+            Point Transformer's layer). It changes the twins too.
+        sa_num_heads: heads (or vector-attention groups) of the SA blocks when they differ from ``num_heads``.
         ca_aggregation: how the centroid step reads its neighbours (:data:`attention.AGGREGATIONS`): ``"dot"`` (the
             paper's multi-head attention), ``"vector"`` (grouped vector attention, ``ca_num_heads`` groups of channels
             each weighing its own neighbours, Point Transformer v2's form) or ``"max"`` (a per-channel maximum over
@@ -235,6 +239,8 @@ class CentroidTransformer(PointClassifier):
         ca_num_neighbors: int | None = None,
         ca_num_heads: int | None = None,
         ca_aggregation: str = "dot",
+        sa_aggregation: str = "dot",
+        sa_num_heads: int | None = None,
     ) -> None:
         super().__init__(num_classes, in_channels)
         if len(widths) != 4 or len(num_centroids) != 2:
@@ -247,6 +253,8 @@ class CentroidTransformer(PointClassifier):
             raise ValueError(f"ca_neighbors must be one of {sorted(CA_NEIGHBORS)}, got {ca_neighbors!r}")
         if sa_pos_encoding and mixer is not None:
             raise ValueError(f"sa_pos_encoding applies to the KNN SA blocks, not to a global mixer ({mixer!r})")
+        if sa_aggregation != "dot" and mixer is not None:
+            raise ValueError(f"sa_aggregation applies to the KNN SA blocks, not to a global mixer ({mixer!r})")
         if sa_pos_encoding is None:
             sa_pos_encoding = mixer is None
         self.num_centroids = tuple(num_centroids)
@@ -258,6 +266,8 @@ class CentroidTransformer(PointClassifier):
         act = _leaky
         block = partial(dict, num_heads=num_heads, mlp_ratio=mlp_ratio, act_layer=act, attn_backend=attn_backend)
         sa = {"pos_encoding": sa_pos_encoding, "pos_hidden": pos_hidden}
+        if mixer is None:  # a global mixer block takes neither
+            sa.update(aggregation=sa_aggregation, num_heads=num_heads if sa_num_heads is None else sa_num_heads)
         ca = {"neighbor_space": CA_NEIGHBORS[ca_neighbors], "pos_encoding": ca_pos_encoding, "pos_hidden": pos_hidden,
               "normalize": ca_normalize, "layer_scale": layer_scale, "aggregation": ca_aggregation}  # fmt: skip
         ca_block = partial(block, num_heads=num_heads if ca_num_heads is None else ca_num_heads)

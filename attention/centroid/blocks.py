@@ -117,7 +117,8 @@ class SelfAttentionBlock(nn.Module):
     It is centroid attention with the inputs as their own centroids (M = N, identity init, T = 1) and one shared
     norm, then an MLP. With ``num_neighbors`` set, neighbours are found in feature space unless the caller passes
     ``neighbor_idx`` (e.g. KNN in xyz). ``pos_encoding`` adds the relative position encoding of
-    :class:`CentroidAttention` (the forward then needs ``pos``).
+    :class:`CentroidAttention` (the forward then needs ``pos``); ``aggregation="vector"`` with it is Point
+    Transformer's layer (grouped vector attention, ``num_heads`` groups).
 
     Shapes:
         x: ``(B, N, C)``; mask: ``(B, N)``; neighbor_idx: ``(B, N, K)``; pos: ``(B, N, P)``; output: ``(B, N, C)``.
@@ -138,6 +139,7 @@ class SelfAttentionBlock(nn.Module):
         attn_backend: str = "auto",
         pos_encoding: bool = False,
         pos_hidden: int = 16,
+        aggregation: str = "dot",
     ) -> None:
         super().__init__()
         self.attn = CentroidAttention(
@@ -154,6 +156,7 @@ class SelfAttentionBlock(nn.Module):
             attn_backend=attn_backend,
             pos_encoding=pos_encoding,
             pos_hidden=pos_hidden,
+            aggregation=aggregation,
         )
         self.norm = norm_layer(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer, drop=drop)

@@ -48,6 +48,7 @@ def test_num_steps_kwarg(steps: int) -> None:
         {"ca_num_heads": 16, "num_steps": 2},
         {"ca_aggregation": "vector", "ca_num_heads": 16, "ca_pos_encoding": True},
         {"ca_aggregation": "max", "ca_pos_encoding": True, "ca_neighbors": "xyz", "num_steps": 2},
+        {"sa_aggregation": "vector", "sa_num_heads": 8, "num_steps": 0},
         {"sa_pos_encoding": True, "ca_pos_encoding": True, "ca_neighbors": "xyz", "num_steps": 0},
     ],
 )
@@ -69,6 +70,15 @@ def test_lever_knobs_reach_the_blocks_and_bad_values_are_refused() -> None:
     assert [vector.blocks[i].attn.aggregation for i in range(4)] == ["dot", "vector", "dot", "vector"]
     with pytest.raises(ValueError, match="aggregation must be one of"):
         create_model("centroid_transformer_modelnet40", ca_aggregation="mean")
+    vsa = create_model("centroid_transformer_modelnet40", sa_aggregation="vector", sa_num_heads=8, **SMALL)
+    assert [(b.attn.aggregation, b.attn.num_heads) for b in vsa.blocks] == [
+        ("vector", 8),
+        ("dot", 4),
+        ("vector", 8),
+        ("dot", 4),
+    ]
+    with pytest.raises(ValueError, match="sa_aggregation applies to the KNN SA blocks"):
+        create_model("centroid_transformer_modelnet40", sa_aggregation="vector", mixer="softmax")
     with pytest.raises(ValueError, match="divisible"):
         create_model("centroid_transformer_modelnet40", ca_num_heads=7, **SMALL)
     with pytest.raises(ValueError, match="ca_num_neighbors K=70 exceeds the N1=64 inputs"):
