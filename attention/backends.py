@@ -10,7 +10,8 @@ prefers it. :func:`resolve` is the only code that orders or rejects backends; ca
 * ``"auto"`` walks the op's per-device order (:data:`AUTO_ORDER`) and takes the first *exact* backend that is
   installed, runs on the device, supports the shape and prefers it; the list's last entry takes every shape. A backend
   enters an order only once a bench has timed it on that device (``tools/bench_points.py``, ``tools/bench_centroid.py``,
-  ``tools/bench_modelnet.py``; ``docs/benchmarks.md``).
+  ``tools/bench_modelnet.py``; ``docs/benchmarks.md``): pytorch3d, timed on CPU by ``tools/bench_points.py`` but not
+  clearly faster at any of the models' sizes, and never timed on CUDA, is explicit only.
 * while ``torch.compile`` traces the caller, ``"auto"`` walks the same order but takes only *traceable* backends
   (plain tensor code, or a Triton kernel run as an operator of :mod:`attention.kernels.ops`, which the compiled graph
   calls as one opaque op); while FX or ``torch.export`` trace it, ``"auto"`` is the reference (plain tensor code);
@@ -392,6 +393,8 @@ _register(
     # indices), and it is not faster than the torch path beyond the Triton kernel's limit (tools/bench_points.py
     # --device cuda): "auto" does not pick it.
     Backend("fps", "cluster", "attention.points:_fps_cluster", "torch_cluster", exact=False),
+    # pytorch3d (where its extension loads): the reference's indices; timed on CPU by tools/bench_points.py, slower than
+    # numba for coordinates and about the reference's time at the models' batch of 32; never timed on CUDA: explicit.
     Backend("fps", "pytorch3d", "attention.points:_fps_pytorch3d", "pytorch3d"),
     _triton_backend(
         "fps",
@@ -422,6 +425,8 @@ _register(
         check=_every_cloud_has_k_real_points,
         prefer=_low_dimensional,
     ),
+    # pytorch3d: exact; on CPU about the reference's time for coordinates and slower in feature space (one thread per
+    # batch, no matmul: tools/bench_points.py); never timed on CUDA: explicit only.
     Backend("knn", "pytorch3d", "attention.points:_knn_pytorch3d", "pytorch3d", check=_every_cloud_has_k_real_points),
     # attention/kernels/knn_triton.py: exact squared distances tile by tile with a running top-k per query in
     # registers (no distance matrix); pads missing neighbours with inf as the reference does. Timed against the
@@ -429,7 +434,8 @@ _register(
     _triton_backend("knn", "attention.kernels.ops:knn_triton", {"k": KNN_TRITON_MAX_NEIGHBORS}),
     # Chamfer (capsules.chamfer_distance, which holds the callables: capsules depends on attention, not the other way):
     # the dense reference, the chunked exact search in the inputs' precision, attention.knn's searches (float32),
-    # pytorch3d's KNN.
+    # pytorch3d's KNN (float32; on CPU faster than the chunked search at a batch of 8, slower at 32:
+    # tools/bench_points.py; explicit only).
     Backend("chamfer", "dense", prefer=_small_dense_chamfer),
     Backend("chamfer", "chunked"),
     Backend("chamfer", "knn_torch"),
