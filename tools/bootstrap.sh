@@ -123,11 +123,11 @@ fi
 if grep -qiE '^easypytorch3d==' "$CONSTRAINTS" && ! "$VENV/bin/python" -c "import pytorch3d._C" >/dev/null 2>&1; then
     say "installing easypytorch3d (pytorch3d's prebuilt wheel) with $(basename "$CONSTRAINTS")"
     if [ "$INSTALLER" = uv ]; then
-        P3D=("$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python")
+        PIP_INSTALL=("$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python")
     else
-        P3D=("${PIP[@]}" install -q)
+        PIP_INSTALL=("${PIP[@]}" install -q)
     fi
-    if ! "${P3D[@]}" -c "$CONSTRAINTS" easypytorch3d; then
+    if ! "${PIP_INSTALL[@]}" -c "$CONSTRAINTS" easypytorch3d; then
         say "could not install easypytorch3d (wheels for CPython 3.11 on Linux x86-64 only; this is" \
             "$("$VENV/bin/python" --version 2>&1)): the pytorch3d backends stay off"
     elif ! "$VENV/bin/python" -c "import pytorch3d._C"; then
