@@ -10,7 +10,8 @@ prefers it. :func:`resolve` is the only code that orders or rejects backends; ca
 * ``"auto"`` walks the op's per-device order (:data:`AUTO_ORDER`) and takes the first *exact* backend that is
   installed, runs on the device, supports the shape and prefers it; the list's last entry takes every shape. A backend
   enters an order only once a bench has timed it on that device (``tools/bench_points.py``, ``tools/bench_centroid.py``,
-  ``tools/bench_modelnet.py``; ``docs/benchmarks.md``): pytorch3d, never timed, is explicit only.
+  ``tools/bench_modelnet.py``; ``docs/benchmarks.md``): pytorch3d, timed on CPU by ``tools/bench_points.py`` but not
+  clearly faster at any of the models' sizes, and never timed on CUDA, is explicit only.
 * while ``torch.compile`` traces the caller, ``"auto"`` walks the same order but takes only *traceable* backends
   (plain tensor code, or a Triton kernel run as an operator of :mod:`attention.kernels.ops`, which the compiled graph
   calls as one opaque op); while FX or ``torch.export`` trace it, ``"auto"`` is the reference (plain tensor code);
@@ -18,7 +19,10 @@ prefers it. :func:`resolve` is the only code that orders or rejects backends; ca
   ``ValueError`` naming the limit when it cannot take the device or the shape (never a silent fallback).
 
 Optional packages are probed once at import with ``importlib.util.find_spec`` (nothing is imported until a backend
-runs), like PyG's ``torch_geometric.typing``.
+runs), like PyG's ``torch_geometric.typing``. The exception is pytorch3d, whose compiled extension is built against
+one torch release: a wheel that ``find_spec`` finds may not load with the installed torch (an undefined symbol), so
+where it is found its probe imports the extension (``pytorch3d._C``, a few milliseconds); one that fails leaves the
+backend unavailable, and the error it raised is in :data:`LOAD_ERRORS` and in what :func:`resolve` raises.
 """
 
 from __future__ import annotations
@@ -56,15 +60,38 @@ __all__ = [
     "HAS_TRITON",
     "INSTALLED",
     "INSTALL_HINTS",
+    "LOAD_ERRORS",
     "MASKED_AUTO_MAX_INPUTS_PER_NEIGHBOR",
     "Backend",
     "available",
     "backend_names",
+    "load_error",
     "resolve",
 ]
 
+
+def load_error(package: str, extension: str) -> str | None:
+    """Why the compiled ``extension`` of the installed ``package`` does not load (None when it loads or when the package
+    is not installed): the import's own message, e.g. the undefined symbol of a wheel built against another torch."""
+    if importlib.util.find_spec(package) is None:
+        return None
+    try:
+        importlib.import_module(extension)
+    except (ImportError, OSError) as e:  # OSError: a shared library it needs is missing
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+# package -> the error its compiled extension raised when imported: found by find_spec, but it does not load
+LOAD_ERRORS: dict[str, str] = {
+    package: error
+    for package, extension in (("pytorch3d", "pytorch3d._C"),)
+    if (error := load_error(package, extension)) is not None
+}
+
 HAS_TORCH_CLUSTER = importlib.util.find_spec("torch_cluster") is not None
-HAS_PYTORCH3D = importlib.util.find_spec("pytorch3d") is not None
+# found and its extension loads (easypytorch3d's wheel loads with torch 2.11 and 2.12 only: docs/gpu.md)
+HAS_PYTORCH3D = importlib.util.find_spec("pytorch3d") is not None and "pytorch3d" not in LOAD_ERRORS
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_FPSAMPLE = importlib.util.find_spec("fpsample") is not None
 HAS_NUMBA = importlib.util.find_spec("numba") is not None
@@ -73,7 +100,9 @@ HAS_MAMBA_SSM = importlib.util.find_spec("mamba_ssm") is not None
 INSTALL_HINTS = {
     "torch_cluster": "torch-cluster: `pip install --no-build-isolation torch-cluster` after torch (or `pip install "
     "--no-build-isolation -e '.[cluster]'`); tools/bootstrap.sh does it",
-    "pytorch3d": "pytorch3d (not on PyPI: build it from source, see its INSTALL.md)",
+    "pytorch3d": "pytorch3d: on torch 2.11 (or 2.12) with CPython 3.11 on Linux x86-64, `pip install "
+    "easypytorch3d==0.7.9.post1` (a prebuilt wheel that imports as pytorch3d; tools/bootstrap.sh installs it where the "
+    "constraints pin it, constraints-torch211.txt); for another torch, build pytorch3d from source (its INSTALL.md)",
     "triton": "triton (installed with CUDA builds of torch) and a CUDA device",
     "fpsample": "fpsample: `pip install fpsample` (or `pip install -e '.[fps]'`)",
     "numba": "numba: `pip install numba` (or `pip install -e '.[fps]'`)",
@@ -364,6 +393,8 @@ _register(
     # indices), and it is not faster than the torch path beyond the Triton kernel's limit (tools/bench_points.py
     # --device cuda): "auto" does not pick it.
     Backend("fps", "cluster", "attention.points:_fps_cluster", "torch_cluster", exact=False),
+    # pytorch3d (where its extension loads): the reference's indices; timed on CPU by tools/bench_points.py, slower than
+    # numba for coordinates and about the reference's time at the models' batch of 32; never timed on CUDA: explicit.
     Backend("fps", "pytorch3d", "attention.points:_fps_pytorch3d", "pytorch3d"),
     _triton_backend(
         "fps",
@@ -394,6 +425,8 @@ _register(
         check=_every_cloud_has_k_real_points,
         prefer=_low_dimensional,
     ),
+    # pytorch3d: exact; on CPU about the reference's time for coordinates and slower in feature space (one thread per
+    # batch, no matmul: tools/bench_points.py); never timed on CUDA: explicit only.
     Backend("knn", "pytorch3d", "attention.points:_knn_pytorch3d", "pytorch3d", check=_every_cloud_has_k_real_points),
     # attention/kernels/knn_triton.py: exact squared distances tile by tile with a running top-k per query in
     # registers (no distance matrix); pads missing neighbours with inf as the reference does. Timed against the
@@ -401,7 +434,8 @@ _register(
     _triton_backend("knn", "attention.kernels.ops:knn_triton", {"k": KNN_TRITON_MAX_NEIGHBORS}),
     # Chamfer (capsules.chamfer_distance, which holds the callables: capsules depends on attention, not the other way):
     # the dense reference, the chunked exact search in the inputs' precision, attention.knn's searches (float32),
-    # pytorch3d's KNN.
+    # pytorch3d's KNN (float32; on CPU faster than the chunked search at a batch of 8, slower at 32:
+    # tools/bench_points.py; explicit only).
     Backend("chamfer", "dense", prefer=_small_dense_chamfer),
     Backend("chamfer", "chunked"),
     Backend("chamfer", "knn_torch"),
@@ -569,6 +603,11 @@ def resolve(
         raise ValueError(f"unknown backend {backend!r} for {op}; choose one of {['auto', *choices]}")
     b = choices[backend]
     if not b.installed():
+        if b.package in LOAD_ERRORS:
+            raise ImportError(
+                f"backend {backend!r} of {op} is installed but does not load with torch {torch.__version__} "
+                f"({LOAD_ERRORS[b.package]}); install {INSTALL_HINTS[b.package]}"
+            )
         raise ImportError(f"backend {backend!r} of {op} is not installed; install {INSTALL_HINTS[b.package]}")
     if not isinstance(device, (str, torch.device)):
         return backend  # FX symbolic tracing: the device is a proxy, there is nothing to check it against

@@ -298,8 +298,8 @@ def mixer_kernel_targets(results: Sequence[dict], device: str, batch: int | None
 
 # ------------------------------------------------------------------------------------ point ops (bench_points)
 
-FPS_HEADERS = ["B", "N", "M", "backend", "ms", "speedup vs cluster", "same indices"]
-KNN_HEADERS = ["B", "N", "M", "C", "k", "backend", "ms", "speedup vs cluster"]
+FPS_HEADERS = ["B", "N", "M", "backend", "ms", "speedup vs torch", "speedup vs cluster", "same indices"]
+KNN_HEADERS = ["B", "N", "M", "C", "k", "backend", "ms", "speedup vs torch", "speedup vs cluster"]
 LARGE_HEADERS = ["cloud", "N", "M", "backend", "kind", "ms", "time / bucket", "speedup vs reference",
                  "same indices as exact", "coverage / exact"]  # fmt: skip
 GRID_POINTS = (1024, 4096)  # the grid's default cloud sizes N
@@ -321,10 +321,11 @@ def point_op_rows(
     repeats: int,
 ) -> tuple[list[list], list[list]]:
     """The FPS and KNN grid (rows of :data:`FPS_HEADERS` and :data:`KNN_HEADERS`): for every B, N and M in
-    {N/2, N/4}, each FPS backend's time, its speedup over torch-cluster's and whether its indices equal the
-    reference's; then for each of ``channels`` the k nearest of the N points for the M sampled ones, per KNN
-    backend; on CUDA also the Triton kernel called directly (without :func:`attention.knn`'s checks), split among
-    programs as ``auto_splits`` decides (``triton-split``) and in one part (``triton-1split``)."""
+    {N/2, N/4}, each FPS backend's time, its speedup over the reference's (``torch``, timed in the same run) and over
+    torch-cluster's, and whether its indices equal the reference's; then for each of ``channels`` the k nearest of the
+    N points for the M sampled ones, per KNN backend; on CUDA also the Triton kernel called directly (without
+    :func:`attention.knn`'s checks), split among programs as ``auto_splits`` decides (``triton-split``) and in one
+    part (``triton-1split``)."""
     device = torch.device(device)
     names = fps_backends(device)
     fps_rows, knn_rows = [], []
@@ -338,9 +339,9 @@ def point_op_rows(
                 fn = partial(points.farthest_point_sample, x, M, start=start, backend=b)
                 same = torch.equal(fn(), ref)
                 times[b] = (time_fn(fn, device, repeats=repeats), same)
-            base = times.get("cluster", (float("nan"), True))[0]
+            ref_ms, base = times["torch"][0], times.get("cluster", (float("nan"), True))[0]
             for b, (ms, same) in times.items():
-                fps_rows.append([B, N, M, b, ms, base / ms, "yes" if same else "NO"])
+                fps_rows.append([B, N, M, b, ms, ref_ms / ms, base / ms, "yes" if same else "NO"])
             for C in channels:
                 feats = x if C == 3 else torch.randn(B, N, C, device=device)
                 q = points.gather(feats, ref)
@@ -353,9 +354,9 @@ def point_op_rows(
                     for name, splits in (("triton-split", None), ("triton-1split", 1)):
                         fn = partial(knn_triton, q, feats, k, splits=splits)
                         ktimes[name] = time_fn(fn, device, repeats=repeats)
-                kbase = ktimes.get("cluster", float("nan"))
+                kref, kbase = ktimes["torch"], ktimes.get("cluster", float("nan"))
                 for b, ms in ktimes.items():
-                    knn_rows.append([B, N, M, C, k, b, ms, kbase / ms])
+                    knn_rows.append([B, N, M, C, k, b, ms, kref / ms, kbase / ms])
     return fps_rows, knn_rows
 
 

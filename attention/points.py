@@ -182,16 +182,17 @@ def _fps_pytorch3d(x: Tensor, num_samples: int, start: Tensor, mask: Tensor | No
     from pytorch3d.ops import sample_farthest_points
 
     B, N, _ = x.shape
+    pts = x.detach().float()  # the reference's precision (pytorch3d would search float64 in float64)
     if mask is None:
         lengths = torch.full((B,), N, device=x.device, dtype=torch.long)
-        rolled = _roll_to_start(x.detach(), start)
+        rolled = _roll_to_start(pts, start)
     else:
         # Move each cloud's real points to the front (start first), padding after them, as pytorch3d expects.
         ar = torch.arange(N, device=x.device)
         order = (ar[None, :] + start[:, None]) % N
         key = (~torch.gather(mask, 1, order)).long() * N + ar  # real points first, cyclic order kept
         perm = torch.gather(order, 1, key.argsort(1))
-        rolled = torch.gather(x.detach(), 1, perm[..., None].expand(-1, -1, x.shape[-1]))
+        rolled = torch.gather(pts, 1, perm[..., None].expand(-1, -1, x.shape[-1]))
         lengths = mask.sum(1)
     _, idx = sample_farthest_points(rolled, lengths=lengths, K=num_samples, random_start_point=False)
     if mask is None:
@@ -487,7 +488,7 @@ def _knn_pytorch3d(query: Tensor, ref: Tensor, k: int, mask: Tensor | None, chun
         r = ref.detach().float()
         perm = None
     else:
-        perm = (~mask).long().argsort(1, stable=True)  # real points first
+        perm = (~mask).long().argsort(dim=1, stable=True)  # real points first
         r = torch.gather(ref.detach().float(), 1, perm[..., None].expand(-1, -1, ref.shape[-1]))
         lengths2 = mask.sum(1)
     dist, idx, _ = knn_points(query.detach().float(), r, lengths2=lengths2, K=k, return_sorted=True)

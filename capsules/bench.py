@@ -18,32 +18,41 @@ Ratios: each centroid model against the routing model of its size (each implemen
 Targets (:func:`targets`): centroid max batch >= 3x routing (paper 58 vs 22 at 12 capsules, 36 vs 12 at 64),
 params <= 1/3 of routing, lower Chamfer after the same steps (paper x 1e-3: 1.6 vs 2.7 at 12 capsules, 1.4 vs 1.5 at
 64, after full training).
+
+The Chamfer loss's own backends are timed by ``tools/bench_points.py`` (:func:`chamfer_backend_rows`, beside the other
+point ops): each installed backend's loss and backward pass against the dense reference and the chunked search.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 import torch
 
+from attention import available
 from measure.bench import peak_tensor_bytes, target, time_round_robin, unit_sphere_clouds
 from measure.stats import count_params
 
-from .chamfer import chamfer_distance
+from .chamfer import CHAMFER_BACKENDS, chamfer_distance
 from .data import SyntheticParts
 from .metrics import capsule_purity, patch_spread, random_patches
 from .model import create_model, list_models
 
 __all__ = [
+    "CHAMFER_DENSE_MAX_BYTES",
+    "CHAMFER_HEADERS",
     "CLASSES",
     "PAIRS",
     "PAPER",
     "TARGETS",
     "benchmark",
+    "chamfer_backend_rows",
     "check_settings",
     "decoder_table",
     "entries",
@@ -309,3 +318,42 @@ def decoder_table(decoded: Sequence[dict], train_steps: int) -> tuple[list[str],
     rows = [[d["model"], d["decoder"], d["chamfer"], d["part_purity"], d["part_purity_chance"],
              d["part_purity"] - d["part_purity_chance"], d["patch_spread"]] for d in decoded]  # fmt: skip
     return headers, rows
+
+
+# ------------------------------------------------------------------------ the Chamfer loss's backends (bench_points)
+
+CHAMFER_HEADERS = ["B", "N", "C", "backend", "ms", "speedup vs dense", "speedup vs chunked", "same indices"]
+# The dense reference builds (B, N, N, C) differences (and their gradient): not timed where that tensor is larger.
+CHAMFER_DENSE_MAX_BYTES = 2**30
+
+
+def _chamfer_step(a: torch.Tensor, b: torch.Tensor, backend: str) -> None:
+    chamfer_distance(a, b, backend=backend).backward()
+
+
+def chamfer_backend_rows(
+    device: torch.device | str, batches: Sequence[int], num_points: Sequence[int], repeats: int
+) -> list[list]:
+    """The Chamfer loss per backend (rows of :data:`CHAMFER_HEADERS`): for every B of ``batches`` and N of
+    ``num_points``, two unit-sphere clouds of N points (C = 3), the loss and its backward pass (a training step's use)
+    of each installed backend, timed round robin (:func:`measure.bench.time_round_robin`, median of ``repeats``
+    rounds); each one's speedup over the dense reference and over the chunked search of the same run, and whether its
+    nearest indices equal the chunked search's (the dense reference's: ``tests/capsules/test_chamfer.py``). The dense
+    reference sits out where its ``(B, N, N, C)`` differences exceed :data:`CHAMFER_DENSE_MAX_BYTES` (NaN ratios)."""
+    device = torch.device(device)
+    rows = []
+    for B, N in itertools.product(batches, num_points):
+        a = unit_sphere_clouds(B, N, seed=0).to(device).requires_grad_()
+        b = unit_sphere_clouds(B, N, seed=1).to(device).requires_grad_()
+        dense_fits = B * N * N * 3 * a.element_size() <= CHAMFER_DENSE_MAX_BYTES
+        names = [n for n in CHAMFER_BACKENDS if available("chamfer", n, device) and (n != "dense" or dense_fits)]
+        steps = [partial(_chamfer_step, a, b, name) for name in names]
+        times = time_round_robin(steps, device, repeats, warmup=1)
+        ms = dict(zip(names, (statistics.median(t) for t in times)))
+        ref = chamfer_distance(a.detach(), b.detach(), return_indices=True, backend="chunked")
+        for name in names:
+            out = chamfer_distance(a.detach(), b.detach(), return_indices=True, backend=name)
+            same = torch.equal(out.idx_a, ref.idx_a) and torch.equal(out.idx_b, ref.idx_b)
+            vs_dense = ms["dense"] / ms[name] if "dense" in ms else float("nan")
+            rows.append([B, N, 3, name, ms[name], vs_dense, ms["chunked"] / ms[name], "yes" if same else "NO"])
+    return rows

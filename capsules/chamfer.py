@@ -23,7 +23,8 @@ backend            nearest-neighbour search
                    ``sum_c (a_c - b_c)^2`` for the final choice (CPU, CUDA)
 ``knn_torch``      :func:`attention.knn` ``backend="torch"`` (matmul brute force, memory bounded)
 ``knn_cluster``    :func:`attention.knn` ``backend="cluster"`` (torch-cluster kd-tree on CPU; searches in float32)
-``pytorch3d``      ``pytorch3d.ops.knn_points`` with K = 1 (CUDA kernels), when installed
+``pytorch3d``      ``pytorch3d.ops.knn_points`` with K = 1 (CPU and CUDA kernels; searches in float32), where its
+                   extension loads (``attention.backends.HAS_PYTORCH3D``)
 =================  ==================================================================================================
 
 Every backend but ``dense`` finds the nearest indices without autograd and then recomputes the distances to the
@@ -124,8 +125,7 @@ def _search_knn(backend: str):
 def _search_pytorch3d(a: Tensor, b: Tensor, chunk_bytes: int) -> tuple[Tensor, Tensor]:
     from pytorch3d.ops import knn_points
 
-    work = torch.promote_types(a.dtype, torch.float32)
-    a_, b_ = a.detach().to(work), b.detach().to(work)
+    a_, b_ = a.detach().float(), b.detach().float()  # its CPU kernel takes float32 only
     idx_a = knn_points(a_, b_, K=1, return_nn=False).idx.squeeze(-1)
     idx_b = knn_points(b_, a_, K=1, return_nn=False).idx.squeeze(-1)
     return idx_a, idx_b

@@ -66,7 +66,7 @@ OPTIONAL = {
     "triton": "the Triton FPS and Cauchy/Vandermonde kernels",
     "torch_cluster": "the torch-cluster FPS/KNN backend (optional; the torch and Triton paths cover CUDA)",
     "scipy": "torch_cluster's import (torch_cluster.nearest imports scipy.cluster)",
-    "pytorch3d": "the pytorch3d FPS/KNN backend (optional)",
+    "pytorch3d": "the pytorch3d FPS/KNN/Chamfer backends (optional; its wheel loads with torch 2.11 and 2.12 only)",
     "fpsample": "fpsample's FPS (optional)",
     "numba": "the exact CPU FPS backend (attention/kernels/fps_numba.py; optional)",
     "open3d": "the capsule part-decomposition view (tools/visualize_capsules.py)",
@@ -79,6 +79,10 @@ OPTIONAL = {
     "h5py": "ModelNet40 HDF5 data",
     "tensorboard": "the training CLIs' TensorBoard events",
 }
+# a package whose compiled extension is a module of its own, imported too: a wheel built for another torch imports,
+# but its extension does not load (an undefined symbol)
+_EXTENSIONS = {"pytorch3d": "pytorch3d._C"}
+
 SECTIONS = (
     "env",
     "tests",
@@ -217,6 +221,8 @@ def env_report() -> dict:
     for name in OPTIONAL:
         try:
             mod = importlib.import_module(name)
+            if name in _EXTENSIONS:
+                importlib.import_module(_EXTENSIONS[name])
             report["packages"][name] = {"ok": True, "version": _version(name, mod)}
         except Exception as e:  # an optional package may fail in any way (missing, ABI, missing system library)
             report["packages"][name] = {"ok": False, "reason": f"{type(e).__name__}: {e}"[:200]}

@@ -1,4 +1,5 @@
-"""Benchmark of the point ops: FPS and KNN time per backend, with ratios to torch_cluster.
+"""Benchmark of the point ops: FPS, KNN and the Chamfer loss, time per backend, with ratios to the reference and to
+torch_cluster.
 
     python tools/bench_points.py                 # CPU grid, the two large clouds and the KNN memory row
     python tools/bench_points.py --device cuda   # on a GPU machine
@@ -8,9 +9,13 @@ Grid: B in {8, 32}, N in {1024, 4096}, M in {N/2, N/4}. FPS samples M of N point
 N points for each of the M sampled points, in xyz (C = 3) and in a 64-d feature space. On CUDA two more rows time the
 Triton kernel itself (`attention.knn`'s NaN/Inf checks, a host sync each, are in the `triton` row only):
 `triton-split` splits the N points among programs where the query blocks alone would leave the GPU idle (e.g.
-`--batch 1`), `triton-1split` searches them in one part. `speedup vs cluster` =
-torch_cluster's time / the backend's time (> 1: faster than torch_cluster). Every backend's FPS indices are checked
-against the reference in the same run.
+`--batch 1`), `triton-1split` searches them in one part. `speedup vs torch` = the reference's time / the backend's
+time, `speedup vs cluster` = torch_cluster's time / the backend's time (> 1: faster), each from the same run. Every
+backend's FPS indices are checked against the reference in the same run.
+
+Chamfer loss (`capsules.chamfer_distance`, C = 3, two clouds of N points for every B and N of the grid): the loss and
+its backward pass per installed backend, timed round robin, against the dense reference (left out where its
+(B, N, N, 3) differences pass 1 GiB) and the chunked search, with whether each finds the same nearest indices.
 
 Large single clouds (`--large N M ...`; by default 50K / M = 4096 and 100K / M = 8192 with the default `--points`
 grid, none with any other, so a small run stays small): every exact FPS backend and the approximate
@@ -61,6 +66,7 @@ from attention.bench import (
     point_op_rows,
     points_results,
 )
+from capsules.bench import CHAMFER_HEADERS, chamfer_backend_rows
 from measure.bench import describe_machine, finish, print_table
 
 
@@ -105,6 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     print_table(FPS_HEADERS, fps_rows, tables, title="Farthest point sampling")
     print()
     print_table(KNN_HEADERS, knn_rows, tables, title="K nearest neighbours (M queries, N references)")
+    chamfer_rows = chamfer_backend_rows(device, args.batch, args.points, args.repeats)
+    print()
+    print_table(CHAMFER_HEADERS, chamfer_rows, tables, title="Chamfer loss and its backward pass (C = 3)")
     large_rows = large_cloud_rows(args.large, device, args.repeats, args.clouds)
     if args.large:
         print()
@@ -117,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         title = "KNN search memory (CPU, one cloud, float32, no_grad; a fresh process per measure)"
         print_table(KNN_MEMORY_HEADERS, memory_rows, tables, title=title)
     results = points_results(fps_rows, knn_rows, large_rows, memory_rows)
+    results["chamfer"] = [dict(zip(CHAMFER_HEADERS, r)) for r in chamfer_rows]
     targets = [fps_cluster_target(results["fps"], args.device)]
     targets += knn_memory_targets(results["knn_memory"][0] if memory_rows else None)
     finish("bench_points", device, args, targets, argv=argv, results=results, tables=tables)

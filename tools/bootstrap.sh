@@ -8,7 +8,9 @@
 # Switches (environment variables; the defaults give the README's environment):
 #   CENTROID_VENV         the virtualenv (default .venv)
 #   CENTROID_CONSTRAINTS  the exact versions (default constraints.txt); torch-cluster is built only when this file
-#                         pins it, e.g. constraints-torch211.txt (the oldest supported torch) leaves it out
+#                         pins it, e.g. constraints-torch211.txt (the oldest supported torch) leaves it out, and
+#                         easypytorch3d (pytorch3d's prebuilt wheel, which loads with torch 2.11 and 2.12 only) is
+#                         installed only when it pins it: constraints-torch211.txt does, constraints.txt does not
 #   CENTROID_EXTRAS       the package's extras (default dev,viz,docs; `dev` alone leaves out open3d and the docs tools)
 #   CENTROID_PYTHON       the interpreter that creates the virtualenv (default python3)
 #   CENTROID_CLUSTER      1 (default) builds torch-cluster where the constraints pin it; 0 leaves the build for later
@@ -114,6 +116,24 @@ elif grep -qiE '^torch[-_]cluster==' "$CONSTRAINTS"; then
     "$VENV/bin/python" -c "import torch_cluster" >&2
 else
     say "$(basename "$CONSTRAINTS") pins no torch-cluster: not building it (the torch fast paths are used)"
+fi
+# pytorch3d: easypytorch3d's prebuilt wheel (CPython 3.11, Linux x86-64) is compiled against torch 2.11 / 2.12 and fails
+# to load with later releases (an undefined symbol), so it is installed only where the constraints pin it and kept only
+# if its extension loads with this torch; without a wheel for this Python the pytorch3d backends stay off.
+if grep -qiE '^easypytorch3d==' "$CONSTRAINTS" && ! "$VENV/bin/python" -c "import pytorch3d._C" >/dev/null 2>&1; then
+    say "installing easypytorch3d (pytorch3d's prebuilt wheel) with $(basename "$CONSTRAINTS")"
+    if [ "$INSTALLER" = uv ]; then
+        PIP_INSTALL=("$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python")
+    else
+        PIP_INSTALL=("${PIP[@]}" install -q)
+    fi
+    if ! "${PIP_INSTALL[@]}" -c "$CONSTRAINTS" easypytorch3d; then
+        say "could not install easypytorch3d (wheels for CPython 3.11 on Linux x86-64 only; this is" \
+            "$("$VENV/bin/python" --version 2>&1)): the pytorch3d backends stay off"
+    elif ! "$VENV/bin/python" -c "import pytorch3d._C"; then
+        say "pytorch3d's extension does not load with this torch (above): removing easypytorch3d"
+        "${PIP[@]}" uninstall -q -y easypytorch3d
+    fi
 fi
 "$VENV/bin/python" -c "import torch, timm, torchvision; print('[bootstrap] torch', torch.__version__, 'torchvision', torchvision.__version__, 'timm', timm.__version__)" >&2
 

@@ -92,8 +92,10 @@ def test_point_op_rows_check_every_fps_backend_against_the_reference() -> None:
     fps, knn = bench.point_op_rows("cpu", [2], [64], [3, 8], k=4, repeats=1)
     assert {(r[0], r[1], r[2]) for r in fps} == {(2, 64, 32), (2, 64, 16)}
     assert {r[3] for r in fps} == set(bench.fps_backends("cpu")) and "fpsample_bucket" not in {r[3] for r in fps}
-    assert all(r[6] == "yes" for r in fps if r[3] == "torch")
+    assert all(r[7] == "yes" for r in fps if r[3] == "torch")
     assert {(r[2], r[3], r[4]) for r in knn} == {(M, C, 4) for M in (32, 16) for C in (3, 8)}
+    # every ratio is against the reference timed in the same run
+    assert all(r[5] == 1.0 for r in fps if r[3] == "torch") and all(r[7] == 1.0 for r in knn if r[5] == "torch")
     results = bench.points_results(fps, knn, [])
     assert results["fps"][0]["backend"] == fps[0][3] and results["large"] == []
 

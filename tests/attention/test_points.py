@@ -22,9 +22,15 @@ from attention.points import (
 )
 from measure.bench import OpCounter
 
+# pytorch3d's wheel loads with torch 2.11 and 2.12 only: its tests are torch_compat, which CI runs on torch 2.11;
+# elsewhere they skip with the reason (not installed, or the import error of an extension built for another torch)
+PYTORCH3D_MISSING = backends.LOAD_ERRORS.get("pytorch3d", "pytorch3d not installed")
 KNN_ALT = [
     pytest.param("cluster", marks=pytest.mark.skipif(not points.HAS_TORCH_CLUSTER, reason="torch-cluster missing")),
-    pytest.param("pytorch3d", marks=pytest.mark.skipif(not points.HAS_PYTORCH3D, reason="pytorch3d missing")),
+    pytest.param(
+        "pytorch3d",
+        marks=[pytest.mark.torch_compat, pytest.mark.skipif(not points.HAS_PYTORCH3D, reason=PYTORCH3D_MISSING)],
+    ),
 ]
 FPS_ALT = [*KNN_ALT, pytest.param("numba", marks=pytest.mark.skipif(not backends.HAS_NUMBA, reason="numba missing"))]
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -327,6 +333,29 @@ def test_knn_backend_ragged_equals_reference(backend: str) -> None:
     dist, idx = knn(q, r, 6, mask=mask, backend=backend)
     assert torch.equal(idx.sort(-1).values, ref_i.sort(-1).values)
     assert_close(dist, ref_d)
+
+
+@pytest.mark.torch_compat
+@pytest.mark.skipif(not points.HAS_PYTORCH3D, reason=PYTORCH3D_MISSING)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("padded", [False, True])
+def test_pytorch3d_fps_and_knn_in_feature_space_every_precision_and_padded(dtype: torch.dtype, padded: bool) -> None:
+    """Odd sizes in feature space (N = 63, C = 60), inputs in any precision (both search in float32, as the reference
+    does), clouds padded to a common N (``lengths``): the reference's FPS indices and KNN neighbours. KNN's distances
+    carry no gradient from either (the reference's contract: the neighbours are a selection, not a function)."""
+    torch.manual_seed(0)
+    x = torch.rand(3, 63, 60).to(dtype).requires_grad_()
+    lengths = torch.tensor([63, 40, 21]) if padded else None
+    mask = None if lengths is None else points.lengths_to_mask(lengths, 63)
+    start = torch.tensor([5, 0, 20])
+    ref = farthest_point_sample(x, 20, start=start, lengths=lengths, backend="torch")
+    assert torch.equal(farthest_point_sample(x, 20, start=start, lengths=lengths, backend="pytorch3d"), ref)
+    q = gather(x.detach(), ref[:, :17])  # (3, 17, 60) sampled queries
+    ref_d, ref_i = knn(q, x, 7, mask=mask, backend="torch")
+    dist, idx = knn(q, x, 7, mask=mask, backend="pytorch3d")
+    assert torch.equal(idx.sort(-1).values, ref_i.sort(-1).values)
+    assert_close(dist, ref_d)
+    assert dist.dtype == ref_d.dtype == torch.float32 and not dist.requires_grad and not ref_d.requires_grad
 
 
 def test_gather_any_index_shape_and_gradient() -> None:

@@ -55,3 +55,18 @@ def test_targets_compare_the_centroid_model_with_each_routing_impl() -> None:
     assert all(t["met"] for t in got)
     assert got[0]["detail"] == "90 vs 20; paper 2.64x" and got[2]["detail"] == "0.001 vs 0.002"
     assert bench.targets([einsum, reference], "cpu", train_steps=3) == []  # no centroid row: nothing to compare
+
+
+def test_chamfer_backend_rows_time_every_installed_backend_against_dense_and_chunked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bench_points' Chamfer table: one row per installed backend and size, each ratio against the dense reference and
+    the chunked search of the same run, the same nearest indices; the dense reference sits out above its byte cap."""
+    rows = bench.chamfer_backend_rows("cpu", [2], [40], repeats=1)
+    by = {r[3]: dict(zip(bench.CHAMFER_HEADERS, r)) for r in rows}
+    assert {"dense", "chunked", "knn_torch"} <= set(by) and all(r[:3] == [2, 40, 3] for r in rows)
+    assert by["dense"]["speedup vs dense"] == 1.0 and by["chunked"]["speedup vs chunked"] == 1.0
+    assert all(r["same indices"] == "yes" and r["ms"] > 0 for r in by.values())
+    monkeypatch.setattr(bench, "CHAMFER_DENSE_MAX_BYTES", 2 * 40 * 40 * 3 * 4 - 1)
+    rows = bench.chamfer_backend_rows("cpu", [2], [40], repeats=1)
+    assert "dense" not in {r[3] for r in rows} and all(r[5] != r[5] for r in rows)  # NaN: no dense row to divide by

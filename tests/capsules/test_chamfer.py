@@ -15,16 +15,26 @@ from capsules.chamfer import CHAMFER_BACKENDS, CHAMFER_DEFINITION, ChamferOutput
 from measure.bench import largest_output_bytes
 
 FAST = [name for name in CHAMFER_BACKENDS if name != "dense"]
-BACKENDS = [
-    pytest.param(name, marks=pytest.mark.skipif(not available("chamfer", name), reason=f"{name} not installed"))
-    for name in FAST
-]
+# pytorch3d's wheel loads with torch 2.11 and 2.12 only: its tests are torch_compat, which CI runs on torch 2.11;
+# elsewhere they skip with the reason (not installed, or the import error of an extension built for another torch)
+PYTORCH3D_MISSING = backends.LOAD_ERRORS.get("pytorch3d", "pytorch3d not installed")
+
+
+def _backend(name: str):
+    if name == "pytorch3d":
+        needs = pytest.mark.skipif(not available("chamfer", name), reason=PYTORCH3D_MISSING)
+        return pytest.param(name, marks=[pytest.mark.torch_compat, needs])
+    return pytest.param(name, marks=pytest.mark.skipif(not available("chamfer", name), reason=f"{name} not installed"))
+
+
+BACKENDS = [_backend(name) for name in FAST]
+FLOAT32_SEARCHES = [_backend(name) for name in ("knn_cluster", "pytorch3d")]  # search in float32 whatever the input
 SIZES = [(63, 50, 3), (50, 63, 5), (63, 63, 3), (7, 1, 3)]
 
 
 def _dtype(backend: str) -> torch.dtype:
-    # torch_cluster searches in float32 only: compare that backend in float32, with tolerances.
-    return torch.float32 if backend == "knn_cluster" else torch.float64
+    # torch_cluster and pytorch3d search in float32 only: compare those backends in float32, with tolerances.
+    return torch.float32 if backend in ("knn_cluster", "pytorch3d") else torch.float64
 
 
 def _clouds(B: int, N: int, M: int, C: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,12 +167,26 @@ def test_euclidean_gradient_finite_at_coincident_points(backend: str) -> None:
     assert_close(gx, torch.tensor([[[-1.2, -1.6, 0.0]]], dtype=torch.float64))  # both directions: 2 * (-0.6, -0.8)
 
 
-def test_chunked_low_precision_is_close_to_float32() -> None:
+@pytest.mark.parametrize("backend", ["chunked", *FLOAT32_SEARCHES])
+def test_low_precision_is_close_to_float32(backend: str) -> None:
     a, b = _clouds(2, 40, 30, 3, torch.float32)
     ref = chamfer_distance(a.detach(), b.detach(), backend="dense")
-    got = chamfer_distance(a.detach().bfloat16(), b.detach().bfloat16(), backend="chunked")
+    got = chamfer_distance(a.detach().bfloat16(), b.detach().bfloat16(), backend=backend)
     assert got.dtype == torch.bfloat16
     assert_close(got.float(), ref, rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("backend", FLOAT32_SEARCHES)
+def test_float32_searches_take_float64_clouds(backend: str) -> None:
+    """torch-cluster and pytorch3d search in float32 (pytorch3d's CPU kernel takes nothing else); the distances to the
+    neighbours found are then recomputed in the clouds' float64, with gradients."""
+    a, b = _clouds(2, 63, 50, 3, torch.float64)
+    ref, ref_grads = _everything(a, b, "dense")
+    out, grads = _everything(a, b, backend)
+    assert out.loss.dtype == torch.float64 and grads[0].dtype == torch.float64
+    assert torch.equal(out.idx_a, ref.idx_a) and torch.equal(out.idx_b, ref.idx_b)  # no near-ties at these sizes
+    assert_close(out.loss, ref.loss)
+    assert_close(grads, ref_grads)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""tools/bench_points.py (logic in attention.bench): a tiny run read through --json, which leaves out the large clouds
-and the KNN memory row its small --points did not ask for; a tiny KNN memory row; the usage errors of an odd --large and
-of --knn-memory without three sizes."""
+"""tools/bench_points.py (logic in attention.bench, the Chamfer rows in capsules.bench): a tiny run read through --json,
+which leaves out the large clouds and the KNN memory row its small --points did not ask for; a tiny KNN memory row; the
+usage errors of an odd --large and of --knn-memory without three sizes."""
 
 from __future__ import annotations
 
@@ -23,9 +23,12 @@ def test_tiny_run_writes_rows_and_the_target(tmp_path: Path) -> None:
     assert {r["backend"] for r in fps} >= {"torch"} and all(r["same indices"] == "yes" for r in fps)
     assert {(r["M"], r["C"]) for r in knn} == {(32, 3), (16, 3)}
     assert payload["results"]["large"] == [] and payload["args"]["large"] == []  # no 50K / 100K clouds at N = 64
+    chamfer = payload["results"]["chamfer"]
+    assert {r["backend"] for r in chamfer} >= {"dense", "chunked"} and all(r["same indices"] == "yes" for r in chamfer)
     (t,) = payload["targets"]
     assert t["met"] is None and t["detail"] == "row not measured"
     assert "## Farthest point sampling" in run.stdout and "target: Triton fps vs torch-cluster" in run.stdout
+    assert "## Chamfer loss and its backward pass" in run.stdout
     assert "one large cloud" not in run.stdout
 
 
