@@ -66,6 +66,7 @@ __all__ = [
     "edge_attention",
     "grouped_vector_attention",
     "knn_centroid_attention",
+    "knn_vector_attention",
     "masked_knn_attention",
     "triton_knn_attention",
 ]
@@ -325,6 +326,18 @@ def knn_centroid_attention(
         if pos_bias is not None:
             scores = scores + torch.einsum("bhmd,hd->bhm", q, pos_bias.view(H, D)).unsqueeze(-1)
     attn = _knn_weights(scores * D**-0.5, idx, N, mask, normalize, dropout_p, eps)  # (B, H, M, K)
+    return _weighted_values(attn, vf, flat, rows, pos_hidden, pos_weight, pos_bias)
+
+
+def _weighted_values(
+    attn: Tensor, vf: Tensor, flat: Tensor, rows: int, pos_hidden: Tensor | None, pos_weight: Tensor | None,
+    pos_bias: Tensor | None,
+) -> Tensor:  # fmt: skip
+    """``sum_k attn[b, h, m, k] (v[idx[b, m, k], h] + delta_mk[h])`` ``(B, H, M, D)`` from weights ``(B, H, M, K)``, the
+    value rows ``vf`` ``(B * N, H, D)`` and the flat neighbour rows ``(B * M, K)``, chunked by ``rows``; the encoding's
+    share comes from its hidden features (see :func:`knn_centroid_attention`)."""
+    B, H, M, K = attn.shape
+    D = vf.shape[-1]
     a = attn.permute(0, 2, 3, 1).reshape(B * M, K, H)
     out = _GatherProduct.apply("gather_weighted_sum", a, vf, flat, rows).view(B, M, H, D)
     if pos_hidden is not None and pos_weight is not None:
@@ -333,6 +346,44 @@ def knn_centroid_attention(
         if pos_bias is not None:
             out = out + attn.sum(-1).transpose(1, 2).unsqueeze(-1) * pos_bias.view(H, D)
     return out.transpose(1, 2)
+
+
+def knn_vector_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    idx: Tensor,
+    weight_enc: tuple[Tensor, Tensor, Callable[[Tensor], Tensor]],
+    mask: Tensor | None = None,
+    normalize: str = "inputs",
+    dropout_p: float = 0.0,
+    eps: float = 1e-6,
+    chunk_bytes: int | None = None,
+    pos_hidden: Tensor | None = None,
+    pos_weight: Tensor | None = None,
+    pos_bias: Tensor | None = None,
+) -> Tensor:
+    """Grouped vector attention over K neighbours without per-edge C-wide tensors: q ``(B, M, C)``, k and v
+    ``(B, N, C)``, idx ``(B, M, K)``, ``weight_enc`` = (``A`` ``(G, C)``, ``a`` ``(G,)``, ``rest``): the logits are
+    ``rest(A (q_m - k_j + delta_mj) + a)``; returns ``(B, G, M, C / G)``. The same function as
+    :func:`grouped_vector_attention` over per-edge relations and values (tested, outputs and gradients), with the first
+    layer of the logits' MLP moved through the difference by linearity: ``A q_m`` and ``A k_j`` are projected once per
+    point and gathered at width G, and ``A delta_mj = (A W) hidden_mj + A b`` for the encoding's last layer ``W``,
+    ``b`` (``pos_weight``, ``pos_bias``, over ``pos_hidden`` ``(B, M, K, R)``); the values are the chunked gather
+    product of :func:`knn_centroid_attention` with the groups as heads. Extra memory O(M K (G + R)) instead of
+    O(M K C)."""
+    B, M, C = q.shape
+    N, K = k.shape[1], idx.shape[-1]
+    A, a, rest = weight_enc
+    G = A.shape[0]
+    pre = F.linear(q, A).unsqueeze(2) - gather(F.linear(k, A), idx) + a  # (B, M, K, G)
+    if pos_hidden is not None and pos_weight is not None:
+        pre = pre + F.linear(pos_hidden, A @ pos_weight, None if pos_bias is None else A @ pos_bias)
+    attn = _knn_weights(rest(pre).permute(0, 3, 1, 2), idx, N, mask, normalize, dropout_p, eps)  # (B, G, M, K)
+    budget = chunk_budget("knn_attention", q.device) if chunk_bytes is None else chunk_bytes
+    rows = chunk_rows(B * M, K * C * v.element_size(), budget)
+    flat = _flat_rows(idx, N).reshape(B * M, K)
+    return _weighted_values(attn, v.reshape(B * N, G, C // G), flat, rows, pos_hidden, pos_weight, pos_bias)
 
 
 def _knn_weights(

@@ -26,8 +26,8 @@ from .functional import (
     _knn_weights,
     check_neighbor_idx,
     dense_centroid_attention,
-    grouped_vector_attention,
     knn_centroid_attention,
+    knn_vector_attention,
     masked_knn_attention,
     triton_knn_attention,
 )
@@ -59,6 +59,7 @@ def feature_neighbors(
 # Triton kernel.
 torch.fx.wrap("feature_neighbors")
 torch.fx.wrap("knn_centroid_attention")
+torch.fx.wrap("knn_vector_attention")
 torch.fx.wrap("triton_knn_attention")
 
 
@@ -313,15 +314,24 @@ class CentroidAttention(nn.Module):
         self, u: Tensor, kv: Tensor, idx: Tensor, pos: Tensor | None, centroid_pos: Tensor | None,
         mask: Tensor | None, dropout_p: float,
     ) -> Tensor:  # fmt: skip
-        """The ``"vector"`` and ``"max"`` forms, ``(B, M, C)`` before the output projection."""
+        """The ``"vector"`` and ``"max"`` forms, ``(B, M, C)`` before the output projection. ``"vector"`` runs
+        :func:`knn_vector_attention` (no per-edge C-wide tensor; :meth:`_edges` and :func:`grouped_vector_attention`
+        are its per-edge reference)."""
         B, M, C = u.shape
-        rel, vn = self._edges(u, kv, idx, pos, centroid_pos)
-        if self.weight_enc is not None and rel is not None:
-            out = grouped_vector_attention(
-                self.weight_enc(rel), vn, idx, kv.shape[1], mask=mask, normalize=self.normalize, dropout_p=dropout_p,
-                eps=1e-6,
+        if self.weight_enc is not None and self.q is not None:
+            fc1, act, fc2 = self.weight_enc
+            k, v = kv.view(B, -1, 2, C).unbind(2)  # (B, N, C) each
+            hidden, weight, bias = None, None, None
+            if self.pos_enc is not None and pos is not None and centroid_pos is not None:
+                enc = self.pos_enc
+                hidden = enc.act(enc.fc1(gather(pos, idx) - centroid_pos.unsqueeze(2)))  # (B, M, K, R)
+                weight, bias = enc.fc2.weight, enc.fc2.bias
+            out = knn_vector_attention(
+                self.q(self.norm_q(u)), k, v, idx, (fc1.weight, fc1.bias, lambda t: fc2(act(t))), mask,
+                self.normalize, dropout_p, pos_hidden=hidden, pos_weight=weight, pos_bias=bias,
             )  # fmt: skip
             return out.transpose(1, 2).reshape(B, M, C)
+        _, vn = self._edges(u, kv, idx, pos, centroid_pos)
         if mask is not None:
             vn = vn.masked_fill(~gather(mask, idx).unsqueeze(-1), float("-inf"))
         out = vn.amax(dim=2)  # (B, M, C)

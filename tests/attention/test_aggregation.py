@@ -10,7 +10,15 @@ import torch
 from torch import nn
 from torch.testing import assert_close
 
-from attention import AGGREGATIONS, CentroidAttention, CentroidBlock, gather, grouped_vector_attention, knn
+from attention import (
+    AGGREGATIONS,
+    CentroidAttention,
+    CentroidBlock,
+    gather,
+    grouped_vector_attention,
+    knn,
+    knn_vector_attention,
+)
 
 
 def _problem(dtype: torch.dtype = torch.float32, B: int = 2, N: int = 23, M: int = 7, C: int = 12, K: int = 5):
@@ -48,7 +56,8 @@ def _loop_reference(layer: CentroidAttention, x, u, pos, upos, idx):
 
 def _grads_match(out, ref, inputs, **tol) -> None:
     g = torch.randn_like(out)
-    for a, b in zip(torch.autograd.grad(out, inputs, g), torch.autograd.grad(ref, inputs, g)):
+    grads = torch.autograd.grad(out, inputs, g, retain_graph=True)  # out and ref may share their first layers
+    for a, b in zip(grads, torch.autograd.grad(ref, inputs, g)):
         assert_close(a, b, **tol)
 
 
@@ -65,6 +74,39 @@ def test_vector_equals_loop_reference(dtype: torch.dtype, pos_encoding: bool) ->
     assert_close(out, ref, **tol)
     positions = [pos, upos] if pos_encoding else []
     _grads_match(out, ref, [x, u, *positions, *layer.parameters()], **tol)
+
+
+@pytest.mark.parametrize("normalize", ["inputs", "centroids"])
+@pytest.mark.parametrize("pos_encoding", [False, True])
+@pytest.mark.parametrize("chunk_bytes", [None, 64])
+def test_factored_vector_path_equals_per_edge_form(normalize: str, pos_encoding: bool, chunk_bytes) -> None:
+    # knn_vector_attention (the layer's path: the logits' first layer moved through q - k + delta, values by chunked
+    # gathers) against grouped_vector_attention over the per-edge relations and values, padded inputs included
+    torch.manual_seed(7)
+    layer = CentroidAttention(12, num_heads=4, num_neighbors=5, aggregation="vector", pos_encoding=pos_encoding,
+                              normalize=normalize).double()  # fmt: skip
+    x, u, pos, upos, idx = _problem(torch.float64)
+    mask = torch.rand(x.shape[:2]) > 0.2
+    B, N, C = x.shape
+    M = u.shape[1]
+    kv = layer.kv(layer.norm_kv(x))
+    rel, vn = layer._edges(u, kv, idx, pos, upos)
+    ref = grouped_vector_attention(layer.weight_enc(rel), vn, idx, N, mask=mask, normalize=normalize, dropout_p=0.0,
+                                   eps=1e-6)  # fmt: skip
+    fc1, act, fc2 = layer.weight_enc
+    k, v = kv.view(B, N, 2, C).unbind(2)
+    pos_args = {}
+    if pos_encoding:
+        enc = layer.pos_enc
+        pos_args = {"pos_hidden": enc.act(enc.fc1(gather(pos, idx) - upos.unsqueeze(2))),
+                    "pos_weight": enc.fc2.weight, "pos_bias": enc.fc2.bias}  # fmt: skip
+    out = knn_vector_attention(layer.q(layer.norm_q(u)), k, v, idx, (fc1.weight, fc1.bias, lambda t: fc2(act(t))),
+                               mask, normalize, chunk_bytes=chunk_bytes, **pos_args)  # fmt: skip
+    assert out.shape == (B, 4, M, 3)
+    assert_close(out, ref)
+    positions = [pos, upos] if pos_encoding else []
+    params = [p for n, p in layer.named_parameters() if not n.startswith("proj.")]  # the output projection comes after
+    _grads_match(out, ref, [x, u, *positions, *params])
 
 
 def _edge_index(idx: torch.Tensor, N: int, M: int) -> torch.Tensor:
