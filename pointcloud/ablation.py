@@ -49,6 +49,7 @@ _NO_SA = "model_kwargs.sa_pos_encoding=false"
 _SA = "model_kwargs.sa_pos_encoding=true"
 _CA_PE = "model_kwargs.ca_pos_encoding=true"
 _XYZ = "model_kwargs.ca_neighbors=xyz"
+_LOCAL = "model_kwargs.embed=local"
 _VSA = ("model_kwargs.sa_aggregation=vector", "model_kwargs.sa_num_heads=8")
 
 MODELNET_TABLE = register_table(
@@ -147,6 +148,10 @@ LEVER_TABLE = register_table(
             # hold up to 32 and 64 points at this size), and less dropout in the head (PointNet++'s is 0.3)
             Row("T = 1 + layer scale 0 + SA pos. enc., K = 32", _T1, (_LS0, _SA, "num_neighbors=32")),
             Row("T = 1 + layer scale 0 + SA pos. enc., head dropout 0.3", _T1, (_LS0, _SA, "model_kwargs.drop=0.3")),
+            # the rows that underfit embed each point's absolute xyz while the regime rotates every shape; PointNet++,
+            # which fits, embeds each point's neighbourhood through offsets only
+            Row("T = 1 + layer scale 0 + SA pos. enc., local embedding", _T1, (_LS0, _SA, _LOCAL)),
+            Row("FPS only + SA pos. enc., local embedding", _FPS, (_SA, _LOCAL)),
         ),
         regime=DEV_REGIME,
         description=(

@@ -40,6 +40,7 @@ from attention import (
     MixerBlock,
     SelfAttentionBlock,
     build_mixer,
+    gather,
     input_checks,
     interpolate_neighbors,
     knn,
@@ -50,6 +51,7 @@ from engine.registry import ModelRegistry
 
 __all__ = [
     "CA_NEIGHBORS",
+    "EMBEDS",
     "MODELS",
     "UPSAMPLE",
     "CentroidTransformer",
@@ -67,6 +69,11 @@ __all__ = [
 
 CA_NEIGHBORS: dict[str, str] = {"feature": "feature", "xyz": "pos"}
 """Where the centroid blocks' centroids find their K neighbours -> :data:`attention.NEIGHBOR_SPACES` name."""
+
+EMBEDS = ("point", "local")
+"""How the centroid transformer embeds its input points: ``"point"``, an MLP of each point's own channels (absolute
+xyz: the paper), or ``"local"``, a maximum over the point's K nearest points in xyz of an MLP of their offsets (and
+their channels past xyz), PointNet++'s first set abstraction without the downsampling."""
 
 UPSAMPLE: dict[str, int] = {"nearest": 1, "inverse_distance": 3}
 """How a stage's features reach the N input points -> the neighbours (in xyz) each input point reads: its nearest
@@ -205,6 +212,10 @@ class CentroidTransformer(PointClassifier):
             paper's multi-head attention), ``"vector"`` (grouped vector attention, ``ca_num_heads`` groups of channels
             each weighing its own neighbours, Point Transformer v2's form) or ``"max"`` (a per-channel maximum over
             the neighbours, PointNet++'s pool).
+        embed: how the input points become the first block's features (:data:`EMBEDS`): ``"point"`` (the paper: an
+            MLP of each point's xyz, and normals) or ``"local"`` (a per-channel maximum over its ``num_neighbors``
+            nearest points of the same MLP applied to their offsets ``p_j - p_i`` and normals: translation-invariant,
+            as PointNet++'s first layer). It changes the twins too.
 
     Shapes:
         points: ``(B, N, in_channels)``; output logits ``(B, num_classes)`` (``num_classes=0``: the pooled features
@@ -241,6 +252,7 @@ class CentroidTransformer(PointClassifier):
         ca_aggregation: str = "dot",
         sa_aggregation: str = "dot",
         sa_num_heads: int | None = None,
+        embed: str = "point",
     ) -> None:
         super().__init__(num_classes, in_channels)
         if len(widths) != 4 or len(num_centroids) != 2:
@@ -249,6 +261,8 @@ class CentroidTransformer(PointClassifier):
             raise ValueError(f"init must be 'fps', 'random' or 'kmeans', got {init!r}")
         if upsample not in UPSAMPLE:
             raise ValueError(f"upsample must be one of {sorted(UPSAMPLE)}, got {upsample!r}")
+        if embed not in EMBEDS:
+            raise ValueError(f"embed must be one of {list(EMBEDS)}, got {embed!r}")
         if ca_neighbors not in CA_NEIGHBORS:
             raise ValueError(f"ca_neighbors must be one of {sorted(CA_NEIGHBORS)}, got {ca_neighbors!r}")
         if sa_pos_encoding and mixer is not None:
@@ -258,6 +272,7 @@ class CentroidTransformer(PointClassifier):
         if sa_pos_encoding is None:
             sa_pos_encoding = mixer is None
         self.num_centroids = tuple(num_centroids)
+        self.embed_mode = embed
         self.num_neighbors = num_neighbors
         self.ca_num_neighbors = num_neighbors if ca_num_neighbors is None else ca_num_neighbors
         self.upsample_neighbors = UPSAMPLE[upsample]
@@ -338,7 +353,7 @@ class CentroidTransformer(PointClassifier):
                 f"(N={N}): need K <= N1"
             )
         pos = points[..., :3].contiguous()
-        x = self.embed(points)
+        x = self._embed(points, pos)
         outs = []
         with input_checks(False):  # validated once above; the blocks need not re-check each call
             cur_pos = pos
@@ -361,6 +376,17 @@ class CentroidTransformer(PointClassifier):
                     up_pos, up = cur_pos, knn(pos, cur_pos, min(self.upsample_neighbors, x.shape[1]))  # (B, N, k)
                 outs.append(interpolate_neighbors(x, *up))
         return self.fuse(torch.cat(outs, dim=-1))  # (B, N, fuse_dim)
+
+    def _embed(self, points: Tensor, pos: Tensor) -> Tensor:
+        """``(B, N, widths[0])`` features of the input points (``embed``)."""
+        if self.embed_mode == "point":
+            return self.embed(points)
+        B, N, _ = points.shape
+        _, nbr = knn(pos, pos, self.num_neighbors)  # (B, N, K), each point first among its own neighbours
+        edges = gather(points, nbr)  # (B, N, K, in_channels)
+        edges = torch.cat([edges[..., :3] - pos.unsqueeze(2), edges[..., 3:]], dim=-1)
+        x = self.embed(edges.view(B, N * nbr.shape[-1], -1))  # per-edge MLP; BatchNorm over every edge
+        return x.view(B, N, nbr.shape[-1], -1).amax(dim=2)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Max + mean pooling of ``(B, N, fuse_dim)`` features, then the MLP head."""

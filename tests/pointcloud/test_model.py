@@ -50,6 +50,8 @@ def test_num_steps_kwarg(steps: int) -> None:
         {"ca_aggregation": "max", "ca_pos_encoding": True, "ca_neighbors": "xyz", "num_steps": 2},
         {"sa_aggregation": "vector", "sa_num_heads": 8, "num_steps": 0},
         {"sa_pos_encoding": True, "ca_pos_encoding": True, "ca_neighbors": "xyz", "num_steps": 0},
+        {"embed": "local"},
+        {"embed": "local", "num_steps": 0, "ca_neighbors": "xyz"},
     ],
 )
 def test_lever_knobs_sweep(levers: dict) -> None:
@@ -89,6 +91,32 @@ def test_lever_knobs_reach_the_blocks_and_bad_values_are_refused() -> None:
         create_model("centroid_transformer_modelnet40", sa_pos_encoding=True, mixer="softmax")
     with pytest.raises(ValueError, match="normalize must be one of"):
         create_model("centroid_transformer_modelnet40", ca_normalize="points")
+
+
+def test_local_embedding_is_pointnet2s_first_layer_and_translation_invariant() -> None:
+    """embed="local": each point's feature is the channel-wise max over its K nearest points in xyz (itself included)
+    of the embedding MLP applied to their offsets p_j - p_i and their normals (PointNet++'s set abstraction, with
+    every point a centre). Checked against a plain loop, then the whole model's translation invariance, which the
+    point embedding (absolute xyz) does not have."""
+    torch.manual_seed(0)
+    model = create_model("centroid_transformer_modelnet40", embed="local", in_channels=6, **SMALL).double().eval()
+    points = torch.rand(2, 96, 6, dtype=torch.float64)
+    got = model._embed(points, points[..., :3].contiguous())
+    for b in range(2):
+        for i in (0, 17, 95):
+            dist = (points[b, :, :3] - points[b, i, :3]).norm(dim=-1)
+            nbrs = dist.argsort()[:8]
+            edges = torch.cat([points[b, nbrs, :3] - points[b, i, :3], points[b, nbrs, 3:]], dim=-1)
+            want = model.embed(edges.unsqueeze(0)).amax(dim=1)[0]
+            torch.testing.assert_close(got[b, i], want)
+    shift = torch.tensor([0.3, -1.2, 2.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    torch.testing.assert_close(model(points + shift), model(points))
+    point = create_model("centroid_transformer_modelnet40", in_channels=6, **SMALL).double().eval()
+    assert not torch.allclose(point(points + shift), point(points))
+    twin = create_model("centroid_transformer_modelnet40_fps", embed="local", **SMALL)
+    assert twin.embed_mode == "local"  # the twins share the embedding
+    with pytest.raises(ValueError, match=r"embed must be one of \['point', 'local'\], got 'edge'"):
+        create_model("centroid_transformer_modelnet40", embed="edge")
 
 
 def test_default_is_the_measured_design_and_the_paper_reading_is_a_config() -> None:
