@@ -286,10 +286,16 @@ class CentroidTransformer(PointClassifier):
         ca = {"neighbor_space": CA_NEIGHBORS[ca_neighbors], "pos_encoding": ca_pos_encoding, "pos_hidden": pos_hidden,
               "normalize": ca_normalize, "layer_scale": layer_scale, "aggregation": ca_aggregation}  # fmt: skip
         ca_block = partial(block, num_heads=num_heads if ca_num_heads is None else ca_num_heads)
-        self.embed = nn.Sequential(
+        embed_mlp = nn.Sequential(
             nn.Linear(in_channels, widths[0], bias=False), PointBatchNorm(widths[0]), act(),
             nn.Linear(widths[0], widths[0], bias=False), PointBatchNorm(widths[0]), act(),
         )  # fmt: skip
+        # Named by what it reads: the two embeddings have the same weights' shapes, and a checkpoint of one must not
+        # load silently into the other.
+        if embed == "point":
+            self.embed = embed_mlp
+        else:
+            self.local_embed = embed_mlp
         init_kwargs: Callable[[int], dict] = lambda m: (  # noqa: E731
             {"num_centroids": m, "num_iters": kmeans_iters} if init == "kmeans" else {"num_centroids": m}
         )
@@ -385,7 +391,7 @@ class CentroidTransformer(PointClassifier):
         _, nbr = knn(pos, pos, self.num_neighbors)  # (B, N, K), each point first among its own neighbours
         edges = gather(points, nbr)  # (B, N, K, in_channels)
         edges = torch.cat([edges[..., :3] - pos.unsqueeze(2), edges[..., 3:]], dim=-1)
-        x = self.embed(edges.view(B, N * nbr.shape[-1], -1))  # per-edge MLP; BatchNorm over every edge
+        x = self.local_embed(edges.view(B, N * nbr.shape[-1], -1))  # per-edge MLP; BatchNorm over every edge
         return x.view(B, N, nbr.shape[-1], -1).amax(dim=2)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:

@@ -107,7 +107,7 @@ def test_local_embedding_is_pointnet2s_first_layer_and_translation_invariant() -
             dist = (points[b, :, :3] - points[b, i, :3]).norm(dim=-1)
             nbrs = dist.argsort()[:8]
             edges = torch.cat([points[b, nbrs, :3] - points[b, i, :3], points[b, nbrs, 3:]], dim=-1)
-            want = model.embed(edges.unsqueeze(0)).amax(dim=1)[0]
+            want = model.local_embed(edges.unsqueeze(0)).amax(dim=1)[0]
             torch.testing.assert_close(got[b, i], want)
     shift = torch.tensor([0.3, -1.2, 2.0, 0.0, 0.0, 0.0], dtype=torch.float64)
     torch.testing.assert_close(model(points + shift), model(points))
@@ -115,6 +115,8 @@ def test_local_embedding_is_pointnet2s_first_layer_and_translation_invariant() -
     assert not torch.allclose(point(points + shift), point(points))
     twin = create_model("centroid_transformer_modelnet40_fps", embed="local", **SMALL)
     assert twin.embed_mode == "local"  # the twins share the embedding
+    with pytest.raises(RuntimeError, match="local_embed"):  # same shapes, another function: never loaded silently
+        twin.load_state_dict(create_model("centroid_transformer_modelnet40_fps", embed="point", **SMALL).state_dict())
     with pytest.raises(ValueError, match=r"embed must be one of \['point', 'local'\], got 'edge'"):
         create_model("centroid_transformer_modelnet40", embed="edge")
 
