@@ -4,7 +4,8 @@ Wu et al., "Centroid Transformers: Learning to Abstract with Attention", arXiv:2
 
 The network (paper Fig. 3), with N input points::
 
-    xyz (B, N, 3[+3 normals]) -> per-point embedding (C0 = 64)
+    xyz (B, N, 3[+3 normals]) -> per-point embedding (C0 = 64; the paper's MLP of each point, or by default a maximum
+                                 over its K nearest points of that MLP of their offsets, ``embed``)
       -> SA  (64,  N  points, attention over the K nearest points in xyz)
       -> CA  (128, N  -> N1 centroids, FPS init in xyz, K nearest inputs in feature space, T steps)
       -> SA  (128, N1 points)
@@ -212,10 +213,11 @@ class CentroidTransformer(PointClassifier):
             paper's multi-head attention), ``"vector"`` (grouped vector attention, ``ca_num_heads`` groups of channels
             each weighing its own neighbours, Point Transformer v2's form) or ``"max"`` (a per-channel maximum over
             the neighbours, PointNet++'s pool).
-        embed: how the input points become the first block's features (:data:`EMBEDS`): ``"point"`` (the paper: an
-            MLP of each point's xyz, and normals) or ``"local"`` (a per-channel maximum over its ``num_neighbors``
-            nearest points of the same MLP applied to their offsets ``p_j - p_i`` and normals: translation-invariant,
-            as PointNet++'s first layer). It changes the twins too.
+        embed: how the input points become the first block's features (:data:`EMBEDS`): ``"local"`` (default: a
+            per-channel maximum over its ``num_neighbors`` nearest points of an MLP of their offsets ``p_j - p_i`` and
+            normals, translation-invariant, as PointNet++'s first layer; it measured above the point embedding for
+            the centroid model and its twins, docs/ablations.md, table ``modelnet_levers``) or ``"point"`` (the paper:
+            the same MLP of each point's xyz and normals). It changes the twins too.
 
     Shapes:
         points: ``(B, N, in_channels)``; output logits ``(B, num_classes)`` (``num_classes=0``: the pooled features
@@ -252,7 +254,7 @@ class CentroidTransformer(PointClassifier):
         ca_aggregation: str = "dot",
         sa_aggregation: str = "dot",
         sa_num_heads: int | None = None,
-        embed: str = "point",
+        embed: str = "local",
     ) -> None:
         super().__init__(num_classes, in_channels)
         if len(widths) != 4 or len(num_centroids) != 2:
@@ -359,15 +361,18 @@ class CentroidTransformer(PointClassifier):
                 f"(N={N}): need K <= N1"
             )
         pos = points[..., :3].contiguous()
-        x = self._embed(points, pos)
         outs = []
         with input_checks(False):  # validated once above; the blocks need not re-check each call
+            # the input points' K nearest in xyz: read by the local embedding and by the first SA block alike
+            nbr = knn(pos, pos, self.num_neighbors)[1] if self.embed_mode == "local" else None  # (B, N, K)
+            x = self._embed(points, pos, nbr)
             cur_pos = pos
             up_pos, up = pos, None  # the points whose neighbours (dist, idx) of the input points up holds
             for transition, block in zip(self.transitions, self.blocks):
                 x = transition(x)
                 if isinstance(block, SelfAttentionBlock):
-                    _, nbr = knn(cur_pos, cur_pos, self.num_neighbors)  # (B, n, K) in xyz
+                    if nbr is None or cur_pos is not pos:
+                        _, nbr = knn(cur_pos, cur_pos, self.num_neighbors)  # (B, n, K) in xyz
                     x = block(x, neighbor_idx=nbr, pos=cur_pos)
                 elif isinstance(block, MixerBlock):
                     x = block(x)  # global sequence mixer over the stage's points
@@ -383,12 +388,14 @@ class CentroidTransformer(PointClassifier):
                 outs.append(interpolate_neighbors(x, *up))
         return self.fuse(torch.cat(outs, dim=-1))  # (B, N, fuse_dim)
 
-    def _embed(self, points: Tensor, pos: Tensor) -> Tensor:
-        """``(B, N, widths[0])`` features of the input points (``embed``)."""
+    def _embed(self, points: Tensor, pos: Tensor, nbr: Tensor | None = None) -> Tensor:
+        """``(B, N, widths[0])`` features of the input points (``embed``); ``nbr``: the ``(B, N, K)`` indices of each
+        point's K nearest in xyz (each point among its own), searched here if not given."""
         if self.embed_mode == "point":
             return self.embed(points)
         B, N, _ = points.shape
-        _, nbr = knn(pos, pos, self.num_neighbors)  # (B, N, K), each point first among its own neighbours
+        if nbr is None:
+            nbr = knn(pos, pos, self.num_neighbors)[1]
         edges = gather(points, nbr)  # (B, N, K, in_channels)
         edges = torch.cat([edges[..., :3] - pos.unsqueeze(2), edges[..., 3:]], dim=-1)
         x = self.local_embed(edges.view(B, N * nbr.shape[-1], -1))  # per-edge MLP; BatchNorm over every edge
@@ -431,9 +438,10 @@ MODELS, register_model, list_models, create_model = ModelRegistry(
 
 @register_model
 def centroid_transformer_modelnet40(**kwargs) -> CentroidTransformer:
-    """The paper's model: FPS init, one centroid-attention step (T as ``num_steps``), with two measured changes: its
-    update scaled by a learned per-channel factor that starts at 0, and relative positions in the SA blocks
-    (``layer_scale=None, sa_pos_encoding=False``: the paper's reading)."""
+    """The paper's model: FPS init, one centroid-attention step (T as ``num_steps``), with three measured changes: its
+    update scaled by a learned per-channel factor that starts at 0, relative positions in the SA blocks, and each
+    point embedded from its neighbours' offsets (``layer_scale=None, sa_pos_encoding=False, embed="point"``: the
+    paper's reading)."""
     return CentroidTransformer(**{"num_classes": 40, **kwargs})
 
 

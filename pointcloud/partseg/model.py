@@ -110,7 +110,8 @@ class CentroidPartSeg(PartSegModel):
         **encoder_kwargs: the encoder's other arguments, with its defaults: those of
             :class:`pointcloud.CentroidTransformer` but the head's (``widths``, ``num_centroids``, ``num_neighbors``,
             ``num_heads``, ``num_steps``, ``init``, ``kmeans_iters``, ``mlp_ratio``, ``fuse_dim``, ``mixer``,
-            ``mixer_kwargs``, ``attn_backend``).
+            ``mixer_kwargs``, ``attn_backend``), and ``embed="point"``: the encoder that
+            docs/guides/part-segmentation.md compares with PointNet++ (the classifier's default is ``"local"``).
 
     Shapes:
         points: ``(B, N, in_channels)``; category: ``(B,)`` int64; features ``(B, N, fuse_dim + in_channels)``;
@@ -135,6 +136,7 @@ class CentroidPartSeg(PartSegModel):
         self.num_categories = num_categories
         self.in_channels = in_channels
         # the classifier's network without its head, read at its fused per-point features
+        encoder_kwargs = {"embed": "point", **encoder_kwargs}
         self.encoder = CentroidTransformer(
             num_classes=0, in_channels=in_channels, head_dims=(), upsample=upsample, **encoder_kwargs
         )

@@ -111,7 +111,7 @@ def test_local_embedding_is_pointnet2s_first_layer_and_translation_invariant() -
             torch.testing.assert_close(got[b, i], want)
     shift = torch.tensor([0.3, -1.2, 2.0, 0.0, 0.0, 0.0], dtype=torch.float64)
     torch.testing.assert_close(model(points + shift), model(points))
-    point = create_model("centroid_transformer_modelnet40", in_channels=6, **SMALL).double().eval()
+    point = create_model("centroid_transformer_modelnet40", embed="point", in_channels=6, **SMALL).double().eval()
     assert not torch.allclose(point(points + shift), point(points))
     twin = create_model("centroid_transformer_modelnet40_fps", embed="local", **SMALL)
     assert twin.embed_mode == "local"  # the twins share the embedding
@@ -133,11 +133,13 @@ def test_default_is_the_measured_design_and_the_paper_reading_is_a_config() -> N
     twin = create_model("centroid_transformer_modelnet40_fps", **SMALL)
     assert encodes(model.blocks[0]) and encodes(twin.blocks[2])  # the twins share the SA blocks
     assert float(model.blocks[1].attn.layer_scale.gamma.abs().sum()) == 0  # the update starts at 0
+    assert model.embed_mode == twin.embed_mode == "local"  # the twins share the embedding too
     mixed = create_model("centroid_transformer_modelnet40", mixer="softmax", **SMALL)  # no neighbours to encode
     assert not encodes(mixed.blocks[0]) and not encodes(mixed.blocks[2])
     path = REPO / "configs/pointcloud/modelnet40_centroid_t1_paper.yaml"
     paper = build_model(load_config(ModelNetConfig, path), num_classes=40)
     assert not encodes(paper.blocks[0]) and isinstance(paper.blocks[1].attn.layer_scale, torch.nn.Identity)
+    assert paper.embed_mode == "point"
 
 
 def test_normals_and_classifier_reset() -> None:
