@@ -25,17 +25,21 @@ cd "$ROOT"
 export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/centroid-toolkit/inductor}"
 
 # The fast suite plus the slow tests (what CI runs); `dataset` tests need full datasets and are left out. The ten
-# slowest tests close each report, so that a test that grows is seen.
-PYTEST=("$VENV/bin/python" -m pytest -m "not dataset" --durations=10)
+# slowest tests close each report, so that a test that grows is seen; each file's seconds go to runs/test-durations.json
+# (tests/durations.json is a copy: the order in which the files are handed to the cores, longest first).
+mkdir -p runs
+rm -f runs/test-durations.json
+PYTEST=("$VENV/bin/python" -m pytest -m "not dataset" --durations=10 --durations-out runs/test-durations.json)
 cores="$(nproc)"
 workers="${CENTROID_TEST_WORKERS:-$((cores < 8 ? cores : 8))}"
 [ "$workers" -gt 1 ] || exec "${PYTEST[@]}" "$@"
 
 # On every core (pytest-xdist; a file's tests stay on one worker, so that its module fixtures run once; cores / workers
-# intra-op threads a worker), then the tests marked serial alone, with every core.
+# intra-op threads a worker; the files in the order tests/conftest.py gives them, longest first), then the tests
+# marked serial alone, with every core.
 rc=0
 OMP_NUM_THREADS="${OMP_NUM_THREADS:-$((cores > workers ? cores / workers : 1))}" \
-    "${PYTEST[@]}" -n "$workers" --dist loadfile --serial=exclude "$@" || rc=$?
+    "${PYTEST[@]}" -n "$workers" --dist loadfile --no-loadscope-reorder --serial=exclude "$@" || rc=$?
 rc_serial=0
 "${PYTEST[@]}" --serial=only "$@" || rc_serial=$?
 # pytest's 5 (no test collected) stands only when neither pass collected one
