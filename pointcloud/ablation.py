@@ -231,10 +231,11 @@ CONVERGED_TABLE = _register(
         description=(
             "Converged regime (`pointcloud/ablation.py`, `CONVERGED_REGIME`): the lever table's data, 256 points "
             "(K = 16), 40 epochs of batch 32, AdamW 2e-3 with cosine decay, the main job's augmentation. T = 1 is the "
-            "default model (layer scale 0, SA position encoding); its twins share its SA blocks; the paper's reading "
-            "is the last row; PointNet++ is scaled to 256 points "
-            "(`configs/pointcloud/modelnet40_pointnet2_ssg_256.yaml`). Test overall accuracy (%) after the last "
-            "epoch, no voting; std over seeds (n - 1)."
+            "default model with the point embedding (layer scale 0, SA position encoding, `model_kwargs.embed=point`); "
+            "its twins share its SA blocks and embedding; PointNet++ is scaled to 256 points "
+            "(`configs/pointcloud/modelnet40_pointnet2_ssg_256.yaml`); then the paper's reading, and the default "
+            "(local embedding) with its three twins. Test overall accuracy (%) after the last epoch, no voting; std "
+            "over seeds (n - 1)."
         ),
     )
 )
