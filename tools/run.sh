@@ -29,7 +29,7 @@ export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-${XDG_CACHE_HOME:-$HO
 # (tests/durations.json is a copy: the order in which the files are handed to the cores, longest first).
 mkdir -p runs
 rm -f runs/test-durations.json
-PYTEST=("$VENV/bin/python" -m pytest -m "not dataset" --durations=10 --durations-out runs/test-durations.json)
+PYTEST=("$VENV/bin/python" -m pytest -m "not dataset" --durations=10 --durations-out=runs/test-durations.json)
 cores="$(nproc)"
 workers="${CENTROID_TEST_WORKERS:-$((cores < 8 ? cores : 8))}"
 [ "$workers" -gt 1 ] || exec "${PYTEST[@]}" "$@"

@@ -35,28 +35,31 @@ def test_serial():
 
 
 def test_files_run_longest_first_and_their_seconds_are_recorded(tmp_path: Path) -> None:
-    shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    serial: alone\n    gpu: cuda\n")
+    """As `bash tools/run.sh test` runs them: the conftest in tests/ (found through testpaths), no path on the command
+    line, a second pass (the serial tests) while the first pass's file exists."""
+    suite = tmp_path / "tests"
+    suite.mkdir()
+    shutil.copy(TESTS / "conftest.py", suite / "conftest.py")
+    (tmp_path / "pytest.ini").write_text("[pytest]\ntestpaths = tests\nmarkers =\n    serial: alone\n    gpu: cuda\n")
     for name, sleep in (("test_a.py", 0.0), ("test_b.py", 0.3), ("test_c.py", 0.0)):
-        (tmp_path / name).write_text(_BODY.format(name=name, sleep=sleep))
+        (suite / name).write_text(_BODY.format(name=name, sleep=sleep))
     # recorded: c longest, then a; b (added since) counts as the mean of the known files
-    (tmp_path / "durations.json").write_text(json.dumps({"test_c.py": 50.0, "test_a.py": 10.0}))
+    (suite / "durations.json").write_text(json.dumps({"tests/test_c.py": 50.0, "tests/test_a.py": 10.0}))
     out = tmp_path / "runs" / "durations.json"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "1", "--dist", "loadfile",
-           "--no-loadscope-reorder", "--serial=exclude", "--durations-out", str(out)]  # fmt: skip
-    run = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--durations-out={out}"]
+    run = subprocess.run([*cmd, "-n", "1", "--dist", "loadfile", "--no-loadscope-reorder", "--serial=exclude"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
-    order = (tmp_path / "order.log").read_text().split()
+    order = (suite / "order.log").read_text().split()
     assert order == ["test_c.py::test_one", "test_b.py::test_one", "test_a.py::test_one"]
     seconds = json.loads(out.read_text())
-    assert set(seconds) == {"test_a.py", "test_b.py", "test_c.py"} and seconds["test_b.py"] >= 0.3, seconds
-    assert next(iter(seconds)) == "test_b.py"  # written longest first
+    assert set(seconds) == {"tests/test_a.py", "tests/test_b.py", "tests/test_c.py"}, seconds
+    assert seconds["tests/test_b.py"] >= 0.3 and next(iter(seconds)) == "tests/test_b.py"  # written longest first
     # the serial pass adds nothing: its tests do not share the cores
-    run = subprocess.run([*cmd[:6], "--serial=only", "--durations-out", str(out)], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    run = subprocess.run([*cmd, "--serial=only"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert json.loads(out.read_text()) == seconds
-    assert (tmp_path / "order.log").read_text().split()[3:] == [
+    assert (suite / "order.log").read_text().split()[3:] == [
         "test_c.py::test_serial",
         "test_b.py::test_serial",
         "test_a.py::test_serial",
