@@ -18,10 +18,11 @@ The paper's text lost N1, N2 and K; they are constructor knobs (``num_centroids`
 N1 = N / 2, N2 = N1 / 2 (512 and 256 centroids at N = 1024) and K = 24, are chosen to match the paper's 4.1 M params
 and 5.4 GMACs: 3.57 M params, and 5.39 GMACs when the key/value projections of the KNN attention are evaluated per
 (centroid, neighbour) edge, the only reading under which N1, N2 and K set the count (``tools/model_stats.py`` explains
-it and prints both counts), in the paper's reading (``layer_scale=None, sa_pos_encoding=False``; the default's SA
-position encoding adds 4 K params, 0.01 GMACs and 0.05 per edge). Our implementation projects each point once and
-gathers keys and values, the same function at 1.49 GMACs. Width changes happen in a linear layer in front of each
-block whose width differs from the previous one.
+it and prints both counts), in the paper's reading (``layer_scale=None, sa_pos_encoding=False, embed="point"``; the
+default's SA position encoding adds 4 K params, 0.01 GMACs and 0.05 per edge, and its local embedding runs the
+embedding's MLP once per (point, neighbour) edge instead of once per point). Our implementation projects each point
+once and gathers keys and values, the same function at 1.49 GMACs. Width changes happen in a linear layer in front of
+each block whose width differs from the previous one.
 
 Ablation twins (paper Table 3): ``num_steps=0`` keeps the centroid blocks' init (FPS, random or k-means
 downsampling) and their MLP but drops the attention step.
