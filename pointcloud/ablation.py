@@ -53,6 +53,7 @@ _CA_PE = "model_kwargs.ca_pos_encoding=true"
 _XYZ = "model_kwargs.ca_neighbors=xyz"
 _LOCAL = "model_kwargs.embed=local"
 _POINT = "model_kwargs.embed=point"
+_EDGE = "model_kwargs.embed=edge"
 # the point model's configs (the peers take no embedding; the paper's reading sets its own)
 _CENTROID_CONFIGS = tuple(
     f"configs/pointcloud/modelnet40_{name}.yaml"
@@ -177,6 +178,9 @@ LEVER_TABLE = _register(
             # which fits, embeds each point's neighbourhood through offsets only
             Row("T = 1 + layer scale 0 + SA pos. enc., local embedding", _T1, (_LS0, _SA, _LOCAL)),
             Row("FPS only + SA pos. enc., local embedding", _FPS, (_SA, _LOCAL)),
+            # the local embedding cost part segmentation (it sees no absolute position): DGCNN's edge input keeps both
+            Row("T = 1 + layer scale 0 + SA pos. enc., edge embedding", _T1, (_LS0, _SA, _EDGE)),
+            Row("FPS only + SA pos. enc., edge embedding", _FPS, (_SA, _EDGE)),
         ),
         regime=DEV_REGIME,
         description=(

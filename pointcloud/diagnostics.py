@@ -44,7 +44,7 @@ __all__ = ["attention_statistics", "diagnose_checkpoint", "gradient_norms"]
 
 def _parts(model: CentroidTransformer) -> dict[str, nn.Module]:
     """The model's parts in forward order, by a short name (``SA1``, ``CA1``, ``SA2``, ``CA2``, ...)."""
-    parts: dict[str, nn.Module] = {"embed": model.embed if model.embed_mode == "point" else model.local_embed}
+    parts: dict[str, nn.Module] = {"embed": model.embedding}
     counts = {"SA": 0, "CA": 0}
     for transition, block in zip(model.transitions, model.blocks):
         kind = "CA" if isinstance(block, CentroidBlock) else "SA"

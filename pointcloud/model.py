@@ -72,10 +72,16 @@ __all__ = [
 CA_NEIGHBORS: dict[str, str] = {"feature": "feature", "xyz": "pos"}
 """Where the centroid blocks' centroids find their K neighbours -> :data:`attention.NEIGHBOR_SPACES` name."""
 
-EMBEDS = ("point", "local")
+EMBEDS = ("point", "local", "edge")
 """How the centroid transformer embeds its input points: ``"point"``, an MLP of each point's own channels (absolute
-xyz: the paper), or ``"local"``, a maximum over the point's K nearest points in xyz of an MLP of their offsets (and
-their channels past xyz), PointNet++'s first set abstraction without the downsampling."""
+xyz: the paper); ``"local"``, a maximum over the point's K nearest points in xyz of an MLP of their offsets (and
+their channels past xyz), PointNet++'s first set abstraction without the downsampling; or ``"edge"``, the same maximum
+of an MLP of ``[x_i, x_j - x_i]`` (the point's own channels and each neighbour's differences), DGCNN's first EdgeConv
+with its neighbours in xyz."""
+
+# Each embedding's MLP is named by what it reads: the local and point MLPs have the same weights' shapes, and a
+# checkpoint of one must not load silently into another.
+EMBED_MODULES = {"point": "embed", "local": "local_embed", "edge": "edge_embed"}
 
 UPSAMPLE: dict[str, int] = {"nearest": 1, "inverse_distance": 3}
 """How a stage's features reach the N input points -> the neighbours (in xyz) each input point reads: its nearest
@@ -217,8 +223,9 @@ class CentroidTransformer(PointClassifier):
         embed: how the input points become the first block's features (:data:`EMBEDS`): ``"local"`` (default: a
             per-channel maximum over its ``num_neighbors`` nearest points of an MLP of their offsets ``p_j - p_i`` and
             normals, translation-invariant, as PointNet++'s first layer; it measured above the point embedding for
-            the centroid model and its twins, docs/ablations.md, table ``modelnet_levers``) or ``"point"`` (the paper:
-            the same MLP of each point's xyz and normals). It changes the twins too.
+            the centroid model and its twins, docs/ablations.md, table ``modelnet_levers``), ``"point"`` (the paper:
+            the same MLP of each point's xyz and normals) or ``"edge"`` (DGCNN's EdgeConv input ``[x_i, x_j - x_i]``
+            over the same neighbours: local shape and absolute position). It changes the twins too.
 
     Shapes:
         points: ``(B, N, in_channels)``; output logits ``(B, num_classes)`` (``num_classes=0``: the pooled features
@@ -290,15 +297,10 @@ class CentroidTransformer(PointClassifier):
               "normalize": ca_normalize, "layer_scale": layer_scale, "aggregation": ca_aggregation}  # fmt: skip
         ca_block = partial(block, num_heads=num_heads if ca_num_heads is None else ca_num_heads)
         embed_mlp = nn.Sequential(
-            nn.Linear(in_channels, widths[0], bias=False), PointBatchNorm(widths[0]), act(),
+            nn.Linear(2 * in_channels if embed == "edge" else in_channels, widths[0], bias=False), PointBatchNorm(widths[0]), act(),
             nn.Linear(widths[0], widths[0], bias=False), PointBatchNorm(widths[0]), act(),
         )  # fmt: skip
-        # Named by what it reads: the two embeddings have the same weights' shapes, and a checkpoint of one must not
-        # load silently into the other.
-        if embed == "point":
-            self.embed = embed_mlp
-        else:
-            self.local_embed = embed_mlp
+        setattr(self, EMBED_MODULES[embed], embed_mlp)  # named by its mode: a checkpoint never crosses modes
         init_kwargs: Callable[[int], dict] = lambda m: (  # noqa: E731
             {"num_centroids": m, "num_iters": kmeans_iters} if init == "kmeans" else {"num_centroids": m}
         )
@@ -365,7 +367,7 @@ class CentroidTransformer(PointClassifier):
         outs = []
         with input_checks(False):  # validated once above; the blocks need not re-check each call
             # the input points' K nearest in xyz: read by the local embedding and by the first SA block alike
-            nbr = knn(pos, pos, self.num_neighbors)[1] if self.embed_mode == "local" else None  # (B, N, K)
+            nbr = knn(pos, pos, self.num_neighbors)[1] if self.embed_mode != "point" else None  # (B, N, K)
             x = self._embed(points, pos, nbr)
             cur_pos = pos
             up_pos, up = pos, None  # the points whose neighbours (dist, idx) of the input points up holds
@@ -389,6 +391,11 @@ class CentroidTransformer(PointClassifier):
                 outs.append(interpolate_neighbors(x, *up))
         return self.fuse(torch.cat(outs, dim=-1))  # (B, N, fuse_dim)
 
+    @property
+    def embedding(self) -> nn.Module:
+        """The embedding's MLP (``embed``, ``local_embed`` or ``edge_embed``, by :data:`EMBEDS` mode)."""
+        return getattr(self, EMBED_MODULES[self.embed_mode])
+
     def _embed(self, points: Tensor, pos: Tensor, nbr: Tensor | None = None) -> Tensor:
         """``(B, N, widths[0])`` features of the input points (``embed``); ``nbr``: the ``(B, N, K)`` indices of each
         point's K nearest in xyz (each point among its own), searched here if not given."""
@@ -398,8 +405,12 @@ class CentroidTransformer(PointClassifier):
         if nbr is None:
             nbr = knn(pos, pos, self.num_neighbors)[1]
         edges = gather(points, nbr)  # (B, N, K, in_channels)
-        edges = torch.cat([edges[..., :3] - pos.unsqueeze(2), edges[..., 3:]], dim=-1)
-        x = self.local_embed(edges.view(B, N * nbr.shape[-1], -1))  # per-edge MLP; BatchNorm over every edge
+        if self.embed_mode == "local":
+            edges = torch.cat([edges[..., :3] - pos.unsqueeze(2), edges[..., 3:]], dim=-1)
+        else:  # edge
+            centre = points.unsqueeze(2).expand_as(edges)
+            edges = torch.cat([centre, edges - centre], dim=-1)
+        x = self.embedding(edges.view(B, N * nbr.shape[-1], -1))  # per-edge MLP; BatchNorm over every edge
         return x.view(B, N, nbr.shape[-1], -1).amax(dim=2)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:

@@ -117,8 +117,30 @@ def test_local_embedding_is_pointnet2s_first_layer_and_translation_invariant() -
     assert twin.embed_mode == "local"  # the twins share the embedding
     with pytest.raises(RuntimeError, match="local_embed"):  # same shapes, another function: never loaded silently
         twin.load_state_dict(create_model("centroid_transformer_modelnet40_fps", embed="point", **SMALL).state_dict())
-    with pytest.raises(ValueError, match=r"embed must be one of \['point', 'local'\], got 'edge'"):
-        create_model("centroid_transformer_modelnet40", embed="edge")
+    with pytest.raises(ValueError, match=r"embed must be one of \['point', 'local', 'edge'\], got 'offsets'"):
+        create_model("centroid_transformer_modelnet40", embed="offsets")
+
+
+def test_edge_embedding_is_pyg_edgeconv_over_the_xyz_neighbours() -> None:
+    """embed="edge": max over the K nearest points in xyz of the MLP of [x_i, x_j - x_i], equal to PyTorch Geometric's
+    EdgeConv (DGCNN's layer, max aggregation) with the same MLP on the same KNN graph; not translation-invariant (x_i
+    holds absolute xyz), and its weights never load into another embedding."""
+    pyg = pytest.importorskip("torch_geometric.nn")
+    torch.manual_seed(0)
+    model = create_model("centroid_transformer_modelnet40", embed="edge", in_channels=6, **SMALL).double().eval()
+    points = torch.rand(2, 96, 6, dtype=torch.float64)
+    pos = points[..., :3].contiguous()
+    got = model._embed(points, pos)
+    nbr = torch.cdist(pos, pos).topk(SMALL["num_neighbors"], largest=False).indices  # (B, N, K), self included
+    src = (nbr + 96 * torch.arange(2).view(2, 1, 1)).reshape(-1)  # neighbour j -> point i, batch offsets
+    dst = torch.arange(2 * 96).repeat_interleave(SMALL["num_neighbors"])
+    conv = pyg.EdgeConv(lambda e: model.embedding(e.unsqueeze(0))[0], aggr="max")  # PointBatchNorm takes (B, N, C)
+    want = conv(points.reshape(-1, 6), torch.stack([src, dst])).view(2, 96, -1)
+    torch.testing.assert_close(got, want)
+    shift = torch.tensor([0.3, -1.2, 2.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    assert not torch.allclose(model(points + shift), model(points))
+    with pytest.raises(RuntimeError, match="edge_embed"):
+        model.load_state_dict(create_model("centroid_transformer_modelnet40", in_channels=6, **SMALL).state_dict())
 
 
 def test_default_is_the_measured_design_and_the_paper_reading_is_a_config() -> None:
