@@ -383,9 +383,10 @@ def bench_args(ctx: Ctx, name: str) -> list[str]:
         pair = ["--compile", "both", "--capture", "--no-train", "--channels-last", "--models", DEIT_TINY, OURS_1]
         return [*amp, *pair] if quick else amp
     if name == "bench_mixers":
-        if not cuda:  # a compiled row (tens of seconds to compile on CPU) and the skipped line of a torch row
+        if not cuda:  # a compiled row (tens of seconds to compile on CPU) and the skipped line of a torch row; in one
+            # process (a fresh one per row imports torch again, five times the section's time)
             mixers = ["fsat", "fsat-torch", "fsat-compiled", "hydra", "cauchy"]
-            return [*d, "--lengths", "128", "--dim", "32", "--heads", "2", "--mixers", *mixers]
+            return [*d, "--lengths", "128", "--dim", "32", "--heads", "2", "--mixers", *mixers, "--isolate", "no"]
         if quick:  # the targets' rows only: FSAT and Hydra (the kernels eager, compiled, in CUDA graphs compiled and
             # captured; FSAT's compiled step captured too, for its 4K target: one more compile per shape, Hydra's
             # would be six more) against SDPA from 4K to 16K at B = 1 and 8, Cauchy / Vandermonde at 4K

@@ -296,8 +296,9 @@ class CentroidTransformer(PointClassifier):
         ca = {"neighbor_space": CA_NEIGHBORS[ca_neighbors], "pos_encoding": ca_pos_encoding, "pos_hidden": pos_hidden,
               "normalize": ca_normalize, "layer_scale": layer_scale, "aggregation": ca_aggregation}  # fmt: skip
         ca_block = partial(block, num_heads=num_heads if ca_num_heads is None else ca_num_heads)
+        embed_in = 2 * in_channels if embed == "edge" else in_channels  # edge: [x_i, x_j - x_i]
         embed_mlp = nn.Sequential(
-            nn.Linear(2 * in_channels if embed == "edge" else in_channels, widths[0], bias=False), PointBatchNorm(widths[0]), act(),
+            nn.Linear(embed_in, widths[0], bias=False), PointBatchNorm(widths[0]), act(),
             nn.Linear(widths[0], widths[0], bias=False), PointBatchNorm(widths[0]), act(),
         )  # fmt: skip
         setattr(self, EMBED_MODULES[embed], embed_mlp)  # named by its mode: a checkpoint never crosses modes

@@ -110,10 +110,9 @@ class CentroidPartSeg(PartSegModel):
         **encoder_kwargs: the encoder's other arguments, with its defaults: those of
             :class:`pointcloud.CentroidTransformer` but the head's (``widths``, ``num_centroids``, ``num_neighbors``,
             ``num_heads``, ``num_steps``, ``init``, ``kmeans_iters``, ``mlp_ratio``, ``fuse_dim``, ``mixer``,
-            ``mixer_kwargs``, ``attn_backend``), and ``embed="edge"``: DGCNN's edge input, which keeps each point's
-            absolute position beside its neighbourhood's shape; on the synthetic parts it measured above the
-            point embedding and far above the classifier's default ``"local"``, which sees no absolute position
-            (docs/guides/part-segmentation.md).
+            ``mixer_kwargs``, ``attn_backend``), and ``embed="point"``: on the synthetic parts it measured level with
+            ``"edge"`` and far above the classifier's default ``"local"``, which sees no absolute position and cannot
+            tell a part by where it lies in the shape (docs/guides/part-segmentation.md).
 
     Shapes:
         points: ``(B, N, in_channels)``; category: ``(B,)`` int64; features ``(B, N, fuse_dim + in_channels)``;
@@ -138,7 +137,7 @@ class CentroidPartSeg(PartSegModel):
         self.num_categories = num_categories
         self.in_channels = in_channels
         # the classifier's network without its head, read at its fused per-point features
-        encoder_kwargs = {"embed": "edge", **encoder_kwargs}
+        encoder_kwargs = {"embed": "point", **encoder_kwargs}
         self.encoder = CentroidTransformer(
             num_classes=0, in_channels=in_channels, head_dims=(), upsample=upsample, **encoder_kwargs
         )

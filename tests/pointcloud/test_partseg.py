@@ -82,7 +82,7 @@ def test_encoder_keywords_reach_the_classifier_network_and_unknown_ones_are_name
     assert model.encoder.blocks[1].attn.num_steps == 2 and model.fuse_dim == SMALL["fuse_dim"]
     default = create_model("centroid_transformer_partseg")
     assert default.encoder.num_neighbors == create_classifier("centroid_transformer_modelnet40").num_neighbors
-    assert default.encoder.embed_mode == "edge"  # the measured encoder (absolute position + neighbourhood)
+    assert default.encoder.embed_mode == "point"  # the measured encoder: the local one loses absolute position
     assert create_model("centroid_transformer_partseg", embed="local", **SMALL).encoder.embed_mode == "local"
     with pytest.raises(ValueError, match=r"does not take one of the keywords.*num_step"):
         create_model("centroid_transformer_partseg", num_step=2)
