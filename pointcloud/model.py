@@ -367,7 +367,7 @@ class CentroidTransformer(PointClassifier):
         pos = points[..., :3].contiguous()
         outs = []
         with input_checks(False):  # validated once above; the blocks need not re-check each call
-            # the input points' K nearest in xyz: read by the local embedding and by the first SA block alike
+            # the input points' K nearest in xyz: read by the local / edge embedding and by the first SA block alike
             nbr = knn(pos, pos, self.num_neighbors)[1] if self.embed_mode != "point" else None  # (B, N, K)
             x = self._embed(points, pos, nbr)
             cur_pos = pos
