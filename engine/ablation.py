@@ -98,6 +98,8 @@ class Table:
         prepare: called with the output folder before any run (e.g. to write a data set every row reads, once:
             it must return at once when that is done); returns more ``key=value`` items for every row.
         metric_range: the metric's possible values (accuracies in %); a record outside them does not fit.
+        columns: other final metrics shown beside the metric, each as its mean over the seeds that fit.
+        digits: decimals of the metric, its spread and the ``columns`` in the table.
     """
 
     name: str
@@ -110,6 +112,8 @@ class Table:
     description: str = ""
     prepare: Callable[[Path], tuple[str, ...]] | None = field(default=None, compare=False)
     metric_range: tuple[float, float] = (0.0, 100.0)
+    columns: tuple[str, ...] = ()
+    digits: int = 2
 
 
 TABLES: dict[str, Table] = {}  # by name; the domain packages' ``ablation`` modules register theirs
@@ -375,9 +379,10 @@ def _spread(values: list[float]) -> float | None:
 
 def summarize(table: Table, records: Sequence[dict[str, Any]], seeds: Sequence[int]) -> list[dict[str, Any]]:
     """Per row: the metric's mean, sample standard deviation (n - 1; None for one seed), every seed's value, the
-    parameter count, the mean training time and wall time per run, the load averages, the commits, the records that
-    do not fit (``refused``: seed, path, reason; a metric that is no finite number in range among them) and the
-    seeds without a run that fits (``missing_seeds``)."""
+    means of the table's ``columns`` (``None`` where a run lacks one), the parameter count, the mean training time
+    and wall time per run, the load averages, the commits, the records that do not fit (``refused``: seed, path,
+    reason; a metric that is no finite number in range among them) and the seeds without a run that fits
+    (``missing_seeds``)."""
     out = []
     for row in table.rows:
         runs, refused = [], []
@@ -396,6 +401,7 @@ def summarize(table: Table, records: Sequence[dict[str, Any]], seeds: Sequence[i
             "values": values,
             "mean": statistics.fmean(values) if values else None,
             "std": _spread(values),
+            "columns": {key: _mean_of(runs, key) for key in table.columns},
             "params": runs[0].get("params") if runs else None,
             "train_min": statistics.fmean(r["train_time_s"] for r in runs) / 60 if runs else None,
             "wall_min": statistics.fmean(r["wall_s"] for r in runs if "wall_s" in r) / 60
@@ -406,6 +412,12 @@ def summarize(table: Table, records: Sequence[dict[str, Any]], seeds: Sequence[i
             "missing_seeds": [s for s in seeds if s not in {r["seed"] for r in runs}],
         })  # fmt: skip
     return out
+
+
+def _mean_of(runs: Sequence[dict[str, Any]], key: str) -> float | None:
+    values = [r.get(key) for r in runs]
+    ok = values and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+    return statistics.fmean(values) if ok else None
 
 
 def _fmt(v: float | None, digits: int = 2) -> str:
@@ -425,18 +437,21 @@ def write_table(
     """The table as Markdown (the regime, one line per row, the commits, each row's command, the runs still
     missing); written to ``markdown`` and, with every run's values, to ``json_path`` when given. Returns the
     Markdown."""
+    digits = table.digits
     headers = [
-        "row", "config", f"{table.metric} mean", "std", "n", "per seed", "params", "train min / run", "load avg",
+        "row", "config", f"{table.metric} mean", "std", "n", "per seed", *(f"{c} mean" for c in table.columns),
+        "params", "train min / run", "load avg",
     ]  # fmt: skip
     lines = []
     for s in summary:
-        per_seed = ", ".join(f"{seed}: {v:.2f}" for seed, v in zip(s["seeds"], s["values"])) or "not run"
+        per_seed = ", ".join(f"{seed}: {v:.{digits}f}" for seed, v in zip(s["seeds"], s["values"])) or "not run"
+        columns = [_fmt(s.get("columns", {}).get(c), digits) for c in table.columns]
         params = f"{s['params'] / 1e3:.0f} K" if s["params"] is not None else "-"
         load = "-" if not s["load"] else f"{min(s['load']):.1f}-{max(s['load']):.1f}"
         row = next(r for r in table.rows if r.label == s["row"])
         config = " ".join([f"`{Path(s['config']).name}`", *(f"`{o}`" for o in row.overrides)])
-        lines.append([s["row"], config, _fmt(s["mean"]), _fmt(s["std"]), s["n"], per_seed, params,
-                      _fmt(s["train_min"], 1), load])  # fmt: skip
+        lines.append([s["row"], config, _fmt(s["mean"], digits), _fmt(s["std"], digits), s["n"], per_seed, *columns,
+                      params, _fmt(s["train_min"], 1), load])  # fmt: skip
     commits = sorted({c for s in summary for c in s["commits"]})
     text = [f"### {table.title}", "", table.description, "", markdown_table(headers, lines), ""]
     text.append(f"Seeds {list(seeds)}; commits of the runs: {', '.join(commits) if commits else 'none yet'}.")

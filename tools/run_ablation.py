@@ -8,7 +8,9 @@
 Tables: `fsat` and `sam` (`lra.ablation`: FSAT's switches; each matrix mixer with and without data
 dependence, Dense and DFT) on ListOps at 128-256 tokens, `modelnet` (`pointcloud.ablation`: T = 1 / 2 / 3,
 the downsampling-only twins, PointNet, PointNet++, DGCNN) on 13 synthetic classes at 1,024 points, and
-`modelnet_levers` (the centroid step's levers against the FPS-only twin, at 256 points). `--curves FILE.svg`
+`modelnet_levers` (the centroid step's levers against the FPS-only twin, at 256 points), and `capsules`
+(`capsules.ablation`: the point capsule autoencoder's part purity with centroid attention or routing, the patch or
+the reference decoder, on the synthetic part shapes). `--curves FILE.svg`
 draws the finished runs' learning curves. Runs go to
 `<out>/<table>/<row>/seed<N>`, each equal to the training command the table lists; finished runs are read back and
 stopped ones resume, so a table fills up over several calls (`--max-runs`). The table (mean, std, every seed, the
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+import capsules.ablation  # noqa: F401  (registers the capsules table)
 import lra.ablation  # noqa: F401  (registers the fsat and sam tables)
 import pointcloud.ablation  # noqa: F401  (registers the modelnet table)
 from engine import user_errors

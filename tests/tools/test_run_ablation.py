@@ -126,6 +126,12 @@ def test_every_row_of_the_tables_builds_in_its_regime(name: str) -> None:
                     assert model.blocks[0].attn.pos_encoding is yaml.safe_load(value), row.label
             if cfg.model.startswith("centroid_transformer"):
                 assert model.num_neighbors == (cfg.num_neighbors or 24)
+        elif name == "capsules":  # each row is its config as the guide runs it
+            assert cfg.dataset == "synthetic_parts" and cfg.num_points == 256 and cfg.epochs in (10, 20, 60)
+            model = table.recipe(cfg, ctx=None).build_model()
+            assert model.decoder_type == cfg.decoder and (cfg.model == "pointcaps_routing_small") == (
+                "routing" in row.label
+            )
         else:
             assert cfg.seq_len == 256 and cfg.epochs == 4
             model = table.recipe(cfg, ctx=None).build_model()
