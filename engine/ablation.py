@@ -98,7 +98,8 @@ class Table:
         prepare: called with the output folder before any run (e.g. to write a data set every row reads, once:
             it must return at once when that is done); returns more ``key=value`` items for every row.
         metric_range: the metric's possible values (accuracies in %); a record outside them does not fit.
-        columns: other final metrics shown beside the metric, each as its mean over the seeds that fit.
+        columns: other final metrics shown beside the metric, each as its mean over the seeds that fit (none where one
+            of those runs lacks it).
         digits: decimals of the metric, its spread and the ``columns`` in the table.
     """
 
@@ -482,7 +483,8 @@ def write_table(
         atomic_write_text(Path(markdown), md)
     if json_path is not None:
         commands = {r.label: command(table, r, 0, out_dir, extra, device) for r in table.rows}
-        payload = {"table": table.name, "title": table.title, "metric": table.metric, "regime": list(table.regime),
+        payload = {"table": table.name, "title": table.title, "metric": table.metric, "columns": list(table.columns),
+                   "regime": list(table.regime),
                    "seeds": list(seeds), "rows": list(summary), "commands": commands}  # fmt: skip
         atomic_write_text(Path(json_path), json.dumps(payload, indent=1) + "\n")
     return md
@@ -494,7 +496,8 @@ _COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#
 
 def curves_svg(table: Table, records: Sequence[dict[str, Any]], rows: Sequence[str] | None = None) -> str:
     """The learning curves of ``records`` (each with its ``curve``) as an SVG line chart: per row, the mean over its
-    seeds of the table's metric (solid) and of the training accuracy (dashed, ``train_acc``) against the epoch.
+    seeds of the table's metric (solid; in % of its range, so a metric in 0-1 is drawn x 100) and of the training
+    accuracy (dashed, ``train_acc``, where every run records it) against the epoch.
 
     Args:
         table: the table (its rows' order and metric).
@@ -502,6 +505,7 @@ def curves_svg(table: Table, records: Sequence[dict[str, Any]], rows: Sequence[s
         rows: labels of the rows to draw (default: every row with a curve).
     """
     series: list[tuple[str, list[float], list[float]]] = []
+    scale = 100.0 / table.metric_range[1]  # drawn in % of the metric's range (accuracies are in % already)
     for row in table.rows:
         if rows is not None and row.label not in rows:
             continue
@@ -509,8 +513,9 @@ def curves_svg(table: Table, records: Sequence[dict[str, Any]], rows: Sequence[s
         if not curves:
             continue
         epochs = min(len(c) for c in curves)
-        mean = [statistics.fmean(float(c[e].get(table.metric) or 0.0) for c in curves) for e in range(epochs)]
-        train = [statistics.fmean(float(c[e].get("train_acc") or 0.0) for c in curves) for e in range(epochs)]
+        mean = [statistics.fmean(scale * float(c[e].get(table.metric) or 0.0) for c in curves) for e in range(epochs)]
+        has_train = all("train_acc" in c[e] for c in curves for e in range(epochs))
+        train = [statistics.fmean(float(c[e]["train_acc"]) for c in curves) for e in range(epochs)] if has_train else []
         series.append((f"{row.label} (n={len(curves)})", mean, train))
     if not series:
         raise ValueError(f"no learning curve among the records of table {table.name!r}")
@@ -540,6 +545,8 @@ def curves_svg(table: Table, records: Sequence[dict[str, Any]], rows: Sequence[s
     for i, (label, metric, train) in enumerate(series):
         colour = _COLOURS[i % len(_COLOURS)]
         for values, dash in ((metric, ""), (train, ' stroke-dasharray="5,4"')):
+            if not values:
+                continue
             points = " ".join(xy(e, v) for e, v in enumerate(values))
             out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.8"{dash} points="{points}"/>')
         y = top + 16 * i + 8
@@ -548,7 +555,9 @@ def curves_svg(table: Table, records: Sequence[dict[str, Any]], rows: Sequence[s
         text = label.replace("&", "&amp;").replace("<", "&lt;")
         out.append(f'<text x="{width - right + 42}" y="{y + 4}">{text}</text>')
     y = top + 16 * len(series) + 16
-    out.append(f'<text x="{width - right + 12}" y="{y}">solid: {table.metric}; dashed: train_acc</text>')
+    solid = table.metric if scale == 1.0 else f"{table.metric} x {scale:g}"
+    dashed = "; dashed: train_acc" if any(train for _, _, train in series) else ""
+    out.append(f'<text x="{width - right + 12}" y="{y}">solid: {solid}{dashed}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 

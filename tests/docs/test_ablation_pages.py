@@ -4,15 +4,15 @@ guide and the README quote the capsules table's means and seeds."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
 import capsules.ablation  # noqa: F401  (registers the tables whose records the docs keep)
-import lra.ablation  # noqa: F401
 import pointcloud.ablation  # noqa: F401
-from engine.ablation import TABLES, ablate, run_table, summarize
+from engine.ablation import TABLES, Table, ablate, run_table, summarize, write_table
 from engine.testing import REPO
 
 RECORDS = REPO / "docs" / "ablations" / "records"
@@ -27,14 +27,40 @@ def _table_lines(md: str) -> list[str]:
     return lines[start:end]
 
 
+def _page_tables(text: str) -> list[list[str]]:
+    """Every Markdown table of ``text`` whose header starts with ``| row``, as its lines."""
+    lines, tables = text.splitlines(), []
+    for i, line in enumerate(lines):
+        if line.startswith("| row") and (i == 0 or not lines[i - 1].startswith("|")):
+            tables.append(_table_lines("\n".join(lines[i:])))
+    return tables
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in RECORDS.iterdir() if p.is_dir()))
 def test_the_page_shows_each_table_as_its_records_give_it(name: str, tmp_path: Path) -> None:
     md = ablate(TABLES[name], SEEDS, tmp_path, max_runs=0, records=RECORDS, plan=True)
-    table = "\n".join(_table_lines(md))
-    assert table in PAGE.read_text(), (
+    # the whole table, not a part of a longer one: a stale row after it fails too
+    assert _table_lines(md) in _page_tables(PAGE.read_text()), (
         f"docs/ablations.md does not show table {name!r} as its kept records give it: paste the table that "
         f"`python tools/run_ablation.py --table {name} --seeds 3 --plan --records docs/ablations/records` prints"
     )
+
+
+def test_a_table_shows_its_columns_as_means_and_a_gap_as_missing(tmp_path: Path) -> None:
+    table = Table("t", "T", TABLES["capsules"].recipe, "tools/train_capsules.py", "purity",
+                  TABLES["capsules"].rows[:1], metric_range=(0.0, 1.0), columns=("chamfer",), digits=3)  # fmt: skip
+    label = table.rows[0].label
+    runs = [{"row": label, "seed": 0, "purity": 0.5, "chamfer": 0.25, "train_time_s": 60.0},
+            {"row": label, "seed": 1, "purity": 0.7, "chamfer": 0.75, "train_time_s": 60.0}]  # fmt: skip
+    out = tmp_path / "t.json"
+    md = write_table(table, summarize(table, runs, [0, 1]), [0, 1], tmp_path, json_path=out)
+    header, _, row = ([c.strip() for c in line.strip("|").split("|")] for line in _table_lines(md))
+    assert header[2:7] == ["purity mean", "std", "n", "per seed", "chamfer mean"]
+    assert row[2:7] == ["0.600", "0.141", "2", "0: 0.500, 1: 0.700", "0.500"]
+    assert json.loads(out.read_text())["columns"] == ["chamfer"]
+    del runs[1]["chamfer"]  # one run without it: no mean rather than the mean of the others
+    row = _table_lines(write_table(table, summarize(table, runs, [0, 1]), [0, 1], tmp_path))[2]
+    assert [c.strip() for c in row.strip("|").split("|")][5:7] == ["0: 0.500, 1: 0.700", "-"]
 
 
 def _capsules_summary(tmp_path: Path) -> dict[str, dict]:
@@ -46,8 +72,10 @@ def _capsules_summary(tmp_path: Path) -> dict[str, dict]:
 def test_the_capsules_guide_and_the_readme_quote_the_capsules_records(tmp_path: Path) -> None:
     summary = _capsules_summary(tmp_path)
     guide = (REPO / "docs" / "guides" / "capsules.md").read_text()
+    results = guide[guide.index("**Results on the synthetic parts.**") :]
+    results = results[: results.index("\n## ")]  # the results' table only
     rows = {cells[0]: cells for cells in (
-        [c.strip() for c in line.strip("|").split("|")] for line in guide.splitlines() if line.startswith("| ")
+        [c.strip() for c in line.strip("|").split("|")] for line in results.splitlines() if line.startswith("| ")
     )}  # fmt: skip
     for label, s in summary.items():
         assert s["n"] == len(SEEDS), (label, s["missing_seeds"])
