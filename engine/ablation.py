@@ -7,7 +7,9 @@ of the row's config) and its rows (a config file and the row's own items). Each 
 (``final_metrics.json``) is read back instead of retrained and a stopped one resumes (``--resume auto``), so a table
 fills up over several invocations (``max_runs``); rows without a run are listed with their commands. Each run folder
 also gets ``ablation.json``: the commit the run was trained at (``+dirty`` with uncommitted changes to tracked files),
-the load average before and after it, and its wall time; the table names every commit its runs come from.
+the load average before and after it, its wall time and the CPU threads it ran with (``torch.get_num_threads()``, as
+``OMP_NUM_THREADS`` sets them: the last digits of a result move with them); the table names every commit its runs come
+from.
 
 A run folder holds checkpoints; its result is one small JSON. With a ``records`` folder, every finished run's final
 metrics and record are also kept as ``<records>/<table>/<row>/seed<seed>.json``, and a run found there counts as
@@ -36,6 +38,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from engine.config import load_config
 from engine.errors import UsageError
@@ -353,6 +357,7 @@ def run_table(
                     "load_before": load_before,
                     "load_after": _load(),
                     "wall_s": round(time.perf_counter() - start, 3),
+                    "threads": torch.get_num_threads(),
                     "command": command(table, row, seed, out_dir, extra, device),
                 }
                 atomic_write_text(folder / RECORD, json.dumps(record, indent=1) + "\n")

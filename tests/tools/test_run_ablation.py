@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 import engine
@@ -40,6 +41,7 @@ def test_a_table_fills_up_over_calls_and_summarizes_every_seed(tmp_path: Path, m
     assert [(r["row"], r["seed"]) for r in records] == [("softmax", 0), ("FSAT-2", 0), ("softmax", 1)]
     record = json.loads((tmp_path / "tiny" / "fsat_2" / "seed0" / "ablation.json").read_text())
     assert record["commit"] and record["wall_s"] > 0 and "load_before" in record
+    assert record["threads"] == torch.get_num_threads()  # the last digits of a result move with them
     summary = {s["row"]: s for s in ablation.summarize(TINY, records, [0, 1])}
     accs = [r["test_acc"] for r in records if r["row"] == "softmax"]
     assert summary["softmax"]["values"] == accs and summary["softmax"]["mean"] == pytest.approx(statistics.fmean(accs))
