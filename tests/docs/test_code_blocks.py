@@ -1,7 +1,8 @@
 """Every ```` ```python ```` block of README.md and of the docs pages runs as written.
 
 The blocks of one file run in order in one namespace (a later block may use what an earlier one defined, as a reader
-who pastes them in turn would), in a fresh Python process whose working directory is an empty temporary folder.
+who pastes them in turn would), in a Python process of their own whose working directory is an empty temporary folder
+(forked by :func:`engine.testing.run_python`, which has imported torch once for all the pages).
 
 A block that cannot run here (it needs a full dataset, a GPU or minutes of work) is skipped when the line right above
 its fence is the HTML comment ``<!-- notest -->`` (:data:`engine.testing.NOTEST`), invisible on GitHub and on the
@@ -16,13 +17,11 @@ site::
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from engine.testing import REPO, doc_pages, fenced_blocks, tool_env
+from engine.testing import REPO, doc_pages, fenced_blocks, run_python, tool_env
 
 # runs the blocks of one file, each compiled under its file and line so that a traceback points at the page
 _RUNNER = """\
@@ -57,8 +56,7 @@ def test_python_blocks_run(page: Path, tmp_path: Path) -> None:
     script = tmp_path / "blocks.json"
     script.write_text(json.dumps([[f"{_label(page)}:{b.line}", b.code] for b in blocks]))
     env = tool_env(display=False)
-    done = subprocess.run([sys.executable, "-c", _RUNNER, str(script)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=900)  # fmt: skip
+    done = run_python(["-c", _RUNNER, str(script)], env=env, timeout=900, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
 
 
