@@ -3,7 +3,8 @@
 The build needs the ``docs`` extra (skipped without mkdocs); the rendering needs Chromium (Debian's ``chromium``
 package; skipped without it). The front page and the ``attention`` API page are loaded as a browser would, after the
 theme's JavaScript: each must show its title and the navigation and no error text, and a screenshot of each is saved
-in the test's temporary folder (its path is logged).
+in the test's temporary folder (its path is logged). ``CENTROID_DOCS_SITE`` names a folder where the same
+``mkdocs build --strict`` has just written the site (CI builds it in a stage of its own before the tests).
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ ROLE = re.compile(r":(?:class|func|meth|attr|mod|data|exc|obj|const):(?=\S)")
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    prebuilt = os.environ.get("CENTROID_DOCS_SITE")
+    if prebuilt:  # the same strict build of this checkout, made just before (CI's mkdocs stage): not built twice
+        assert (Path(prebuilt) / "index.html").is_file(), f"CENTROID_DOCS_SITE={prebuilt} holds no built site"
+        return Path(prebuilt)
     pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip install -e .[docs]")
     out = tmp_path_factory.mktemp("site")
     env = {**tool_env(), "NO_MKDOCS_2_WARNING": "1"}

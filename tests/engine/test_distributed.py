@@ -96,7 +96,6 @@ def _worker(rank: int, world_size: int, port: int, run_dir: str) -> None:
         ctx.destroy(barrier=ok)  # a failed rank must not leave its peer waiting at the barrier
 
 
-@pytest.mark.serial
 @pytest.mark.slow
 def test_ddp_two_processes_on_cpu(tmp_path):
     mp.spawn(_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)

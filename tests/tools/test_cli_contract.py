@@ -417,7 +417,6 @@ def test_signal_ends_with_one_line_and_the_conventional_status_defect_6(cli: CLI
     torch.load(run / "last.pt", weights_only=True)  # complete
 
 
-@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.parametrize("cli", PARAMS)
 def test_torchrun_two_gloo_processes(cli: CLI, tmp_path: Path) -> None:
