@@ -104,3 +104,16 @@ def test_the_capsules_guide_and_the_readme_quote_the_capsules_records(tmp_path: 
     figures = [f"{s[k] if k == 'mean' else s['columns'][k]:.3f}" for s in (centroid, routing)
                for k in ("mean", "test_part_purity_chance")]  # fmt: skip
     assert re.findall(r"\d\.\d{3}", line.split("|")[3]) == figures, (line, figures)
+
+
+def test_the_readme_quotes_the_converged_table_of_the_default_and_its_peers(tmp_path: Path) -> None:
+    table = TABLES["modelnet_converged"]
+    runs = run_table(table, SEEDS, tmp_path, records=RECORDS, plan=True)
+    means = {s["row"]: s for s in summarize(table, runs, SEEDS)}
+    rows = ["T = 1, local embedding", "FPS only, local embedding", "random sampling only, local embedding",
+            "k-means only, local embedding", "PointNet++ (SSG)"]  # fmt: skip
+    assert all(means[r]["n"] == len(SEEDS) for r in rows), {r: means[r]["missing_seeds"] for r in rows}
+    readme = (REPO / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith("| classification, converged"))
+    figures = [f"{means[r]['mean']:.2f}" for r in rows]
+    assert re.findall(r"\b\d{2}\.\d{2}\b", line.split("|")[3]) == figures, (line, figures)
