@@ -41,9 +41,26 @@ def _page_tables(text: str) -> list[list[str]]:
     return tables
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in RECORDS.iterdir() if p.is_dir()))
-def test_the_page_shows_each_table_as_its_records_give_it(name: str, tmp_path: Path) -> None:
-    md = ablate(TABLES[name], SEEDS, tmp_path, max_runs=0, records=RECORDS, plan=True)
+KEPT = sorted(p.name for p in RECORDS.iterdir() if p.is_dir())  # the tables with kept records
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Each kept table as ``--plan --records`` writes it, by name (computed once for the tests below)."""
+    out = tmp_path_factory.mktemp("plans")
+    return {name: ablate(TABLES[name], SEEDS, out / name, max_runs=0, records=RECORDS, plan=True) for name in KEPT}
+
+
+def _summary(name: str, tmp_path: Path) -> dict[str, dict]:
+    """The kept records of table ``name`` summarized, by row label."""
+    table = TABLES[name]
+    records = run_table(table, SEEDS, tmp_path, records=RECORDS, plan=True)
+    return {s["row"]: s for s in summarize(table, records, SEEDS)}
+
+
+@pytest.mark.parametrize("name", KEPT)
+def test_the_page_shows_each_table_as_its_records_give_it(name: str, plans: dict[str, str]) -> None:
+    md = plans[name]
     # the whole table, not a part of a longer one: a stale row after it fails too
     assert _table_lines(md) in _page_tables(PAGE.read_text()), (
         f"docs/ablations.md does not show table {name!r} as its kept records give it: paste the table that "
@@ -51,13 +68,10 @@ def test_the_page_shows_each_table_as_its_records_give_it(name: str, tmp_path: P
     )
 
 
-def test_the_runs_the_page_lists_as_not_run_are_those_the_records_lack(tmp_path: Path) -> None:
+def test_the_runs_the_page_lists_as_not_run_are_those_the_records_lack(plans: dict[str, str]) -> None:
     """A table's "Not run yet (N runs): ..." line on the page is the one ``--plan`` prints from the records: a run
     recorded since is not listed as missing."""
-    todo = set()
-    for name in sorted(p.name for p in RECORDS.iterdir() if p.is_dir()):
-        md = ablate(TABLES[name], SEEDS, tmp_path / name, max_runs=0, records=RECORDS, plan=True)
-        todo |= {line for line in md.splitlines() if line.startswith("Not run yet (")}
+    todo = {line for md in plans.values() for line in md.splitlines() if line.startswith("Not run yet (")}
     shown = [line for line in PAGE.read_text().splitlines() if line.startswith("Not run yet (")]
     stale = [line[:120] for line in shown if line not in todo]
     assert not stale, f"docs/ablations.md lists runs as not run that the records hold (paste --plan's line): {stale}"
@@ -80,14 +94,8 @@ def test_a_table_shows_its_columns_as_means_and_a_gap_as_missing(tmp_path: Path)
     assert _cells(row)[5:7] == ["0: 0.500, 1: 0.700", "-"]
 
 
-def _capsules_summary(tmp_path: Path) -> dict[str, dict]:
-    table = TABLES["capsules"]
-    records = run_table(table, SEEDS, tmp_path, records=RECORDS, plan=True)
-    return {s["row"]: s for s in summarize(table, records, SEEDS)}
-
-
 def test_the_capsules_guide_and_the_readme_quote_the_capsules_records(tmp_path: Path) -> None:
-    summary = _capsules_summary(tmp_path)
+    summary = _summary("capsules", tmp_path)
     guide = (REPO / "docs" / "guides" / "capsules.md").read_text()
     results = guide[guide.index("**Results on the synthetic parts.**") :]
     results = results[: results.index("\n## ")]  # the results' table only
@@ -107,9 +115,7 @@ def test_the_capsules_guide_and_the_readme_quote_the_capsules_records(tmp_path: 
 
 
 def test_the_readme_quotes_the_converged_table_of_the_default_and_its_peers(tmp_path: Path) -> None:
-    table = TABLES["modelnet_converged"]
-    runs = run_table(table, SEEDS, tmp_path, records=RECORDS, plan=True)
-    means = {s["row"]: s for s in summarize(table, runs, SEEDS)}
+    means = _summary("modelnet_converged", tmp_path)
     rows = ["T = 1, local embedding", "FPS only, local embedding", "random sampling only, local embedding",
             "k-means only, local embedding", "PointNet++ (SSG)"]  # fmt: skip
     assert all(means[r]["n"] == len(SEEDS) for r in rows), {r: means[r]["missing_seeds"] for r in rows}
